@@ -1,0 +1,189 @@
+//! The cost of sending a request to a worker, and the pick among costs.
+//!
+//! Knob names and defaults follow Dynamo's `KvRouterConfig`, so a user
+//! moving between the two keeps their tuning.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::worker::WorkerId;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterConfig {
+    /// Weight of prefill work against decode blocks (Dynamo's
+    /// `prefill_load_scale`; its older name is `overlap_score_weight`).
+    pub prefill_load_scale: f64,
+    /// 0 picks the cheapest (ties uniformly at random); above 0 samples a
+    /// softmax over range-normalised costs.
+    pub temperature: f64,
+    /// Queue while every eligible worker has more than this many times its
+    /// `max_num_batched_tokens` in prefill. `None`: never queue.
+    pub queue_threshold: Option<f64>,
+    /// Requests that may wait at once; more are refused.
+    pub queue_capacity: usize,
+    /// How long a request may wait in the queue.
+    pub queue_timeout: Duration,
+    /// Lifetime of a reservation from admission.
+    pub lease: Duration,
+    /// Seed of the tie-break and sampling generator.
+    pub seed: u64,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            prefill_load_scale: 1.0,
+            temperature: 0.0,
+            queue_threshold: None,
+            queue_capacity: 1024,
+            queue_timeout: Duration::from_secs(30),
+            lease: Duration::from_secs(300),
+            seed: 0x6b76_7069_636b,
+        }
+    }
+}
+
+/// One eligible worker as a shard sees it for one prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub worker: WorkerId,
+    pub endpoint: SocketAddr,
+    pub block_size: u32,
+    /// Leading prompt blocks already in the worker's KV cache.
+    pub overlap_blocks: u32,
+    pub active_prefill_tokens: u64,
+    pub active_blocks: u64,
+    /// Hashed prompt blocks not already active on the worker.
+    pub new_blocks: u64,
+    pub active_requests: u32,
+    pub max_num_batched_tokens: Option<u64>,
+}
+
+impl Candidate {
+    /// Prompt tokens the worker would have to compute.
+    pub fn effective_prefill_tokens(&self, isl_tokens: u32) -> u32 {
+        let cached = u64::from(self.overlap_blocks) * u64::from(self.block_size);
+        isl_tokens - cached.min(u64::from(isl_tokens)) as u32
+    }
+
+    /// In blocks: `scale · max(0, (prefill + isl)/block_size − overlap) +
+    /// potential decode blocks`, where the request's blocks that are not
+    /// active on the worker yet (hashed or not) count as new decode blocks.
+    pub fn cost(&self, isl_tokens: u32, unhashed_blocks: u32, cfg: &RouterConfig) -> f64 {
+        let block_size = f64::from(self.block_size.max(1));
+        let prefill_blocks = (self.active_prefill_tokens + u64::from(isl_tokens)) as f64 / block_size;
+        let prefill = (prefill_blocks - f64::from(self.overlap_blocks)).max(0.0);
+        let decode = (self.active_blocks + self.new_blocks + u64::from(unhashed_blocks)) as f64;
+        cfg.prefill_load_scale * prefill + decode
+    }
+
+    /// Past the queueing threshold (never, without capacity facts).
+    pub fn saturated(&self, threshold: f64) -> bool {
+        self.max_num_batched_tokens.is_some_and(|max| self.active_prefill_tokens as f64 > threshold * max as f64)
+    }
+}
+
+/// Index of the chosen cost. `costs` must be non-empty and in a fixed order
+/// (by worker id), so that the same seed gives the same pick.
+pub fn pick(costs: &[f64], temperature: f64, rng: &mut fastrand::Rng) -> usize {
+    debug_assert!(!costs.is_empty());
+    let (min, max) = costs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &c| (lo.min(c), hi.max(c)));
+    if temperature <= 0.0 || max <= min {
+        // Reservoir sampling over the minima: uniform without a second pass.
+        let mut chosen = 0;
+        let mut seen = 0;
+        for (i, &c) in costs.iter().enumerate() {
+            if c == min {
+                seen += 1;
+                if rng.usize(..seen) == 0 {
+                    chosen = i;
+                }
+            }
+        }
+        return chosen;
+    }
+    let scale = (max - min) * temperature;
+    let weights = costs.iter().map(|c| (-(c - min) / scale).exp());
+    let total: f64 = weights.clone().sum();
+    let mut target = rng.f64() * total;
+    for (i, w) in weights.enumerate() {
+        if target < w {
+            return i;
+        }
+        target -= w;
+    }
+    costs.len() - 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(overlap: u32, prefill: u64, blocks: u64, new_blocks: u64) -> Candidate {
+        Candidate {
+            worker: WorkerId(1),
+            endpoint: "10.0.0.1:8000".parse().unwrap(),
+            block_size: 16,
+            overlap_blocks: overlap,
+            active_prefill_tokens: prefill,
+            active_blocks: blocks,
+            new_blocks,
+            active_requests: 0,
+            max_num_batched_tokens: Some(100),
+        }
+    }
+
+    #[test]
+    fn cost_follows_the_design_formula() {
+        let cfg = RouterConfig::default();
+        // (32 + 64)/16 − 2 = 4 prefill blocks, 10 + 2 + 1 decode blocks.
+        assert_eq!(candidate(2, 32, 10, 2).cost(64, 1, &cfg), 4.0 + 13.0);
+        // Overlap beyond the prefill work never makes the cost negative.
+        assert_eq!(candidate(50, 0, 0, 0).cost(64, 0, &cfg), 0.0);
+        let scaled = RouterConfig { prefill_load_scale: 2.0, ..cfg };
+        assert_eq!(candidate(0, 0, 0, 4).cost(64, 0, &scaled), 8.0 + 4.0);
+    }
+
+    #[test]
+    fn effective_prefill_is_what_is_not_cached() {
+        assert_eq!(candidate(2, 0, 0, 0).effective_prefill_tokens(40), 8);
+        assert_eq!(candidate(9, 0, 0, 0).effective_prefill_tokens(40), 0);
+    }
+
+    #[test]
+    fn saturation_needs_capacity_facts() {
+        assert!(candidate(0, 201, 0, 0).saturated(2.0));
+        assert!(!candidate(0, 200, 0, 0).saturated(2.0));
+        let mut unknown = candidate(0, 10_000, 0, 0);
+        unknown.max_num_batched_tokens = None;
+        assert!(!unknown.saturated(0.0));
+    }
+
+    #[test]
+    fn cheapest_wins_and_ties_are_uniform() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        assert_eq!(pick(&[3.0, 1.0, 2.0], 0.0, &mut rng), 1);
+        let mut counts = [0; 3];
+        for _ in 0..3000 {
+            counts[pick(&[1.0, 5.0, 1.0], 0.0, &mut rng)] += 1;
+        }
+        assert_eq!(counts[1], 0);
+        assert!(counts[0] > 1300 && counts[2] > 1300, "{counts:?}");
+    }
+
+    #[test]
+    fn temperature_prefers_cheaper_but_explores() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut counts = [0; 2];
+        for _ in 0..4000 {
+            counts[pick(&[0.0, 10.0], 1.0, &mut rng)] += 1;
+        }
+        // p(expensive) = e^-1 / (1 + e^-1) ≈ 0.27.
+        assert!(counts[1] > 900 && counts[1] < 1300, "{counts:?}");
+        let mut counts = [0; 2];
+        for _ in 0..2000 {
+            counts[pick(&[4.0, 4.0], 1.0, &mut rng)] += 1;
+        }
+        assert!(counts[0] > 850 && counts[1] > 850, "{counts:?}");
+    }
+}

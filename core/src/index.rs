@@ -1,0 +1,355 @@
+//! A shard's KV-block index: which of its workers hold which prefixes.
+//!
+//! A sequence hash names a whole prefix, so the "radix tree" is a flat map
+//! `sequence hash → slots holding it` plus, per worker, the engine's own
+//! block hashes mapped to ours (removals arrive as engine hashes).
+//!
+//! Lookups jump instead of walking. For a worker whose held blocks are
+//! closed under "parent of" (every held block's parent is held too),
+//! holding block `i` of a prompt implies holding blocks `0..i`, so its
+//! overlap is found by probing every `JUMP`-th block and bisecting where a
+//! worker drops out: about `n / JUMP + log2(JUMP)` probes instead of `n`.
+//! A worker whose engine evicted a block while keeping a child ("holes")
+//! is tracked exactly (count of orphaned blocks) and scanned block by block
+//! until the hole is gone, so results never depend on the shortcut.
+
+use std::collections::HashMap;
+
+use rustc_hash::FxBuildHasher;
+
+use crate::event::EngineBlockHash;
+use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
+use crate::slot_set::{Slot, SlotSet};
+
+/// Probe distance of the jump search. 32 keeps a 512-block prompt at 16
+/// probes plus 5 per drop-out group (perf/ measures 16, 32 and 64).
+pub const JUMP: usize = 32;
+
+// Keys are engine or xxh3 hashes, uniformly distributed already: a
+// one-multiply hasher (FxHash) is enough and cheaper than SipHash or aHash.
+type U64Map<K, V> = HashMap<K, V, FxBuildHasher>;
+
+#[derive(Clone, Debug)]
+struct StoredBlock {
+    seq: SequenceHash,
+    parent: Option<EngineBlockHash>,
+    /// Held blocks whose parent is this one.
+    children: u32,
+}
+
+#[derive(Default, Debug)]
+struct WorkerBlocks {
+    blocks: U64Map<EngineBlockHash, StoredBlock>,
+    /// Extra engine blocks mapping to an already-held sequence hash (the
+    /// engine hashed something we do not, e.g. a salt); usually empty.
+    dup_refs: U64Map<SequenceHash, u32>,
+    /// Evicted blocks that still have held children: how many, and the
+    /// sequence hash the children were chained from.
+    orphaned_children: U64Map<EngineBlockHash, (u32, SequenceHash)>,
+    /// Held blocks whose parent is not held.
+    orphans: u64,
+    /// An engine hash came back with different content: the parent-closure
+    /// shortcut cannot be trusted until the worker's cache is cleared.
+    tainted: bool,
+}
+
+impl WorkerBlocks {
+    fn needs_scan(&self) -> bool {
+        self.orphans > 0 || self.tainted
+    }
+}
+
+/// Why an event was not applied (the index is left as it was).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EventError {
+    #[error("worker is not known to this shard")]
+    UnknownWorker,
+    #[error("parent block {0:#x} is not held by this worker; event skipped")]
+    UnknownParent(EngineBlockHash),
+    #[error("{tokens} tokens do not fill {blocks} blocks of {block_size}")]
+    TokenCountMismatch { blocks: usize, tokens: usize, block_size: u32 },
+    #[error("event block size {event} differs from the worker's {worker}")]
+    BlockSizeMismatch { event: u32, worker: u32 },
+}
+
+/// What applying one event changed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    pub stored: u64,
+    pub removed: u64,
+    /// Removals of blocks the worker did not hold (already evicted, or
+    /// stored by an event we skipped).
+    pub unknown_removed: u64,
+}
+
+#[derive(Default, Debug)]
+pub struct KvIndex {
+    holders: U64Map<SequenceHash, SlotSet>,
+    workers: Vec<Option<WorkerBlocks>>,
+    /// Slots whose blocks must be scanned one by one (see module docs).
+    needs_scan: SlotSet,
+    entries: u64,
+}
+
+impl KvIndex {
+    pub fn add_worker(&mut self, slot: Slot) {
+        let slot = slot as usize;
+        if self.workers.len() <= slot {
+            self.workers.resize_with(slot + 1, || None);
+        }
+        self.workers[slot].get_or_insert_with(WorkerBlocks::default);
+    }
+
+    pub fn remove_worker(&mut self, slot: Slot) {
+        self.clear(slot);
+        if let Some(entry) = self.workers.get_mut(slot as usize) {
+            *entry = None;
+        }
+    }
+
+    /// (block, worker) pairs held.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Distinct prefixes held by any worker of the shard.
+    pub fn distinct_blocks(&self) -> usize {
+        self.holders.len()
+    }
+
+    pub fn holds(&self, slot: Slot, seq: SequenceHash) -> bool {
+        self.holders.get(&seq).is_some_and(|set| set.contains(slot))
+    }
+
+    /// Blocks held by one worker.
+    pub fn worker_blocks(&self, slot: Slot) -> usize {
+        self.worker(slot).map_or(0, |w| w.blocks.len())
+    }
+
+    fn worker(&self, slot: Slot) -> Option<&WorkerBlocks> {
+        self.workers.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    pub fn store(
+        &mut self,
+        slot: Slot,
+        parent: Option<EngineBlockHash>,
+        block_hashes: &[EngineBlockHash],
+        token_ids: &[u32],
+        block_size: u32,
+        seed: HashSeed,
+    ) -> Result<Applied, EventError> {
+        let Some(Some(worker)) = self.workers.get_mut(slot as usize) else {
+            return Err(EventError::UnknownWorker);
+        };
+        if block_size == 0 || token_ids.len() != block_hashes.len() * block_size as usize {
+            return Err(EventError::TokenCountMismatch {
+                blocks: block_hashes.len(),
+                tokens: token_ids.len(),
+                block_size,
+            });
+        }
+        let mut parent_seq = match parent {
+            None => None,
+            Some(hash) => match worker.blocks.get(&hash) {
+                Some(block) => Some(block.seq),
+                None => return Err(EventError::UnknownParent(hash)),
+            },
+        };
+        let mut parent_engine = parent;
+        let mut applied = Applied::default();
+        for (&engine, tokens) in block_hashes.iter().zip(token_ids.chunks_exact(block_size as usize)) {
+            if let Some(existing) = worker.blocks.get(&engine) {
+                // Already held: the chain continues from what we recorded, so
+                // a child's parent sequence hash is always its parent's.
+                parent_seq = Some(existing.seq);
+                parent_engine = Some(engine);
+                continue;
+            }
+            let seq = chain(parent_seq, local_block_hash(tokens, seed));
+            let mut children = 0;
+            if let Some((adopted, seq_they_chained_from)) = worker.orphaned_children.remove(&engine) {
+                children = adopted;
+                worker.orphans -= u64::from(adopted);
+                worker.tainted |= seq_they_chained_from != seq;
+            }
+            if let Some(parent) = parent_engine.and_then(|p| worker.blocks.get_mut(&p)) {
+                parent.children += 1;
+            }
+            worker.blocks.insert(engine, StoredBlock { seq, parent: parent_engine, children });
+            let holders = self.holders.entry(seq).or_default();
+            if holders.contains(slot) {
+                *worker.dup_refs.entry(seq).or_default() += 1;
+            } else {
+                holders.insert(slot);
+            }
+            applied.stored += 1;
+            parent_seq = Some(seq);
+            parent_engine = Some(engine);
+        }
+        self.entries += applied.stored;
+        self.refresh_scan_flag(slot);
+        Ok(applied)
+    }
+
+    pub fn remove(&mut self, slot: Slot, block_hashes: &[EngineBlockHash]) -> Result<Applied, EventError> {
+        let Some(Some(worker)) = self.workers.get_mut(slot as usize) else {
+            return Err(EventError::UnknownWorker);
+        };
+        let mut applied = Applied::default();
+        for engine in block_hashes {
+            let Some(block) = worker.blocks.remove(engine) else {
+                applied.unknown_removed += 1;
+                continue;
+            };
+            if let Some(parent) = block.parent {
+                match worker.blocks.get_mut(&parent) {
+                    Some(held) => held.children -= 1,
+                    None => {
+                        // This block was an orphan; one fewer hangs off `parent`.
+                        worker.orphans -= 1;
+                        if let Some((count, _)) = worker.orphaned_children.get_mut(&parent) {
+                            *count -= 1;
+                            if *count == 0 {
+                                worker.orphaned_children.remove(&parent);
+                            }
+                        }
+                    }
+                }
+            }
+            if block.children > 0 {
+                worker.orphans += u64::from(block.children);
+                worker.orphaned_children.insert(*engine, (block.children, block.seq));
+            }
+            match worker.dup_refs.get_mut(&block.seq) {
+                Some(refs) => {
+                    *refs -= 1;
+                    if *refs == 0 {
+                        worker.dup_refs.remove(&block.seq);
+                    }
+                }
+                None => release_holder(&mut self.holders, block.seq, slot),
+            }
+            applied.removed += 1;
+        }
+        self.entries -= applied.removed;
+        self.refresh_scan_flag(slot);
+        Ok(applied)
+    }
+
+    /// Forgets everything the worker held.
+    pub fn clear(&mut self, slot: Slot) -> Applied {
+        let Some(Some(worker)) = self.workers.get_mut(slot as usize) else {
+            return Applied::default();
+        };
+        let old = std::mem::take(worker);
+        for block in old.blocks.values() {
+            release_holder(&mut self.holders, block.seq, slot);
+        }
+        let removed = old.blocks.len() as u64;
+        self.entries -= removed;
+        self.needs_scan.remove(slot);
+        Applied { removed, ..Applied::default() }
+    }
+
+    fn refresh_scan_flag(&mut self, slot: Slot) {
+        if self.worker(slot).is_some_and(WorkerBlocks::needs_scan) {
+            self.needs_scan.insert(slot);
+        } else {
+            self.needs_scan.remove(slot);
+        }
+    }
+
+    fn holding(&self, seq: SequenceHash, among: &SlotSet) -> SlotSet {
+        match self.holders.get(&seq) {
+            Some(holders) => holders.and(among),
+            None => SlotSet::default(),
+        }
+    }
+
+    /// Appends `(slot, n)` for every worker holding the first `n ≥ 1` blocks
+    /// of `seq` (and not block `n`). Workers holding nothing are left out.
+    pub fn find_matches(&self, seq: &[SequenceHash], out: &mut Vec<(Slot, u32)>) {
+        let Some(first) = seq.first() else { return };
+        let Some(holders) = self.holders.get(first) else { return };
+        let mut live = holders.clone();
+        if !self.needs_scan.is_empty() {
+            let suspects = live.and(&self.needs_scan);
+            if !suspects.is_empty() {
+                live.subtract(&suspects);
+                for slot in suspects.iter() {
+                    let depth = 1 + seq[1..].iter().take_while(|s| self.holds(slot, **s)).count();
+                    out.push((slot, depth as u32));
+                }
+            }
+        }
+        let last = seq.len() - 1;
+        let mut lo = 0;
+        while lo < last && !live.is_empty() {
+            let hi = (lo + JUMP).min(last);
+            let still = self.holding(seq[hi], &live);
+            if still != live {
+                let mut dropped = live;
+                dropped.subtract(&still);
+                self.bisect(seq, lo, hi, dropped, out);
+                live = still;
+            }
+            lo = hi;
+        }
+        out.extend(live.iter().map(|slot| (slot, lo as u32 + 1)));
+    }
+
+    /// Every slot in `set` holds `seq[lo]` and none holds `seq[hi]`.
+    fn bisect(&self, seq: &[SequenceHash], lo: usize, hi: usize, set: SlotSet, out: &mut Vec<(Slot, u32)>) {
+        if hi - lo == 1 {
+            out.extend(set.iter().map(|slot| (slot, lo as u32 + 1)));
+            return;
+        }
+        let mid = lo + (hi - lo) / 2;
+        let deeper = self.holding(seq[mid], &set);
+        let mut shallower = set;
+        shallower.subtract(&deeper);
+        if !deeper.is_empty() {
+            self.bisect(seq, mid, hi, deeper, out);
+        }
+        if !shallower.is_empty() {
+            self.bisect(seq, lo, mid, shallower, out);
+        }
+    }
+
+    /// Heap bytes of the index's tables (capacity, not length: what the
+    /// allocator holds), for the bytes-per-entry metric.
+    pub fn approx_bytes(&self) -> usize {
+        fn table<K, V>(map: &U64Map<K, V>) -> usize {
+            // hashbrown: one control byte per bucket; buckets ≈ capacity × 8/7.
+            map.capacity() * 8 / 7 * (std::mem::size_of::<(K, V)>() + 1)
+        }
+        let spilled: usize = self
+            .holders
+            .values()
+            .map(|set| match set {
+                SlotSet::Inline(_) => 0,
+                SlotSet::Spilled(words) => words.capacity() * 8 + 24,
+            })
+            .sum();
+        let workers: usize = self
+            .workers
+            .iter()
+            .flatten()
+            .map(|w| table(&w.blocks) + table(&w.dup_refs) + table(&w.orphaned_children))
+            .sum();
+        table(&self.holders) + spilled + workers
+    }
+}
+
+fn release_holder(holders: &mut U64Map<SequenceHash, SlotSet>, seq: SequenceHash, slot: Slot) {
+    if let Some(set) = holders.get_mut(&seq) {
+        set.remove(slot);
+        if set.is_empty() {
+            holders.remove(&seq);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

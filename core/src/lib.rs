@@ -1,0 +1,37 @@
+//! kvpick's selection core: which worker should serve a prompt.
+//!
+//! It indexes the KV blocks each worker holds (from the engines' own KV
+//! events), tracks the load booked on each worker by reservations, and picks
+//! the cheapest worker for a prompt. Everything here is plain data and
+//! synchronous code: no I/O, no async runtime, no clock (time is passed in),
+//! so it runs the same in the thread-per-core runtime, in a test, or in a
+//! fuzzer. It must never depend on tokio, tonic, kube or any socket.
+//!
+//! State is owned by [`Shard`]s, each a set of workers touched by one thread
+//! only. [`SelectionService`] drives S shards from the caller's thread and
+//! is the reference the multi-threaded runtime must match exactly.
+
+pub mod booking;
+pub mod clock;
+pub mod cost;
+pub mod event;
+pub mod hashing;
+pub mod index;
+pub mod load;
+pub mod prompt;
+pub mod queue;
+pub mod service;
+pub mod shard;
+pub mod slot_set;
+pub mod worker;
+
+pub use booking::{Booking, BookingEvent, ReservationId};
+pub use clock::Millis;
+pub use cost::{Candidate, RouterConfig};
+pub use event::{EngineBlockHash, KvEvent};
+pub use hashing::{HashSeed, SequenceHash};
+pub use index::{EventError, KvIndex};
+pub use prompt::Prompt;
+pub use service::{Admission, AdmissionEvent, SelectError, SelectRequest, Selection, SelectionService, WorkerError};
+pub use shard::{BookingError, LoadSnapshot, Shard};
+pub use worker::{EndpointFilter, Lifecycle, WorkerId, WorkerSpec};

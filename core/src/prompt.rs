@@ -1,0 +1,34 @@
+//! A request's prompt as selection needs it: hashed once, shared by all shards.
+
+use std::sync::Arc;
+
+use crate::hashing::{HashSeed, SequenceHash, sequence_hashes};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prompt {
+    /// Sequence hashes of the prompt's full blocks.
+    pub seq_hashes: Arc<[SequenceHash]>,
+    pub isl_tokens: u32,
+}
+
+impl Prompt {
+    pub fn from_tokens(tokens: &[u32], block_size: u32, seed: HashSeed) -> Self {
+        Prompt {
+            seq_hashes: sequence_hashes(tokens, block_size, seed).into(),
+            isl_tokens: u32::try_from(tokens.len()).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// A prompt whose tokens are unknown (tokenizer down or body not
+    /// tokenizable): routed by load alone.
+    pub fn load_only(isl_tokens: u32) -> Self {
+        Prompt { seq_hashes: Arc::from([]), isl_tokens }
+    }
+
+    /// Blocks the prompt fills that carry no sequence hash (a trailing
+    /// partial block, or every block of a load-only prompt).
+    pub fn unhashed_blocks(&self, block_size: u32) -> u32 {
+        let blocks = self.isl_tokens.div_ceil(block_size.max(1));
+        blocks.saturating_sub(self.seq_hashes.len() as u32)
+    }
+}

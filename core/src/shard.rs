@@ -1,0 +1,299 @@
+//! A shard: a set of workers and everything kvpick knows about them — their
+//! part of the KV index, their slot tables, the reservations booked on them
+//! and those reservations' leases. Touched by one thread only, so no locks;
+//! the single-threaded facade and the thread-per-core runtime both drive it.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use crate::booking::{Booking, BookingEvent, ReservationId};
+use crate::clock::Millis;
+use crate::cost::Candidate;
+use crate::event::KvEvent;
+use crate::hashing::SequenceHash;
+use crate::index::{Applied, EventError, KvIndex};
+use crate::load::WorkerLoad;
+use crate::slot_set::Slot;
+use crate::worker::{EndpointFilter, Lifecycle, WorkerId, WorkerSpec};
+
+/// Who may serve a prompt, as every shard is asked.
+#[derive(Clone, Copy, Debug)]
+pub struct CandidateQuery<'a> {
+    pub seq_hashes: &'a [SequenceHash],
+    pub model: Option<&'a str>,
+    pub allowed: Option<&'a EndpointFilter>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BookingError {
+    #[error("reservation {0:?} already exists")]
+    Duplicate(ReservationId),
+    #[error("reservation {0:?} not found")]
+    NotFound(ReservationId),
+    #[error("worker {0:?} is not on this shard")]
+    UnknownWorker(WorkerId),
+}
+
+/// Counters a shard keeps for metrics; monotonic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    pub events_applied: u64,
+    pub events_rejected: u64,
+    pub unknown_parent_events: u64,
+    pub blocks_stored: u64,
+    pub blocks_removed: u64,
+    pub unknown_removals: u64,
+    pub leases_expired: u64,
+}
+
+/// A worker's load as reported to callers and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadSnapshot {
+    pub worker: WorkerId,
+    pub prefill_tokens: u64,
+    pub active_blocks: u64,
+    pub requests: u32,
+    pub cached_blocks: u64,
+}
+
+#[derive(Debug)]
+struct WorkerEntry {
+    spec: WorkerSpec,
+    load: WorkerLoad,
+}
+
+#[derive(Debug)]
+struct ActiveBooking {
+    booking: Booking,
+    slot: Slot,
+    in_prefill: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Shard {
+    index: KvIndex,
+    slots: Vec<Option<WorkerEntry>>,
+    by_id: HashMap<WorkerId, Slot>,
+    bookings: HashMap<ReservationId, ActiveBooking>,
+    /// Lazily pruned: an entry whose booking is gone or renewed is skipped.
+    leases: BinaryHeap<Reverse<(Millis, ReservationId)>>,
+    stats: ShardStats,
+    matches: Vec<(Slot, u32)>,
+    overlap_by_slot: Vec<u32>,
+}
+
+impl Shard {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn stats(&self) -> ShardStats {
+        self.stats
+    }
+
+    pub fn index(&self) -> &KvIndex {
+        &self.index
+    }
+
+    pub fn worker_count(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn has_worker(&self, id: WorkerId) -> bool {
+        self.by_id.contains_key(&id)
+    }
+
+    pub fn booking_count(&self) -> usize {
+        self.bookings.len()
+    }
+
+    /// Adds a worker or updates its facts. Its cache and load are kept
+    /// across updates; a changed block size invalidates the cache.
+    pub fn upsert_worker(&mut self, spec: WorkerSpec) {
+        if let Some(&slot) = self.by_id.get(&spec.id) {
+            let entry = self.slots[slot as usize].as_mut().expect("by_id points at live slots");
+            if entry.spec.block_size != spec.block_size {
+                self.index.clear(slot);
+            }
+            entry.spec = spec;
+            return;
+        }
+        let slot = match self.slots.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                self.slots.push(None);
+                self.slots.len() - 1
+            }
+        } as Slot;
+        self.by_id.insert(spec.id, slot);
+        self.index.add_worker(slot);
+        self.slots[slot as usize] = Some(WorkerEntry { spec, load: WorkerLoad::default() });
+    }
+
+    /// Removes a worker, its cache and its bookings (returned: they are
+    /// gone, and the caller must forget them too).
+    pub fn delete_worker(&mut self, id: WorkerId) -> Option<Vec<ReservationId>> {
+        let slot = self.by_id.remove(&id)?;
+        self.index.remove_worker(slot);
+        self.slots[slot as usize] = None;
+        let mut freed: Vec<ReservationId> =
+            self.bookings.iter().filter(|(_, b)| b.slot == slot).map(|(id, _)| *id).collect();
+        freed.sort();
+        for id in &freed {
+            self.bookings.remove(id);
+        }
+        Some(freed)
+    }
+
+    pub fn apply_event(&mut self, worker: WorkerId, event: &KvEvent) -> Result<Applied, EventError> {
+        let result = self.apply_event_inner(worker, event);
+        match &result {
+            Ok(applied) => {
+                self.stats.events_applied += 1;
+                self.stats.blocks_stored += applied.stored;
+                self.stats.blocks_removed += applied.removed;
+                self.stats.unknown_removals += applied.unknown_removed;
+            }
+            Err(EventError::UnknownParent(_)) => self.stats.unknown_parent_events += 1,
+            Err(_) => self.stats.events_rejected += 1,
+        }
+        result
+    }
+
+    fn apply_event_inner(&mut self, worker: WorkerId, event: &KvEvent) -> Result<Applied, EventError> {
+        let slot = *self.by_id.get(&worker).ok_or(EventError::UnknownWorker)?;
+        match event {
+            KvEvent::Stored { block_hashes, parent, token_ids, block_size, seed } => {
+                let worker_block_size = self.entry(slot).spec.block_size;
+                if *block_size != worker_block_size {
+                    return Err(EventError::BlockSizeMismatch { event: *block_size, worker: worker_block_size });
+                }
+                self.index.store(slot, *parent, block_hashes, token_ids, *block_size, *seed)
+            }
+            KvEvent::Removed { block_hashes } => self.index.remove(slot, block_hashes),
+            KvEvent::Cleared => Ok(self.index.clear(slot)),
+        }
+    }
+
+    fn entry(&self, slot: Slot) -> &WorkerEntry {
+        self.slots[slot as usize].as_ref().expect("slot taken from by_id")
+    }
+
+    /// Appends one candidate per schedulable worker serving the query.
+    pub fn candidates(&mut self, query: &CandidateQuery<'_>, out: &mut Vec<Candidate>) {
+        self.matches.clear();
+        self.index.find_matches(query.seq_hashes, &mut self.matches);
+        self.overlap_by_slot.clear();
+        self.overlap_by_slot.resize(self.slots.len(), 0);
+        for &(slot, depth) in &self.matches {
+            self.overlap_by_slot[slot as usize] = depth;
+        }
+        for (slot, entry) in self.slots.iter().enumerate() {
+            let Some(WorkerEntry { spec, load }) = entry else { continue };
+            if spec.lifecycle != Lifecycle::Schedulable
+                || !spec.serves(query.model)
+                || query.allowed.is_some_and(|f| !f.allows(&spec.endpoint))
+            {
+                continue;
+            }
+            let active_prefix = load.active_prefix(query.seq_hashes);
+            out.push(Candidate {
+                worker: spec.id,
+                endpoint: spec.endpoint,
+                block_size: spec.block_size,
+                overlap_blocks: self.overlap_by_slot[slot],
+                active_prefill_tokens: load.prefill_tokens(),
+                active_blocks: load.active_blocks(),
+                new_blocks: (query.seq_hashes.len() - active_prefix) as u64,
+                active_requests: load.requests(),
+                max_num_batched_tokens: spec.max_num_batched_tokens,
+            });
+        }
+    }
+
+    /// Applies a booking change, whether decided here or by a peer.
+    /// `PrefillComplete` and `Freed` are idempotent: repeating one is
+    /// `NotFound` (freed) or a no-op (prefill already complete).
+    pub fn apply_booking(&mut self, event: BookingEvent) -> Result<(), BookingError> {
+        match event {
+            BookingEvent::Reserved(booking) => {
+                if self.bookings.contains_key(&booking.id) {
+                    return Err(BookingError::Duplicate(booking.id));
+                }
+                let slot = *self.by_id.get(&booking.worker).ok_or(BookingError::UnknownWorker(booking.worker))?;
+                let load = &mut self.slots[slot as usize].as_mut().expect("slot taken from by_id").load;
+                load.book(&booking.seq_hashes, booking.unhashed_blocks, booking.prefill_tokens);
+                self.leases.push(Reverse((booking.lease_until, booking.id)));
+                self.bookings.insert(booking.id, ActiveBooking { booking, slot, in_prefill: true });
+                Ok(())
+            }
+            BookingEvent::PrefillComplete(id) => {
+                let active = self.bookings.get_mut(&id).ok_or(BookingError::NotFound(id))?;
+                if active.in_prefill {
+                    active.in_prefill = false;
+                    let load =
+                        &mut self.slots[active.slot as usize].as_mut().expect("bookings point at live slots").load;
+                    load.complete_prefill(active.booking.prefill_tokens);
+                }
+                Ok(())
+            }
+            BookingEvent::Freed(id) => {
+                let active = self.bookings.remove(&id).ok_or(BookingError::NotFound(id))?;
+                let still_prefill = if active.in_prefill { active.booking.prefill_tokens } else { 0 };
+                let load = &mut self.slots[active.slot as usize].as_mut().expect("bookings point at live slots").load;
+                load.release(&active.booking.seq_hashes, active.booking.unhashed_blocks, still_prefill);
+                Ok(())
+            }
+        }
+    }
+
+    /// Frees every booking whose lease ended by `now`; returns their ids.
+    pub fn expire(&mut self, now: Millis) -> Vec<ReservationId> {
+        let mut expired = Vec::new();
+        while let Some(&Reverse((until, id))) = self.leases.peek() {
+            if until > now {
+                break;
+            }
+            self.leases.pop();
+            if self.bookings.get(&id).is_some_and(|b| b.booking.lease_until == until) {
+                self.apply_booking(BookingEvent::Freed(id)).expect("booking checked present");
+                self.stats.leases_expired += 1;
+                expired.push(id);
+            }
+        }
+        expired
+    }
+
+    /// The earliest lease end, for the caller's timer.
+    pub fn next_lease_end(&self) -> Option<Millis> {
+        self.leases.peek().map(|Reverse((until, _))| *until)
+    }
+
+    pub fn booking(&self, id: ReservationId) -> Option<&Booking> {
+        self.bookings.get(&id).map(|b| &b.booking)
+    }
+
+    pub fn loads(&self) -> impl Iterator<Item = LoadSnapshot> + '_ {
+        self.slots.iter().enumerate().filter_map(|(slot, entry)| {
+            let entry = entry.as_ref()?;
+            Some(LoadSnapshot {
+                worker: entry.spec.id,
+                prefill_tokens: entry.load.prefill_tokens(),
+                active_blocks: entry.load.active_blocks(),
+                requests: entry.load.requests(),
+                cached_blocks: self.index.worker_blocks(slot as Slot) as u64,
+            })
+        })
+    }
+
+    /// Overlap depth of every worker holding a prefix of `seq_hashes`.
+    pub fn overlaps(&self, seq_hashes: &[SequenceHash]) -> Vec<(WorkerId, u32)> {
+        let mut matches = Vec::new();
+        self.index.find_matches(seq_hashes, &mut matches);
+        matches.into_iter().map(|(slot, depth)| (self.entry(slot).spec.id, depth)).collect()
+    }
+
+    pub fn worker_spec(&self, id: WorkerId) -> Option<&WorkerSpec> {
+        self.by_id.get(&id).map(|&slot| &self.entry(slot).spec)
+    }
+}
