@@ -1,1 +1,195 @@
+use super::*;
+use crate::hashing::sequence_hashes;
 
+const BS: u32 = 4;
+
+fn tokens(n_blocks: usize, base: u32) -> Vec<u32> {
+    (0..n_blocks as u32 * BS).map(|t| base + t).collect()
+}
+
+fn prompt(tokens: &[u32]) -> Vec<SequenceHash> {
+    sequence_hashes(tokens, BS, HashSeed::default())
+}
+
+fn matches(index: &KvIndex, seq: &[SequenceHash]) -> Vec<(Slot, u32)> {
+    let mut out = Vec::new();
+    index.find_matches(seq, &mut out);
+    out.sort();
+    out
+}
+
+/// Stores `toks` on `slot` as one chain with engine hashes `first..`.
+fn store(index: &mut KvIndex, slot: Slot, parent: Option<u64>, first: u64, toks: &[u32]) -> Applied {
+    let hashes: Vec<u64> = (0..(toks.len() as u32 / BS) as u64).map(|i| first + i).collect();
+    index.store(slot, parent, &hashes, toks, BS, HashSeed::default()).unwrap()
+}
+
+#[test]
+fn overlap_is_the_number_of_leading_blocks_held() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    index.add_worker(1);
+    let toks = tokens(100, 0);
+    store(&mut index, 0, None, 1000, &toks[..(70 * BS) as usize]);
+    store(&mut index, 1, None, 5000, &toks[..(3 * BS) as usize]);
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 70), (1, 3)]);
+    assert_eq!(matches(&index, &prompt(&toks[..(2 * BS) as usize])), vec![(0, 2), (1, 2)]);
+    assert_eq!(matches(&index, &prompt(&tokens(5, 999))), vec![]);
+    assert_eq!(matches(&index, &[]), vec![]);
+    assert_eq!(index.entries(), 73);
+    assert_eq!(index.distinct_blocks(), 70);
+}
+
+#[test]
+fn every_depth_is_found_exactly_across_jump_boundaries() {
+    let toks = tokens(3 * JUMP + 5, 0);
+    let full = prompt(&toks);
+    let mut index = KvIndex::default();
+    // Worker d holds exactly the first d+1 blocks.
+    for depth in 0..full.len() {
+        index.add_worker(depth as Slot);
+        store(&mut index, depth as Slot, None, 1 << 20 | (depth as u64) << 10, &toks[..(depth + 1) * BS as usize]);
+    }
+    let expected: Vec<(Slot, u32)> = (0..full.len()).map(|d| (d as Slot, d as u32 + 1)).collect();
+    assert_eq!(matches(&index, &full), expected);
+}
+
+#[test]
+fn extending_from_a_parent_chains_sequence_hashes() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let toks = tokens(6, 0);
+    store(&mut index, 0, None, 10, &toks[..(2 * BS) as usize]);
+    store(&mut index, 0, Some(11), 20, &toks[(2 * BS) as usize..]);
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 6)]);
+}
+
+#[test]
+fn unknown_parent_is_rejected_and_changes_nothing() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let err = index.store(0, Some(42), &[1], &tokens(1, 0), BS, HashSeed::default()).unwrap_err();
+    assert_eq!(err, EventError::UnknownParent(42));
+    assert_eq!(index.entries(), 0);
+    assert_eq!(index.distinct_blocks(), 0);
+}
+
+#[test]
+fn malformed_stores_are_rejected() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let bad = index.store(0, None, &[1, 2], &tokens(1, 0), BS, HashSeed::default());
+    assert!(matches!(bad, Err(EventError::TokenCountMismatch { blocks: 2, tokens: 4, block_size: 4 })));
+    assert!(index.store(0, None, &[1], &[], 0, HashSeed::default()).is_err());
+    assert_eq!(index.store(7, None, &[1], &tokens(1, 0), BS, HashSeed::default()), Err(EventError::UnknownWorker));
+    assert_eq!(index.remove(7, &[1]), Err(EventError::UnknownWorker));
+    assert_eq!(index.entries(), 0);
+}
+
+#[test]
+fn removal_of_a_middle_block_cuts_the_overlap_there() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let toks = tokens(80, 0);
+    store(&mut index, 0, None, 100, &toks);
+    let full = prompt(&toks);
+    // Block 10 is evicted while 11.. stay: the engine can only reuse 0..10.
+    index.remove(0, &[110]).unwrap();
+    assert_eq!(matches(&index, &full), vec![(0, 10)]);
+    // Storing it again heals the hole and the whole prefix matches.
+    store(&mut index, 0, Some(109), 110, &toks[(10 * BS) as usize..(11 * BS) as usize]);
+    assert_eq!(matches(&index, &full), vec![(0, 80)]);
+    // Removing the hole's descendants one by one keeps counts consistent.
+    index.remove(0, &[110]).unwrap();
+    let rest: Vec<u64> = (111..180).collect();
+    index.remove(0, &rest).unwrap();
+    assert_eq!(matches(&index, &full), vec![(0, 10)]);
+    store(&mut index, 0, Some(109), 110, &toks[(10 * BS) as usize..(12 * BS) as usize]);
+    assert_eq!(matches(&index, &full), vec![(0, 12)]);
+}
+
+#[test]
+fn engine_hash_reused_for_other_content_falls_back_to_scanning() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let toks = tokens(40, 0);
+    store(&mut index, 0, None, 100, &toks);
+    index.remove(0, &[105]).unwrap();
+    // Same engine hash, different tokens: its old children now hang off a
+    // block whose sequence hash changed.
+    let other = tokens(1, 7777);
+    index.store(0, Some(104), &[105], &other, BS, HashSeed::default()).unwrap();
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 5)]);
+    index.clear(0);
+    store(&mut index, 0, None, 100, &toks);
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 40)]);
+}
+
+#[test]
+fn duplicate_sequence_hashes_are_reference_counted() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let toks = tokens(2, 0);
+    store(&mut index, 0, None, 100, &toks);
+    // Another engine chain with the same tokens (e.g. a salt the engine
+    // hashes and we do not) maps onto the same sequence hashes.
+    store(&mut index, 0, None, 200, &toks);
+    assert_eq!(index.entries(), 4);
+    index.remove(0, &[100, 101]).unwrap();
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 2)]);
+    index.remove(0, &[200, 201]).unwrap();
+    assert_eq!(matches(&index, &prompt(&toks)), vec![]);
+    assert_eq!(index.distinct_blocks(), 0);
+}
+
+#[test]
+fn restoring_a_held_block_is_a_no_op() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let toks = tokens(3, 0);
+    assert_eq!(store(&mut index, 0, None, 100, &toks).stored, 3);
+    assert_eq!(store(&mut index, 0, None, 100, &toks).stored, 0);
+    assert_eq!(index.entries(), 3);
+}
+
+#[test]
+fn unknown_removals_are_counted() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    store(&mut index, 0, None, 100, &tokens(2, 0));
+    let applied = index.remove(0, &[100, 5, 6]).unwrap();
+    assert_eq!((applied.removed, applied.unknown_removed), (1, 2));
+}
+
+#[test]
+fn clear_and_remove_worker_forget_only_that_worker() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    index.add_worker(1);
+    let toks = tokens(5, 0);
+    store(&mut index, 0, None, 100, &toks);
+    store(&mut index, 1, None, 200, &toks);
+    assert_eq!(index.clear(0).removed, 5);
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(1, 5)]);
+    index.remove_worker(1);
+    assert_eq!(matches(&index, &prompt(&toks)), vec![]);
+    assert_eq!((index.entries(), index.distinct_blocks()), (0, 0));
+    assert_eq!(index.clear(9), Applied::default());
+}
+
+#[test]
+fn many_workers_spill_past_one_word() {
+    let mut index = KvIndex::default();
+    let toks = tokens(50, 0);
+    for slot in 0..150 {
+        index.add_worker(slot);
+        let depth = 1 + slot as usize % 50;
+        store(&mut index, slot, None, u64::from(slot) << 16, &toks[..depth * BS as usize]);
+    }
+    let found = matches(&index, &prompt(&toks));
+    assert_eq!(found.len(), 150);
+    for (slot, depth) in found {
+        assert_eq!(depth, 1 + slot % 50);
+    }
+    assert!(index.approx_bytes() > 0);
+}

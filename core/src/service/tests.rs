@@ -1,1 +1,344 @@
+use std::time::Duration;
 
+use super::*;
+use crate::hashing::HashSeed;
+use crate::shard::LoadSnapshot;
+use crate::worker::Lifecycle;
+
+const BS: u32 = 4;
+const T0: Millis = Millis(1_000);
+
+fn addr(i: u64) -> SocketAddr {
+    format!("10.0.0.{i}:8000").parse().unwrap()
+}
+
+fn spec(i: u64) -> WorkerSpec {
+    WorkerSpec::new(WorkerId(i), addr(i), BS)
+}
+
+fn service(workers: u64, shards: usize, cfg: RouterConfig) -> SelectionService {
+    let mut svc = SelectionService::new(cfg, BS, shards);
+    for i in 1..=workers {
+        svc.upsert_worker(spec(i), T0).unwrap();
+    }
+    svc
+}
+
+fn tokens(n: u32, base: u32) -> Vec<u32> {
+    (base..base + n).collect()
+}
+
+fn request(svc: &SelectionService, id: u64, toks: &[u32]) -> SelectRequest {
+    SelectRequest {
+        id: ReservationId(id),
+        prompt: svc.prompt(toks, HashSeed::default()),
+        model: None,
+        allowed: None,
+        priority: 0,
+    }
+}
+
+fn reserve(svc: &mut SelectionService, id: u64, toks: &[u32]) -> Selection {
+    let req = request(svc, id, toks);
+    match svc.select_and_reserve(req, T0).unwrap() {
+        Admission::Reserved(sel) => sel,
+        Admission::Queued => panic!("unexpectedly queued"),
+    }
+}
+
+fn store(svc: &mut SelectionService, worker: u64, toks: &[u32]) {
+    let blocks = toks.len() as u32 / BS;
+    let event = KvEvent::Stored {
+        block_hashes: (0..u64::from(blocks)).map(|b| worker << 32 | b).collect(),
+        parent: None,
+        token_ids: toks[..(blocks * BS) as usize].to_vec(),
+        block_size: BS,
+        seed: HashSeed::default(),
+    };
+    svc.apply_kv_event(WorkerId(worker), &event).unwrap();
+}
+
+fn load(svc: &SelectionService, worker: u64) -> LoadSnapshot {
+    svc.loads().into_iter().find(|l| l.worker == WorkerId(worker)).unwrap()
+}
+
+#[test]
+fn the_worker_holding_the_prefix_wins() {
+    let mut svc = service(3, 2, RouterConfig::default());
+    let toks = tokens(64, 0);
+    store(&mut svc, 2, &toks);
+    let sel = reserve(&mut svc, 1, &toks);
+    assert_eq!((sel.worker, sel.endpoint, sel.overlap_blocks), (WorkerId(2), addr(2), 16));
+    assert_eq!((sel.prefill_tokens, sel.isl_tokens, sel.candidates), (0, 64, 3));
+}
+
+#[test]
+fn without_overlap_the_least_loaded_worker_wins() {
+    let mut svc = service(2, 1, RouterConfig::default());
+    let first = reserve(&mut svc, 1, &tokens(400, 0));
+    let second = reserve(&mut svc, 2, &tokens(40, 10_000));
+    assert_ne!(first.worker, second.worker);
+    let busy = load(&svc, first.worker.0);
+    assert_eq!((busy.prefill_tokens, busy.active_blocks, busy.requests), (400, 100, 1));
+}
+
+#[test]
+fn reservation_lifecycle_moves_load_and_is_idempotent() {
+    let mut svc = service(1, 1, RouterConfig::default());
+    // 10 tokens: 2 full blocks and a partial one.
+    let sel = reserve(&mut svc, 7, &tokens(10, 0));
+    assert_eq!(
+        load(&svc, 1),
+        LoadSnapshot { worker: WorkerId(1), prefill_tokens: 10, active_blocks: 3, requests: 1, cached_blocks: 0 }
+    );
+    svc.prefill_complete(sel.id, T0).unwrap();
+    svc.prefill_complete(sel.id, T0).unwrap();
+    assert_eq!(load(&svc, 1).prefill_tokens, 0);
+    assert_eq!(load(&svc, 1).active_blocks, 3);
+    svc.free_reservation(sel.id, T0).unwrap();
+    assert_eq!(svc.free_reservation(sel.id, T0), Err(BookingError::NotFound(sel.id)));
+    assert_eq!(svc.prefill_complete(sel.id, T0), Err(BookingError::NotFound(sel.id)));
+    assert_eq!(
+        load(&svc, 1),
+        LoadSnapshot { worker: WorkerId(1), prefill_tokens: 0, active_blocks: 0, requests: 0, cached_blocks: 0 }
+    );
+}
+
+#[test]
+fn freeing_during_prefill_releases_prefill_too() {
+    let mut svc = service(1, 1, RouterConfig::default());
+    reserve(&mut svc, 1, &tokens(32, 0));
+    svc.free_reservation(ReservationId(1), T0).unwrap();
+    assert_eq!(load(&svc, 1).prefill_tokens, 0);
+}
+
+#[test]
+fn cached_prefix_is_not_booked_as_prefill() {
+    let mut svc = service(1, 1, RouterConfig::default());
+    let toks = tokens(40, 0);
+    store(&mut svc, 1, &toks[..32]);
+    let sel = reserve(&mut svc, 1, &toks);
+    assert_eq!((sel.overlap_blocks, sel.prefill_tokens), (8, 8));
+    assert_eq!(load(&svc, 1).prefill_tokens, 8);
+}
+
+#[test]
+fn shared_prompt_blocks_count_once_in_decode_load() {
+    let mut svc = service(1, 1, RouterConfig::default());
+    let toks = tokens(32, 0);
+    reserve(&mut svc, 1, &toks);
+    reserve(&mut svc, 2, &toks);
+    assert_eq!(load(&svc, 1).active_blocks, 8);
+    assert_eq!(load(&svc, 1).requests, 2);
+}
+
+#[test]
+fn duplicate_reservation_ids_are_refused() {
+    let mut svc = service(1, 1, RouterConfig::default());
+    reserve(&mut svc, 1, &tokens(8, 0));
+    let again = request(&svc, 1, &tokens(8, 0));
+    assert_eq!(svc.select_and_reserve(again, T0), Err(SelectError::DuplicateReservation(ReservationId(1))));
+    assert_eq!(load(&svc, 1).requests, 1);
+}
+
+#[test]
+fn errors_name_what_is_missing() {
+    let mut empty = SelectionService::new(RouterConfig::default(), BS, 2);
+    let req = request(&empty, 1, &tokens(8, 0));
+    assert_eq!(empty.select_and_reserve(req.clone(), T0), Err(SelectError::NoWorkers));
+
+    let mut svc = service(2, 2, RouterConfig::default());
+    let mut llama = spec(1);
+    llama.model = Some("llama".into());
+    svc.upsert_worker(llama, T0).unwrap();
+    let mut qwen = spec(2);
+    qwen.model = Some("qwen".into());
+    svc.upsert_worker(qwen, T0).unwrap();
+    let unknown = SelectRequest { model: Some("mistral".into()), ..req.clone() };
+    assert_eq!(svc.select_and_reserve(unknown, T0), Err(SelectError::UnknownModel("mistral".into())));
+    let qwen_req = SelectRequest { model: Some("qwen".into()), ..req.clone() };
+    assert!(matches!(svc.select_and_reserve(qwen_req, T0), Ok(Admission::Reserved(s)) if s.worker == WorkerId(2)));
+
+    let mut nowhere = EndpointFilter::new();
+    nowhere.allow_addr("10.9.9.9:1".parse().unwrap());
+    let filtered = SelectRequest { id: ReservationId(2), allowed: Some(nowhere), ..req.clone() };
+    assert_eq!(svc.select_and_reserve(filtered, T0), Err(SelectError::NoEligibleWorkers));
+
+    let mut draining = spec(1);
+    draining.lifecycle = Lifecycle::Draining;
+    svc.upsert_worker(draining, T0).unwrap();
+    let mut down = spec(2);
+    down.lifecycle = Lifecycle::Unschedulable;
+    svc.upsert_worker(down, T0).unwrap();
+    let any = SelectRequest { id: ReservationId(3), ..req };
+    assert_eq!(svc.select_and_reserve(any, T0), Err(SelectError::NoEligibleWorkers));
+    assert_eq!(svc.delete_worker(WorkerId(9)), Err(WorkerError::NotFound(WorkerId(9))));
+    let mut odd = spec(5);
+    odd.block_size = 16;
+    assert_eq!(svc.upsert_worker(odd, T0), Err(WorkerError::BlockSizeMismatch { worker: 16, service: BS }));
+}
+
+#[test]
+fn subset_restricts_by_address_or_ip() {
+    let mut svc = service(3, 2, RouterConfig::default());
+    store(&mut svc, 1, &tokens(32, 0));
+    let mut only_three = EndpointFilter::new();
+    only_three.allow_ip(addr(3).ip());
+    let req = SelectRequest { allowed: Some(only_three), ..request(&svc, 1, &tokens(32, 0)) };
+    assert!(matches!(svc.select_and_reserve(req, T0), Ok(Admission::Reserved(s)) if s.worker == WorkerId(3)));
+    let mut exact = EndpointFilter::new();
+    exact.allow_addr(addr(2));
+    let req = SelectRequest { allowed: Some(exact), ..request(&svc, 2, &tokens(32, 0)) };
+    assert!(matches!(svc.select_and_reserve(req, T0), Ok(Admission::Reserved(s)) if s.worker == WorkerId(2)));
+}
+
+#[test]
+fn leases_expire_and_free_their_load() {
+    let cfg = RouterConfig { lease: Duration::from_secs(10), ..RouterConfig::default() };
+    let mut svc = service(1, 1, cfg);
+    reserve(&mut svc, 1, &tokens(16, 0));
+    svc.tick(T0.after(Duration::from_millis(9_999)));
+    assert_eq!(load(&svc, 1).requests, 1);
+    svc.tick(T0.after(Duration::from_secs(10)));
+    assert_eq!(load(&svc, 1).requests, 0);
+    assert_eq!(svc.shard_stats().leases_expired, 1);
+    assert_eq!(svc.free_reservation(ReservationId(1), T0), Err(BookingError::NotFound(ReservationId(1))));
+    // A freed booking's stale lease entry does nothing.
+    reserve(&mut svc, 2, &tokens(16, 0));
+    svc.free_reservation(ReservationId(2), T0).unwrap();
+    svc.tick(T0.after(Duration::from_secs(60)));
+    assert_eq!(svc.shard_stats().leases_expired, 1);
+}
+
+#[test]
+fn deleting_a_worker_drops_its_bookings() {
+    let mut svc = service(2, 2, RouterConfig::default());
+    let sel = reserve(&mut svc, 1, &tokens(16, 0));
+    assert_eq!(svc.delete_worker(sel.worker), Ok(vec![ReservationId(1)]));
+    assert_eq!(svc.active_reservations(), 0);
+    assert_eq!(svc.free_reservation(ReservationId(1), T0), Err(BookingError::NotFound(ReservationId(1))));
+}
+
+#[test]
+fn workers_are_spread_evenly_over_shards() {
+    let svc = service(7, 3, RouterConfig::default());
+    let counts: Vec<usize> = svc.shards().iter().map(Shard::worker_count).collect();
+    assert_eq!(counts, vec![3, 2, 2]);
+}
+
+#[test]
+fn same_seed_same_picks_whatever_the_shard_count() {
+    let picks = |shards| {
+        let mut svc = service(8, shards, RouterConfig::default());
+        (0..200).map(|i| reserve(&mut svc, i, &tokens(16, 0)).worker).collect::<Vec<_>>()
+    };
+    let one = picks(1);
+    assert_eq!(one, picks(2));
+    assert_eq!(one, picks(4));
+}
+
+fn queueing(capacity: usize) -> SelectionService {
+    let cfg = RouterConfig {
+        queue_threshold: Some(1.0),
+        queue_capacity: capacity,
+        queue_timeout: Duration::from_secs(5),
+        ..RouterConfig::default()
+    };
+    let mut svc = SelectionService::new(cfg, BS, 1);
+    let mut small = spec(1);
+    small.max_num_batched_tokens = Some(100);
+    svc.upsert_worker(small, T0).unwrap();
+    svc
+}
+
+#[test]
+fn saturated_workers_queue_requests_until_capacity_frees() {
+    let mut svc = queueing(2);
+    reserve(&mut svc, 1, &tokens(101, 0));
+    let low = request(&svc, 2, &tokens(8, 500));
+    assert_eq!(svc.select_and_reserve(low, T0), Ok(Admission::Queued));
+    let high = SelectRequest { priority: 5, ..request(&svc, 3, &tokens(8, 900)) };
+    assert_eq!(svc.select_and_reserve(high, T0), Ok(Admission::Queued));
+    let full = request(&svc, 4, &tokens(8, 0));
+    assert_eq!(svc.select_and_reserve(full, T0), Err(SelectError::QueueFull));
+    assert_eq!(svc.queue_len(), 2);
+    let dup = request(&svc, 2, &tokens(8, 0));
+    assert_eq!(svc.select_and_reserve(dup, T0), Err(SelectError::DuplicateReservation(ReservationId(2))));
+    assert!(svc.take_admissions().is_empty());
+
+    // Prefill completing frees capacity: the higher priority goes first,
+    // and both fit under the threshold.
+    svc.prefill_complete(ReservationId(1), T0).unwrap();
+    let admitted: Vec<ReservationId> = svc
+        .take_admissions()
+        .into_iter()
+        .map(|e| match e {
+            AdmissionEvent::Admitted(sel) => sel.id,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(admitted, vec![ReservationId(3), ReservationId(2)]);
+    assert_eq!(svc.stats().admitted_from_queue, 2);
+    assert_eq!(svc.stats().refused_queue_full, 1);
+}
+
+#[test]
+fn queued_requests_time_out_or_can_be_withdrawn() {
+    let mut svc = queueing(4);
+    reserve(&mut svc, 1, &tokens(101, 0));
+    for id in [2, 3] {
+        let req = request(&svc, id, &tokens(8, 0));
+        assert_eq!(svc.select_and_reserve(req, T0), Ok(Admission::Queued));
+    }
+    svc.free_reservation(ReservationId(3), T0).expect("withdrawn from the queue");
+    svc.tick(T0.after(Duration::from_secs(5)));
+    assert_eq!(
+        svc.take_admissions(),
+        vec![AdmissionEvent::Refused { id: ReservationId(2), error: SelectError::QueueTimeout }]
+    );
+    assert_eq!(svc.queue_len(), 0);
+}
+
+#[test]
+fn queued_requests_are_refused_when_their_workers_vanish() {
+    let mut svc = queueing(4);
+    reserve(&mut svc, 1, &tokens(101, 0));
+    let req = request(&svc, 2, &tokens(8, 0));
+    assert_eq!(svc.select_and_reserve(req, T0), Ok(Admission::Queued));
+    svc.delete_worker(WorkerId(1)).unwrap();
+    svc.tick(T0);
+    assert_eq!(
+        svc.take_admissions(),
+        vec![AdmissionEvent::Refused { id: ReservationId(2), error: SelectError::NoWorkers }]
+    );
+}
+
+#[test]
+fn without_a_threshold_nothing_queues() {
+    let mut svc = service(1, 1, RouterConfig::default());
+    let mut spec1 = spec(1);
+    spec1.max_num_batched_tokens = Some(1);
+    svc.upsert_worker(spec1, T0).unwrap();
+    for id in 0..5 {
+        reserve(&mut svc, id, &tokens(100, 0));
+    }
+    assert_eq!(svc.queue_len(), 0);
+}
+
+#[test]
+fn load_only_prompts_book_blocks_without_hashes() {
+    let mut svc = service(1, 1, RouterConfig::default());
+    let req = SelectRequest { prompt: Prompt::load_only(10), ..request(&svc, 1, &[]) };
+    assert!(matches!(svc.select_and_reserve(req, T0), Ok(Admission::Reserved(_))));
+    assert_eq!(load(&svc, 1).active_blocks, 3);
+    assert_eq!(load(&svc, 1).prefill_tokens, 10);
+}
+
+#[test]
+fn select_alone_books_nothing() {
+    let mut svc = service(2, 1, RouterConfig::default());
+    let req = request(&svc, 1, &tokens(16, 0));
+    svc.select(&req).unwrap();
+    assert!(svc.loads().iter().all(|l| l.requests == 0));
+    assert!(svc.booking(ReservationId(1)).is_none());
+}
