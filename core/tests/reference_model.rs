@@ -148,11 +148,25 @@ enum Op {
     DeleteWorker(u8),
     /// Store `len` blocks of tokens drawn from `alphabet` on a worker,
     /// from the root or below one of its held blocks.
-    Store { worker: u8, from_held: Option<u16>, len: u8, tokens: Vec<u8> },
-    Remove { worker: u8, picks: Vec<u16>, unknown: bool },
+    Store {
+        worker: u8,
+        from_held: Option<u16>,
+        len: u8,
+        tokens: Vec<u8>,
+    },
+    Remove {
+        worker: u8,
+        picks: Vec<u16>,
+        unknown: bool,
+    },
     Clear(u8),
     /// Select for a prompt made of a held chain (optionally perturbed) or fresh tokens.
-    Select { from_worker: u8, pick: u16, extra: Vec<u8>, perturb: Option<u8> },
+    Select {
+        from_worker: u8,
+        pick: u16,
+        extra: Vec<u8>,
+        perturb: Option<u8>,
+    },
     PrefillComplete(u16),
     Free(u16),
     Advance(u16),
@@ -224,7 +238,8 @@ fn run(ops: &[Op], shards: usize) -> Result<(), TestCaseError> {
             Op::Store { worker, from_held, len, tokens } => {
                 let Some(known) = chains.blocks.get(worker) else { continue };
                 let parent = from_held.and_then(|i| known.keys().nth(i as usize % known.len().max(1)).copied());
-                let toks: Vec<u32> = tokens.iter().cycle().take(*len as usize * BS as usize).map(|t| u32::from(*t)).collect();
+                let toks: Vec<u32> =
+                    tokens.iter().cycle().take(*len as usize * BS as usize).map(|t| u32::from(*t)).collect();
                 let hashes: Vec<u64> = (0..*len as u64).map(|i| chains.next_hash + i).collect();
                 chains.next_hash += *len as u64;
                 let event = KvEvent::Stored {
@@ -249,7 +264,8 @@ fn run(ops: &[Op], shards: usize) -> Result<(), TestCaseError> {
             Op::Remove { worker, picks, unknown } => {
                 let id = WorkerId(u64::from(*worker));
                 let Some(w) = naive.workers.get_mut(&id) else { continue };
-                let held: Vec<u64> = w.blocks.keys().copied().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+                let held: Vec<u64> =
+                    w.blocks.keys().copied().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
                 let mut hashes: Vec<u64> =
                     picks.iter().filter(|_| !held.is_empty()).map(|i| held[*i as usize % held.len()]).collect();
                 if *unknown {
@@ -284,8 +300,13 @@ fn run(ops: &[Op], shards: usize) -> Result<(), TestCaseError> {
                 toks.extend(extra.iter().map(|t| u32::from(*t)));
                 let prompt = svc.prompt(&toks, HashSeed::default());
                 next_id += 1;
-                let request =
-                    SelectRequest { id: ReservationId(next_id), prompt: prompt.clone(), model: None, allowed: None, priority: 0 };
+                let request = SelectRequest {
+                    id: ReservationId(next_id),
+                    prompt: prompt.clone(),
+                    model: None,
+                    allowed: None,
+                    priority: 0,
+                };
                 let got = svc.select_and_reserve(request, now);
                 let want = naive.select(&prompt, now, next_id);
                 match (got, want) {
