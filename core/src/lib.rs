@@ -14,6 +14,7 @@
 pub mod booking;
 pub mod clock;
 pub mod cost;
+pub mod directory;
 pub mod event;
 pub mod hashing;
 pub mod index;

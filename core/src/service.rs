@@ -14,6 +14,7 @@ use crate::cost::{Candidate, RouterConfig, pick};
 use crate::event::KvEvent;
 use crate::index::{Applied, EventError};
 use crate::prompt::Prompt;
+use crate::directory::Directory;
 use crate::queue::AdmissionQueue;
 use crate::shard::{BookingError, CandidateQuery, LoadSnapshot, Shard, ShardStats};
 use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
@@ -96,9 +97,7 @@ pub struct SelectionService {
     cfg: RouterConfig,
     block_size: u32,
     shards: Vec<Shard>,
-    placement: HashMap<WorkerId, usize>,
-    /// Workers per served model; `None` counts workers serving any model.
-    models: HashMap<Option<String>, u32>,
+    directory: Directory,
     owners: HashMap<ReservationId, usize>,
     queue: AdmissionQueue,
     admissions: Vec<AdmissionEvent>,
@@ -118,8 +117,7 @@ impl SelectionService {
             cfg,
             block_size,
             shards: (0..shards.max(1)).map(|_| Shard::new()).collect(),
-            placement: HashMap::new(),
-            models: HashMap::new(),
+            directory: Directory::new(shards),
             owners: HashMap::new(),
             admissions: Vec::new(),
             candidates: Vec::new(),
@@ -169,47 +167,17 @@ impl SelectionService {
         Prompt::from_tokens(tokens, self.block_size, seed)
     }
 
-    /// Balanced by worker count, stable while the worker lives.
-    fn place(&self) -> usize {
-        (0..self.shards.len()).min_by_key(|&i| self.shards[i].worker_count()).expect("at least one shard")
-    }
-
     pub fn upsert_worker(&mut self, spec: WorkerSpec, now: Millis) -> Result<(), WorkerError> {
-        if spec.block_size != self.block_size {
-            return Err(WorkerError::BlockSizeMismatch { worker: spec.block_size, service: self.block_size });
-        }
-        let shard = match self.placement.get(&spec.id) {
-            Some(&shard) => {
-                let old = self.shards[shard].worker_spec(spec.id).expect("placement matches shards");
-                let old_model = old.model.clone();
-                self.count_model(old_model, -1);
-                shard
-            }
-            None => {
-                let shard = self.place();
-                self.placement.insert(spec.id, shard);
-                shard
-            }
-        };
-        self.count_model(spec.model.clone(), 1);
+        check_block_size(&spec, self.block_size)?;
+        let shard = self.directory.place(&spec);
         self.shards[shard].upsert_worker(spec);
         self.admit_waiting(now);
         Ok(())
     }
 
-    fn count_model(&mut self, model: Option<String>, delta: i32) {
-        let count = self.models.entry(model.clone()).or_default();
-        *count = count.saturating_add_signed(delta);
-        if *count == 0 {
-            self.models.remove(&model);
-        }
-    }
-
     /// Removes a worker; its bookings are dropped and returned.
     pub fn delete_worker(&mut self, id: WorkerId) -> Result<Vec<ReservationId>, WorkerError> {
-        let shard = self.placement.remove(&id).ok_or(WorkerError::NotFound(id))?;
-        let model = self.shards[shard].worker_spec(id).and_then(|s| s.model.clone());
-        self.count_model(model, -1);
+        let shard = self.directory.remove(id).ok_or(WorkerError::NotFound(id))?;
         let freed = self.shards[shard].delete_worker(id).unwrap_or_default();
         for r in &freed {
             self.owners.remove(r);
@@ -218,17 +186,15 @@ impl SelectionService {
     }
 
     pub fn worker_spec(&self, id: WorkerId) -> Option<&WorkerSpec> {
-        self.shards[*self.placement.get(&id)?].worker_spec(id)
+        self.shards[self.directory.shard_of(id)?].worker_spec(id)
     }
 
     pub fn worker_ids(&self) -> Vec<WorkerId> {
-        let mut ids: Vec<WorkerId> = self.placement.keys().copied().collect();
-        ids.sort();
-        ids
+        self.directory.worker_ids()
     }
 
     pub fn apply_kv_event(&mut self, worker: WorkerId, event: &KvEvent) -> Result<Applied, EventError> {
-        let shard = *self.placement.get(&worker).ok_or(EventError::UnknownWorker)?;
+        let shard = self.directory.shard_of(worker).ok_or(EventError::UnknownWorker)?;
         self.shards[shard].apply_event(worker, event)
     }
 
@@ -239,14 +205,7 @@ impl SelectionService {
         model: Option<&str>,
         allowed: Option<&EndpointFilter>,
     ) -> Result<(), SelectError> {
-        if self.placement.is_empty() {
-            return Err(SelectError::NoWorkers);
-        }
-        if let Some(model) = model {
-            if !self.models.contains_key(&None) && !self.models.contains_key(&Some(model.to_owned())) {
-                return Err(SelectError::UnknownModel(model.to_owned()));
-            }
-        }
+        self.directory.check(model)?;
         let query = CandidateQuery { seq_hashes: &prompt.seq_hashes, model, allowed };
         self.candidates.clear();
         for shard in &mut self.shards {
@@ -255,15 +214,12 @@ impl SelectionService {
         if self.candidates.is_empty() {
             return Err(SelectError::NoEligibleWorkers);
         }
-        self.candidates.sort_unstable_by_key(|c| c.worker);
+        sort_candidates(&mut self.candidates);
         Ok(())
     }
 
     fn choose(&mut self, prompt: &Prompt) -> usize {
-        let unhashed = prompt.unhashed_blocks(self.block_size);
-        self.costs.clear();
-        self.costs.extend(self.candidates.iter().map(|c| c.cost(prompt.isl_tokens, unhashed, &self.cfg)));
-        pick(&self.costs, self.cfg.temperature, &mut self.rng)
+        choose(&self.candidates, prompt, self.block_size, &self.cfg, &mut self.rng, &mut self.costs)
     }
 
     /// Picks a worker without booking anything.
@@ -274,17 +230,7 @@ impl SelectionService {
     }
 
     fn selection(&self, request: &SelectRequest, chosen: usize) -> Selection {
-        let c = &self.candidates[chosen];
-        Selection {
-            id: request.id,
-            worker: c.worker,
-            endpoint: c.endpoint,
-            overlap_blocks: c.overlap_blocks,
-            prefill_tokens: c.effective_prefill_tokens(request.prompt.isl_tokens),
-            isl_tokens: request.prompt.isl_tokens,
-            cost: self.costs[chosen],
-            candidates: self.candidates.len(),
-        }
+        selection(request, &self.candidates, &self.costs, chosen)
     }
 
     /// Picks a worker and books the request on it, or queues the request
@@ -316,15 +262,8 @@ impl SelectionService {
     fn reserve(&mut self, request: &SelectRequest, now: Millis) -> Selection {
         let chosen = self.choose(&request.prompt);
         let selection = self.selection(request, chosen);
-        let shard = self.placement[&selection.worker];
-        let booking = Booking {
-            id: request.id,
-            worker: selection.worker,
-            seq_hashes: request.prompt.seq_hashes.clone(),
-            unhashed_blocks: request.prompt.unhashed_blocks(self.block_size),
-            prefill_tokens: selection.prefill_tokens,
-            lease_until: now.after(self.cfg.lease),
-        };
+        let shard = self.directory.shard_of(selection.worker).expect("candidates come from placed workers");
+        let booking = booking(request, &selection, self.block_size, now.after(self.cfg.lease));
         self.shards[shard]
             .apply_booking(BookingEvent::Reserved(booking))
             .expect("the id is new and the worker was just gathered from this shard");
@@ -413,6 +352,58 @@ impl SelectionService {
 
     pub fn booking(&self, id: ReservationId) -> Option<&Booking> {
         self.shards[*self.owners.get(&id)?].booking(id)
+    }
+}
+
+pub(crate) fn check_block_size(spec: &WorkerSpec, block_size: u32) -> Result<(), WorkerError> {
+    if spec.block_size != block_size {
+        return Err(WorkerError::BlockSizeMismatch { worker: spec.block_size, service: block_size });
+    }
+    Ok(())
+}
+
+/// Merges shards' candidates into the one order every pick is made in.
+pub(crate) fn sort_candidates(candidates: &mut [Candidate]) {
+    candidates.sort_unstable_by_key(|c| c.worker);
+}
+
+/// Costs every candidate (into `costs`) and picks one.
+pub(crate) fn choose(
+    candidates: &[Candidate],
+    prompt: &Prompt,
+    block_size: u32,
+    cfg: &RouterConfig,
+    rng: &mut fastrand::Rng,
+    costs: &mut Vec<f64>,
+) -> usize {
+    let unhashed = prompt.unhashed_blocks(block_size);
+    costs.clear();
+    costs.extend(candidates.iter().map(|c| c.cost(prompt.isl_tokens, unhashed, cfg)));
+    pick(costs, cfg.temperature, rng)
+}
+
+pub(crate) fn selection(request: &SelectRequest, candidates: &[Candidate], costs: &[f64], chosen: usize) -> Selection {
+    let c = &candidates[chosen];
+    Selection {
+        id: request.id,
+        worker: c.worker,
+        endpoint: c.endpoint,
+        overlap_blocks: c.overlap_blocks,
+        prefill_tokens: c.effective_prefill_tokens(request.prompt.isl_tokens),
+        isl_tokens: request.prompt.isl_tokens,
+        cost: costs[chosen],
+        candidates: candidates.len(),
+    }
+}
+
+pub(crate) fn booking(request: &SelectRequest, selection: &Selection, block_size: u32, lease_until: Millis) -> Booking {
+    Booking {
+        id: request.id,
+        worker: selection.worker,
+        seq_hashes: request.prompt.seq_hashes.clone(),
+        unhashed_blocks: request.prompt.unhashed_blocks(block_size),
+        prefill_tokens: selection.prefill_tokens,
+        lease_until,
     }
 }
 
