@@ -21,9 +21,11 @@ pub mod index;
 pub mod load;
 pub mod prompt;
 pub mod queue;
+pub mod runtime;
 pub mod service;
 pub mod shard;
 pub mod slot_set;
+pub mod wire;
 pub mod worker;
 
 pub use booking::{Booking, BookingEvent, ReservationId};

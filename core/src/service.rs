@@ -11,10 +11,10 @@ use std::net::SocketAddr;
 use crate::booking::{Booking, BookingEvent, ReservationId};
 use crate::clock::Millis;
 use crate::cost::{Candidate, RouterConfig, pick};
+use crate::directory::Directory;
 use crate::event::KvEvent;
 use crate::index::{Applied, EventError};
 use crate::prompt::Prompt;
-use crate::directory::Directory;
 use crate::queue::AdmissionQueue;
 use crate::shard::{BookingError, CandidateQuery, LoadSnapshot, Shard, ShardStats};
 use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
@@ -73,6 +73,10 @@ pub enum SelectError {
     QueueFull,
     #[error("waited in the queue past its deadline")]
     QueueTimeout,
+    #[error("the shards are overloaded (a hand-off ring stayed full)")]
+    Overloaded,
+    #[error("the selection service is shutting down")]
+    ShuttingDown,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -81,6 +85,8 @@ pub enum WorkerError {
     BlockSizeMismatch { worker: u32, service: u32 },
     #[error("worker {0:?} not found")]
     NotFound(WorkerId),
+    #[error("the selection service is shutting down")]
+    ShuttingDown,
 }
 
 /// Counters kept by the facade (shards keep their own).
@@ -143,15 +149,7 @@ impl SelectionService {
     }
 
     pub fn shard_stats(&self) -> ShardStats {
-        self.shards.iter().map(Shard::stats).fold(ShardStats::default(), |a, b| ShardStats {
-            events_applied: a.events_applied + b.events_applied,
-            events_rejected: a.events_rejected + b.events_rejected,
-            unknown_parent_events: a.unknown_parent_events + b.unknown_parent_events,
-            blocks_stored: a.blocks_stored + b.blocks_stored,
-            blocks_removed: a.blocks_removed + b.blocks_removed,
-            unknown_removals: a.unknown_removals + b.unknown_removals,
-            leases_expired: a.leases_expired + b.leases_expired,
-        })
+        self.shards.iter().map(Shard::stats).fold(ShardStats::default(), ShardStats::merge)
     }
 
     pub fn queue_len(&self) -> usize {

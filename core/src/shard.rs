@@ -32,6 +32,8 @@ pub enum BookingError {
     NotFound(ReservationId),
     #[error("worker {0:?} is not on this shard")]
     UnknownWorker(WorkerId),
+    #[error("the selection service is shutting down")]
+    ShuttingDown,
 }
 
 /// Counters a shard keeps for metrics; monotonic.
@@ -44,6 +46,21 @@ pub struct ShardStats {
     pub blocks_removed: u64,
     pub unknown_removals: u64,
     pub leases_expired: u64,
+}
+
+impl ShardStats {
+    /// Sums two shards' counters.
+    pub fn merge(self, other: ShardStats) -> ShardStats {
+        ShardStats {
+            events_applied: self.events_applied + other.events_applied,
+            events_rejected: self.events_rejected + other.events_rejected,
+            unknown_parent_events: self.unknown_parent_events + other.unknown_parent_events,
+            blocks_stored: self.blocks_stored + other.blocks_stored,
+            blocks_removed: self.blocks_removed + other.blocks_removed,
+            unknown_removals: self.unknown_removals + other.unknown_removals,
+            leases_expired: self.leases_expired + other.leases_expired,
+        }
+    }
 }
 
 /// A worker's load as reported to callers and tests.

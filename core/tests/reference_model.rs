@@ -189,10 +189,13 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// (parent engine hash, tokens of the block)
+type KnownBlock = (Option<u64>, Vec<u32>);
+
 /// Per-worker chains as the test remembers them: engine hash → (parent engine hash, tokens of its block).
 #[derive(Default)]
 struct Chains {
-    blocks: BTreeMap<u8, BTreeMap<u64, (Option<u64>, Vec<u32>)>>,
+    blocks: BTreeMap<u8, BTreeMap<u64, KnownBlock>>,
     next_hash: u64,
 }
 
@@ -201,8 +204,7 @@ impl Chains {
     fn prefix(&self, worker: u8, mut hash: u64) -> Vec<u32> {
         let mut parts = Vec::new();
         let blocks = &self.blocks[&worker];
-        loop {
-            let Some((parent, tokens)) = blocks.get(&hash) else { break };
+        while let Some((parent, tokens)) = blocks.get(&hash) {
             parts.push(tokens.clone());
             match parent {
                 Some(p) => hash = *p,

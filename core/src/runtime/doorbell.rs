@@ -1,0 +1,129 @@
+//! Wakes a parked shard when a producer has put something in its rings.
+//!
+//! Producers ring only when the shard said it is going to sleep, so a busy
+//! shard costs producers one fence and one load per message. The `sleeping`
+//! store and the ring re-check on the shard side, and the push and the
+//! `sleeping` load on the producer side, are each separated by a SeqCst
+//! fence: at least one side sees the other, so no wake-up is lost.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::task::{Poll, Wake, Waker};
+use std::thread::Thread;
+use std::time::Instant;
+
+use atomic_waker::AtomicWaker;
+
+#[derive(Debug, Default)]
+pub(crate) struct Doorbell {
+    sleeping: AtomicBool,
+    rung: AtomicBool,
+    waker: AtomicWaker,
+}
+
+struct Unpark(Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+impl Doorbell {
+    /// Producer side, after a push.
+    pub(crate) fn ring(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            self.rung.store(true, Ordering::Release);
+            self.waker.wake();
+        }
+    }
+
+    /// Shard side: announce sleep, then re-check for work. Returns false
+    /// (and stays awake) when `has_work` finds some.
+    pub(crate) fn prepare_sleep(&self, has_work: impl FnOnce() -> bool) -> bool {
+        self.sleeping.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if has_work() {
+            self.sleeping.store(false, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    fn woke(&self) {
+        self.sleeping.store(false, Ordering::Relaxed);
+        self.rung.store(false, Ordering::Relaxed);
+    }
+
+    /// Parks the calling thread until rung or `deadline`.
+    pub(crate) fn sleep_blocking(&self, deadline: Option<Instant>) {
+        self.waker.register(&Waker::from(Arc::new(Unpark(std::thread::current()))));
+        while !self.rung.load(Ordering::Acquire) {
+            match deadline {
+                None => std::thread::park(),
+                Some(deadline) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        break;
+                    }
+                    std::thread::park_timeout(deadline - now);
+                }
+            }
+        }
+        self.woke();
+    }
+
+    /// Resolves when rung; the caller races it against its own timer.
+    pub(crate) async fn rung(&self) {
+        poll_fn(|cx| {
+            self.waker.register(cx.waker());
+            if self.rung.load(Ordering::Acquire) { Poll::Ready(()) } else { Poll::Pending }
+        })
+        .await;
+        self.woke();
+    }
+
+    /// Resets the flags after an async sleep that ended by timeout.
+    pub(crate) fn timed_out(&self) {
+        self.woke();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_ring_wakes_a_parked_thread() {
+        let bell = Arc::new(Doorbell::default());
+        let sleeper = {
+            let bell = bell.clone();
+            std::thread::spawn(move || {
+                assert!(bell.prepare_sleep(|| false));
+                bell.sleep_blocking(None);
+            })
+        };
+        // Ring until the sleeper has announced itself and left.
+        while !sleeper.is_finished() {
+            bell.ring();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        sleeper.join().unwrap();
+    }
+
+    #[test]
+    fn found_work_cancels_sleep_and_deadlines_end_it() {
+        let bell = Doorbell::default();
+        assert!(!bell.prepare_sleep(|| true));
+        assert!(bell.prepare_sleep(|| false));
+        bell.sleep_blocking(Some(Instant::now() + Duration::from_millis(5)));
+        assert!(!bell.sleeping.load(Ordering::Relaxed));
+    }
+}

@@ -1,0 +1,114 @@
+//! The thread-per-core runtime: S shard threads, each owning one `Shard`,
+//! fed through per-producer SPSC rings, answering through one-shot slots.
+//!
+//! A shard thread is a glommio `LocalExecutor` pinned to its core. Where
+//! io_uring is unavailable (Docker's and containerd's default seccomp
+//! profiles block it) the same loop runs on a plain pinned thread; the
+//! choice is made once at start-up, logged with its reason, and can be
+//! forced. `ShardedService` is the scatter–gather front: it returns
+//! exactly what `SelectionService` returns for the same seed and the same
+//! operations issued from one producer.
+
+mod clock;
+mod command;
+mod doorbell;
+mod producer;
+mod service;
+mod shard_loop;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use clock::Clock;
+pub use producer::{Producer, ProducerSource, RingCounters};
+pub use service::ShardedService;
+
+/// Which executor hosts the shard loops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeKind {
+    Glommio,
+    StdThreads,
+}
+
+/// How to choose the executor.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RuntimeChoice {
+    /// glommio when io_uring works here, else plain threads.
+    #[default]
+    Auto,
+    Force(RuntimeKind),
+}
+
+#[derive(Clone, Debug)]
+pub struct RuntimeConfig {
+    pub shards: usize,
+    /// CPUs to pin shard `i` to (`cpus[i % len]`); empty: no pinning.
+    pub cpus: Vec<usize>,
+    pub choice: RuntimeChoice,
+    /// Commands each producer ring holds.
+    pub ring_capacity: usize,
+    /// How long a selection waits for room in a full ring before it is
+    /// refused as overloaded.
+    pub selection_wait: Duration,
+}
+
+impl Default for RuntimeConfig {
+    /// One shard per core but one (left to the I/O runtime), at least one,
+    /// pinned to the highest-numbered cores.
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let shards = cores.saturating_sub(1).max(1);
+        RuntimeConfig {
+            shards,
+            cpus: (cores - shards..cores).collect(),
+            choice: RuntimeChoice::Auto,
+            ring_capacity: 4096,
+            selection_wait: Duration::from_millis(5),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("glommio was forced but cannot start here: {0}")]
+    GlommioUnavailable(String),
+    #[error("could not start shard thread {shard}: {source}")]
+    Spawn { shard: usize, source: std::io::Error },
+}
+
+/// Whether a glommio executor can be built here (io_uring allowed, enough
+/// locked memory, the CPU exists); the error says why not.
+pub fn probe_glommio(cpu: Option<usize>) -> Result<(), String> {
+    let placement = cpu.map_or(glommio::Placement::Unbound, glommio::Placement::Fixed);
+    std::thread::spawn(move || {
+        glommio::LocalExecutorBuilder::new(placement).make().map(drop).map_err(|e| e.to_string())
+    })
+    .join()
+    .unwrap_or_else(|_| Err("the probe thread panicked".to_owned()))
+}
+
+pub(crate) fn choose_kind(config: &RuntimeConfig) -> Result<(RuntimeKind, String), RuntimeError> {
+    let cpu = config.cpus.first().copied();
+    match config.choice {
+        RuntimeChoice::Force(RuntimeKind::StdThreads) => {
+            Ok((RuntimeKind::StdThreads, "forced by configuration".into()))
+        }
+        RuntimeChoice::Force(RuntimeKind::Glommio) => match probe_glommio(cpu) {
+            Ok(()) => Ok((RuntimeKind::Glommio, "forced by configuration".into())),
+            Err(why) => Err(RuntimeError::GlommioUnavailable(why)),
+        },
+        RuntimeChoice::Auto => match probe_glommio(cpu) {
+            Ok(()) => Ok((RuntimeKind::Glommio, "io_uring is available".into())),
+            Err(why) => Ok((RuntimeKind::StdThreads, format!("glommio cannot start here ({why})"))),
+        },
+    }
+}
+
+pub(crate) fn pin_current_thread(cpu: usize) {
+    let pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
+    if !pinned {
+        tracing::warn!(cpu, "could not pin shard thread; it runs unpinned");
+    }
+}
+
+pub(crate) type SharedShards = Vec<Arc<shard_loop::ShardShared>>;

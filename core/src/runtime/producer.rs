@@ -1,0 +1,141 @@
+//! A producer thread's hand-off into the shards: one single-producer,
+//! single-consumer ring per shard, owned by this producer alone.
+//!
+//! Rings are `rtrb`: wait-free SPSC with cached indices, so a push is a
+//! couple of plain loads and one release store in the common case. A
+//! crossbeam `ArrayQueue` is MPMC (CAS per push and pop) and a channel
+//! allocates per message; `perf/` measures the three side by side.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rtrb::{PushError, RingBuffer};
+
+use super::command::Command;
+use super::shard_loop::ShardShared;
+
+/// Counters of back-pressure, shared by every producer of a runtime.
+#[derive(Debug, Default)]
+pub struct RingCounters {
+    /// Pushes that found a ring full and waited.
+    pub full_waits: AtomicU64,
+    /// Selections refused because a ring stayed full past the bound.
+    pub selections_refused: AtomicU64,
+}
+
+/// Why a push did not happen.
+pub(crate) enum PushFail {
+    Full(Command),
+    /// The shard stopped: nothing will answer.
+    Gone,
+}
+
+/// The shard stopped: nothing will take the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ShardGone;
+
+pub struct Producer {
+    rings: Vec<rtrb::Producer<Command>>,
+    shards: Vec<Arc<ShardShared>>,
+    counters: Arc<RingCounters>,
+}
+
+impl Producer {
+    pub(crate) fn new(shards: &[Arc<ShardShared>], capacity: usize, counters: Arc<RingCounters>) -> Self {
+        let rings = shards
+            .iter()
+            .map(|shard| {
+                let (producer, consumer) = RingBuffer::new(capacity);
+                shard.add_ring(consumer);
+                producer
+            })
+            .collect();
+        Producer { rings, shards: shards.to_vec(), counters }
+    }
+
+    pub(crate) fn shard_count(&self) -> usize {
+        self.rings.len()
+    }
+
+    fn try_push(&mut self, shard: usize, command: Command) -> Result<(), PushFail> {
+        let target = &self.shards[shard];
+        if target.exited() {
+            return Err(PushFail::Gone);
+        }
+        match self.rings[shard].push(command) {
+            Ok(()) => {
+                // `ring` fences, so this load is ordered after the push.
+                target.doorbell.ring();
+                if target.exited() { Err(PushFail::Gone) } else { Ok(()) }
+            }
+            Err(PushError::Full(command)) => Err(PushFail::Full(command)),
+        }
+    }
+
+    /// Pushes, waiting as long as the shard needs: for messages that must
+    /// not be lost (KV events, booking changes). Each wait is counted.
+    pub(crate) fn push_waiting(&mut self, shard: usize, command: Command) -> Result<(), ShardGone> {
+        let mut command = match self.try_push(shard, command) {
+            Ok(()) => return Ok(()),
+            Err(PushFail::Gone) => return Err(ShardGone),
+            Err(PushFail::Full(command)) => command,
+        };
+        self.counters.full_waits.fetch_add(1, Ordering::Relaxed);
+        let mut spins = 0u32;
+        loop {
+            command = match self.try_push(shard, command) {
+                Ok(()) => return Ok(()),
+                Err(PushFail::Gone) => return Err(ShardGone),
+                Err(PushFail::Full(command)) => command,
+            };
+            spins += 1;
+            if spins < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+
+    /// Pushes, or gives the command back once `bound` has passed with the
+    /// ring still full: selections fail fast rather than queue unseen.
+    pub(crate) fn push_bounded(&mut self, shard: usize, command: Command, bound: Duration) -> Result<(), PushFail> {
+        let mut command = match self.try_push(shard, command) {
+            Err(PushFail::Full(command)) => command,
+            done => return done,
+        };
+        self.counters.full_waits.fetch_add(1, Ordering::Relaxed);
+        let give_up = Instant::now() + bound;
+        loop {
+            if Instant::now() >= give_up {
+                self.counters.selections_refused.fetch_add(1, Ordering::Relaxed);
+                return Err(PushFail::Full(command));
+            }
+            std::thread::yield_now();
+            command = match self.try_push(shard, command) {
+                Err(PushFail::Full(command)) => command,
+                done => return done,
+            };
+        }
+    }
+}
+
+/// Lends a `Producer` to the runtime for the synchronous part of an
+/// operation (never across an await, so an async task may resume on
+/// another thread and use that thread's producer).
+pub trait ProducerSource {
+    fn with_producer<R>(&self, f: impl FnOnce(&mut Producer) -> R) -> R;
+}
+
+impl ProducerSource for std::cell::RefCell<Producer> {
+    fn with_producer<R>(&self, f: impl FnOnce(&mut Producer) -> R) -> R {
+        f(&mut self.borrow_mut())
+    }
+}
+
+impl ProducerSource for std::sync::Mutex<Producer> {
+    fn with_producer<R>(&self, f: impl FnOnce(&mut Producer) -> R) -> R {
+        f(&mut self.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}

@@ -1,0 +1,488 @@
+//! `ShardedService`: the selection service over shard threads.
+//!
+//! Scatter–gather: the prompt is hashed once by the caller; the same
+//! `Arc` of sequence hashes goes to every shard, each answers with its
+//! candidates, the caller's task picks with the same code as the facade and
+//! books on the owning shard. Every booking change is acknowledged before
+//! the call returns, so a later change (maybe pushed from another thread's
+//! ring) can never overtake it.
+
+use std::collections::hash_map::Entry;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use super::clock::Clock;
+use super::command::{Command, Query, Reply};
+use super::producer::{Producer, ProducerSource, PushFail, RingCounters, ShardGone};
+use super::shard_loop::{Owners, ShardLoop, ShardShared};
+use super::{RuntimeConfig, RuntimeError, RuntimeKind, SharedShards, choose_kind, pin_current_thread};
+use crate::booking::{BookingEvent, ReservationId};
+use crate::clock::Millis;
+use crate::cost::{Candidate, RouterConfig};
+use crate::directory::Directory;
+use crate::event::KvEvent;
+use crate::index::EventError;
+use crate::prompt::Prompt;
+use crate::queue::AdmissionQueue;
+use crate::service::{
+    Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError, booking,
+    check_block_size, choose, selection, sort_candidates,
+};
+use crate::shard::{BookingError, LoadSnapshot, ShardStats};
+use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
+
+enum ShardThread {
+    Glommio(glommio::ExecutorJoinHandle<()>),
+    Std(std::thread::JoinHandle<()>),
+}
+
+struct Waiting {
+    queue: AdmissionQueue,
+    admissions: Vec<AdmissionEvent>,
+}
+
+pub struct ShardedService {
+    cfg: RouterConfig,
+    block_size: u32,
+    runtime: RuntimeConfig,
+    kind: RuntimeKind,
+    shards: SharedShards,
+    threads: Mutex<Vec<ShardThread>>,
+    directory: RwLock<Directory>,
+    owners: Owners,
+    waiting: Mutex<Waiting>,
+    rng: Mutex<fastrand::Rng>,
+    stats: Mutex<ServiceStats>,
+    counters: Arc<RingCounters>,
+}
+
+/// Locks that are never held across a panic-prone call; a poisoned one
+/// still holds consistent data.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl ShardedService {
+    /// Starts `runtime.shards` shard threads.
+    pub fn start(
+        cfg: RouterConfig,
+        block_size: u32,
+        runtime: RuntimeConfig,
+        clock: Clock,
+    ) -> Result<Self, RuntimeError> {
+        let (kind, reason) = choose_kind(&runtime)?;
+        let count = runtime.shards.max(1);
+        tracing::info!(shards = count, runtime = ?kind, reason = %reason, cpus = ?runtime.cpus, "shard runtime starting");
+        let owners: Owners = Arc::default();
+        let shards: SharedShards = (0..count).map(|_| Arc::new(ShardShared::default())).collect();
+        let mut threads = Vec::with_capacity(count);
+        for (i, shared) in shards.iter().enumerate() {
+            let shard_loop = ShardLoop::new(shared.clone(), clock.clone(), owners.clone());
+            let cpu = (!runtime.cpus.is_empty()).then(|| runtime.cpus[i % runtime.cpus.len()]);
+            let name = format!("kvpick-shard-{i}");
+            let thread = match kind {
+                RuntimeKind::Glommio => {
+                    let placement = cpu.map_or(glommio::Placement::Unbound, glommio::Placement::Fixed);
+                    glommio::LocalExecutorBuilder::new(placement)
+                        .name(&name)
+                        .spawn(move || shard_loop.run_async())
+                        .map(ShardThread::Glommio)
+                        .map_err(|e| RuntimeError::Spawn { shard: i, source: std::io::Error::other(e.to_string()) })
+                }
+                RuntimeKind::StdThreads => std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || {
+                        if let Some(cpu) = cpu {
+                            pin_current_thread(cpu);
+                        }
+                        shard_loop.run_blocking();
+                    })
+                    .map(ShardThread::Std)
+                    .map_err(|source| RuntimeError::Spawn { shard: i, source }),
+            };
+            match thread {
+                Ok(thread) => threads.push(thread),
+                Err(e) => {
+                    shards.iter().for_each(|s| s.stop());
+                    join_all(threads);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(ShardedService {
+            rng: Mutex::new(fastrand::Rng::with_seed(cfg.seed)),
+            waiting: Mutex::new(Waiting { queue: AdmissionQueue::new(cfg.queue_capacity), admissions: Vec::new() }),
+            cfg,
+            block_size,
+            directory: RwLock::new(Directory::new(count)),
+            runtime,
+            kind,
+            shards,
+            threads: Mutex::new(threads),
+            owners,
+            stats: Mutex::default(),
+            counters: Arc::default(),
+        })
+    }
+
+    pub fn kind(&self) -> RuntimeKind {
+        self.kind
+    }
+
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    pub fn counters(&self) -> &RingCounters {
+        &self.counters
+    }
+
+    pub fn stats(&self) -> ServiceStats {
+        *lock(&self.stats)
+    }
+
+    pub fn active_reservations(&self) -> usize {
+        lock(&self.owners).len()
+    }
+
+    pub fn queue_len(&self) -> usize {
+        lock(&self.waiting).queue.len()
+    }
+
+    /// A new producer with its own ring into every shard; one per
+    /// producing thread.
+    pub fn producer(&self) -> Producer {
+        Producer::new(&self.shards, self.runtime.ring_capacity, self.counters.clone())
+    }
+
+    fn directory(&self) -> std::sync::RwLockReadGuard<'_, Directory> {
+        self.directory.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn ask<T>(
+        &self,
+        source: &impl ProducerSource,
+        shard: usize,
+        command: impl FnOnce(Reply<T>) -> Command,
+    ) -> Result<T, ShardGone> {
+        let (tx, rx) = oneshot::channel();
+        source.with_producer(|p| p.push_waiting(shard, command(tx)))?;
+        rx.await.map_err(|_| ShardGone)
+    }
+
+    async fn ask_all<T>(
+        &self,
+        source: &impl ProducerSource,
+        command: impl Fn(Reply<T>) -> Command,
+    ) -> Result<Vec<T>, ShardGone> {
+        let receivers = source.with_producer(|p| {
+            (0..p.shard_count())
+                .map(|shard| {
+                    let (tx, rx) = oneshot::channel();
+                    p.push_waiting(shard, command(tx)).map(|()| rx)
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        let mut out = Vec::with_capacity(receivers.len());
+        for rx in receivers {
+            out.push(rx.await.map_err(|_| ShardGone)?);
+        }
+        Ok(out)
+    }
+
+    pub async fn upsert_worker(
+        &self,
+        source: &impl ProducerSource,
+        spec: WorkerSpec,
+        now: Millis,
+    ) -> Result<(), WorkerError> {
+        check_block_size(&spec, self.block_size)?;
+        let shard = self.directory.write().unwrap_or_else(PoisonError::into_inner).place(&spec);
+        self.ask(source, shard, |r| Command::Upsert(spec, r)).await.map_err(|_| WorkerError::ShuttingDown)?;
+        self.admit_waiting(source, now).await;
+        Ok(())
+    }
+
+    /// Removes a worker; its bookings are dropped and returned.
+    pub async fn delete_worker(
+        &self,
+        source: &impl ProducerSource,
+        id: WorkerId,
+    ) -> Result<Vec<ReservationId>, WorkerError> {
+        let shard = self
+            .directory
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id)
+            .ok_or(WorkerError::NotFound(id))?;
+        let freed = self
+            .ask(source, shard, |r| Command::Delete(id, r))
+            .await
+            .map_err(|_| WorkerError::ShuttingDown)?
+            .unwrap_or_default();
+        let mut owners = lock(&self.owners);
+        for r in &freed {
+            owners.remove(r);
+        }
+        Ok(freed)
+    }
+
+    /// Hands an event to the owning shard, in order with this producer's
+    /// earlier events; waits while the ring is full.
+    pub fn apply_kv_event(&self, producer: &mut Producer, worker: WorkerId, event: KvEvent) -> Result<(), EventError> {
+        let shard = self.directory().shard_of(worker).ok_or(EventError::UnknownWorker)?;
+        producer.push_waiting(shard, Command::Event(worker, event)).map_err(|_| EventError::UnknownWorker)
+    }
+
+    async fn gather(
+        &self,
+        source: &impl ProducerSource,
+        prompt: &Prompt,
+        model: Option<&str>,
+        allowed: Option<&EndpointFilter>,
+    ) -> Result<Vec<Candidate>, SelectError> {
+        self.directory().check(model)?;
+        let query = Arc::new(Query {
+            seq_hashes: prompt.seq_hashes.clone(),
+            model: model.map(str::to_owned),
+            allowed: allowed.cloned(),
+        });
+        let bound = self.runtime.selection_wait;
+        let receivers = source.with_producer(|p| {
+            let mut receivers = Vec::with_capacity(p.shard_count());
+            for shard in 0..p.shard_count() {
+                let (tx, rx) = oneshot::channel();
+                p.push_bounded(shard, Command::Candidates(query.clone(), tx), bound).map_err(|fail| match fail {
+                    PushFail::Full(_) => SelectError::Overloaded,
+                    PushFail::Gone => SelectError::ShuttingDown,
+                })?;
+                receivers.push(rx);
+            }
+            Ok::<_, SelectError>(receivers)
+        })?;
+        let mut candidates = Vec::new();
+        for rx in receivers {
+            candidates.extend(rx.await.map_err(|_| SelectError::ShuttingDown)?);
+        }
+        if candidates.is_empty() {
+            return Err(SelectError::NoEligibleWorkers);
+        }
+        sort_candidates(&mut candidates);
+        Ok(candidates)
+    }
+
+    /// Picks and books, exactly as `SelectionService::select_and_reserve`.
+    pub async fn select_and_reserve(
+        &self,
+        source: &impl ProducerSource,
+        request: SelectRequest,
+        now: Millis,
+    ) -> Result<Admission, SelectError> {
+        if lock(&self.owners).contains_key(&request.id) || lock(&self.waiting).queue.contains(request.id) {
+            return Err(SelectError::DuplicateReservation(request.id));
+        }
+        let candidates =
+            self.gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref()).await?;
+        if let Some(threshold) = self.cfg.queue_threshold {
+            if candidates.iter().all(|c| c.saturated(threshold)) {
+                let deadline = now.after(self.cfg.queue_timeout);
+                let queued = lock(&self.waiting).queue.push(request, deadline).is_ok();
+                let mut stats = lock(&self.stats);
+                return if queued {
+                    stats.queued += 1;
+                    Ok(Admission::Queued)
+                } else {
+                    stats.refused_queue_full += 1;
+                    Err(SelectError::QueueFull)
+                };
+            }
+        }
+        self.reserve(source, &request, &candidates, now).await.map(Admission::Reserved)
+    }
+
+    async fn reserve(
+        &self,
+        source: &impl ProducerSource,
+        request: &SelectRequest,
+        candidates: &[Candidate],
+        now: Millis,
+    ) -> Result<Selection, SelectError> {
+        let mut costs = Vec::with_capacity(candidates.len());
+        let chosen = choose(candidates, &request.prompt, self.block_size, &self.cfg, &mut lock(&self.rng), &mut costs);
+        let selection = selection(request, candidates, &costs, chosen);
+        // The worker may have left since the shards answered.
+        let shard = self.directory().shard_of(selection.worker).ok_or(SelectError::NoEligibleWorkers)?;
+        let booking = booking(request, &selection, self.block_size, now.after(self.cfg.lease));
+        match lock(&self.owners).entry(request.id) {
+            Entry::Occupied(_) => return Err(SelectError::DuplicateReservation(request.id)),
+            Entry::Vacant(slot) => slot.insert(shard),
+        };
+        let booked = self.ask(source, shard, |r| Command::Booking(BookingEvent::Reserved(booking), r)).await;
+        let error = match booked {
+            Ok(Ok(())) => {
+                lock(&self.stats).selections += 1;
+                return Ok(selection);
+            }
+            // Not a duplicate: the owner entry above was ours.
+            Ok(Err(_)) => SelectError::NoEligibleWorkers,
+            Err(ShardGone) => SelectError::ShuttingDown,
+        };
+        lock(&self.owners).remove(&request.id);
+        Err(error)
+    }
+
+    /// See `SelectionService::prefill_complete`.
+    pub async fn prefill_complete(
+        &self,
+        source: &impl ProducerSource,
+        id: ReservationId,
+        now: Millis,
+    ) -> Result<(), BookingError> {
+        let shard = *lock(&self.owners).get(&id).ok_or(BookingError::NotFound(id))?;
+        self.ask(source, shard, |r| Command::Booking(BookingEvent::PrefillComplete(id), r))
+            .await
+            .map_err(|_| BookingError::ShuttingDown)??;
+        self.admit_waiting(source, now).await;
+        Ok(())
+    }
+
+    /// See `SelectionService::free_reservation`.
+    pub async fn free_reservation(
+        &self,
+        source: &impl ProducerSource,
+        id: ReservationId,
+        now: Millis,
+    ) -> Result<(), BookingError> {
+        if lock(&self.waiting).queue.remove(id).is_some() {
+            return Ok(());
+        }
+        let shard = lock(&self.owners).remove(&id).ok_or(BookingError::NotFound(id))?;
+        self.ask(source, shard, |r| Command::Booking(BookingEvent::Freed(id), r))
+            .await
+            .map_err(|_| BookingError::ShuttingDown)??;
+        self.admit_waiting(source, now).await;
+        Ok(())
+    }
+
+    /// Expires leases (shards also do on their own timers) and queue
+    /// deadlines up to `now`, then admits what fits.
+    pub async fn tick(&self, source: &impl ProducerSource, now: Millis) {
+        if let Ok(expired) = self.ask_all(source, |r| Command::Expire(now, r)).await {
+            let mut owners = lock(&self.owners);
+            for id in expired.into_iter().flatten() {
+                owners.remove(&id);
+            }
+        }
+        {
+            let mut waiting = lock(&self.waiting);
+            let late = waiting.queue.expire(now);
+            lock(&self.stats).refused_queue_timeout += late.len() as u64;
+            for w in late {
+                waiting.admissions.push(AdmissionEvent::Refused { id: w.request.id, error: SelectError::QueueTimeout });
+            }
+        }
+        self.admit_waiting(source, now).await;
+    }
+
+    /// Outcomes of queued requests since the last call.
+    pub fn take_admissions(&self) -> Vec<AdmissionEvent> {
+        std::mem::take(&mut lock(&self.waiting).admissions)
+    }
+
+    async fn admit_waiting(&self, source: &impl ProducerSource, now: Millis) {
+        let Some(threshold) = self.cfg.queue_threshold else { return };
+        let ids = {
+            let waiting = lock(&self.waiting);
+            if waiting.queue.is_empty() {
+                return;
+            }
+            waiting.queue.ids()
+        };
+        for id in ids {
+            let Some(request) = lock(&self.waiting).queue.get(id).map(|w| w.request.clone()) else { continue };
+            let outcome =
+                match self.gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref()).await {
+                    Ok(candidates) if candidates.iter().all(|c| c.saturated(threshold)) => continue,
+                    Ok(candidates) => {
+                        if lock(&self.waiting).queue.remove(id).is_none() {
+                            continue;
+                        }
+                        match self.reserve(source, &request, &candidates, now).await {
+                            Ok(selection) => {
+                                lock(&self.stats).admitted_from_queue += 1;
+                                AdmissionEvent::Admitted(selection)
+                            }
+                            Err(error) => AdmissionEvent::Refused { id, error },
+                        }
+                    }
+                    Err(error) => {
+                        if lock(&self.waiting).queue.remove(id).is_none() {
+                            continue;
+                        }
+                        AdmissionEvent::Refused { id, error }
+                    }
+                };
+            lock(&self.waiting).admissions.push(outcome);
+        }
+    }
+
+    /// Every worker's load, by worker id.
+    pub async fn loads(&self, source: &impl ProducerSource) -> Vec<LoadSnapshot> {
+        let mut all: Vec<LoadSnapshot> =
+            self.ask_all(source, Command::Loads).await.unwrap_or_default().into_iter().flatten().collect();
+        all.sort_by_key(|l| l.worker);
+        all
+    }
+
+    /// Overlap depth per worker holding a prefix of the prompt, by worker id.
+    pub async fn overlap_scores(&self, source: &impl ProducerSource, prompt: &Prompt) -> Vec<(WorkerId, u32)> {
+        let seq = prompt.seq_hashes.clone();
+        let mut all: Vec<(WorkerId, u32)> = self
+            .ask_all(source, |r| Command::Overlaps(seq.clone(), r))
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .flatten()
+            .collect();
+        all.sort();
+        all
+    }
+
+    pub async fn shard_stats(&self, source: &impl ProducerSource) -> ShardStats {
+        self.ask_all(source, Command::Stats)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .fold(ShardStats::default(), ShardStats::merge)
+    }
+
+    /// Stops accepting work, lets every shard drain its rings, and joins
+    /// the threads. Idempotent; also run on drop.
+    pub fn shutdown(&self) {
+        for shard in &self.shards {
+            shard.stop();
+        }
+        join_all(std::mem::take(&mut *lock(&self.threads)));
+    }
+}
+
+impl Drop for ShardedService {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn join_all(threads: Vec<ShardThread>) {
+    for thread in threads {
+        let joined = match thread {
+            ShardThread::Glommio(handle) => handle.join().map_err(|e| e.to_string()),
+            ShardThread::Std(handle) => handle.join().map_err(|_| "panicked".to_owned()),
+        };
+        if let Err(e) = joined {
+            tracing::error!(error = %e, "shard thread ended badly");
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! The loop every shard thread runs, whichever executor hosts it: drain the
+//! rings, expire due leases, sleep on the doorbell when there is nothing
+//! to do.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rtrb::Consumer;
+
+use super::clock::Clock;
+use super::command::Command;
+use super::doorbell::Doorbell;
+use crate::booking::ReservationId;
+use crate::shard::{CandidateQuery, Shard};
+
+/// Commands taken from one ring before moving to the next, so one busy
+/// producer cannot starve the others.
+const FAIR_SHARE: usize = 64;
+
+/// Which shard holds each active reservation; shards remove what their
+/// leases expire.
+pub(crate) type Owners = Arc<Mutex<HashMap<ReservationId, usize>>>;
+
+/// What producers and the shard thread share.
+#[derive(Default)]
+pub(crate) struct ShardShared {
+    pub doorbell: Doorbell,
+    new_rings: Mutex<Vec<Consumer<Command>>>,
+    has_new_rings: AtomicBool,
+    stop: AtomicBool,
+    /// Set as the loop ends, before its last drain: a producer that sees
+    /// it after pushing cannot count on an answer.
+    exited: AtomicBool,
+}
+
+impl ShardShared {
+    pub(crate) fn add_ring(&self, ring: Consumer<Command>) {
+        self.new_rings.lock().expect("ring registration never panics").push(ring);
+        self.has_new_rings.store(true, Ordering::Release);
+        self.doorbell.ring();
+    }
+
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.doorbell.ring();
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn exited(&self) -> bool {
+        self.exited.load(Ordering::SeqCst)
+    }
+}
+
+pub(crate) struct ShardLoop {
+    shard: Shard,
+    rings: Vec<Consumer<Command>>,
+    shared: Arc<ShardShared>,
+    clock: Clock,
+    owners: Owners,
+}
+
+impl ShardLoop {
+    pub(crate) fn new(shared: Arc<ShardShared>, clock: Clock, owners: Owners) -> Self {
+        ShardLoop { shard: Shard::new(), rings: Vec::new(), shared, clock, owners }
+    }
+
+    fn take_new_rings(&mut self) {
+        if self.shared.has_new_rings.swap(false, Ordering::AcqRel) {
+            let mut new = self.shared.new_rings.lock().expect("ring registration never panics");
+            self.rings.append(&mut new);
+        }
+    }
+
+    /// One fair pass over every ring; returns how many commands ran.
+    fn pass(&mut self) -> usize {
+        self.take_new_rings();
+        let mut handled = 0;
+        for i in 0..self.rings.len() {
+            for _ in 0..FAIR_SHARE {
+                match self.rings[i].pop() {
+                    Ok(command) => {
+                        handle(&mut self.shard, command);
+                        handled += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        // A producer that went away leaves its ring behind once drained.
+        self.rings.retain(|ring| !(ring.is_abandoned() && ring.is_empty()));
+        handled
+    }
+
+    fn has_work(&self) -> bool {
+        self.shared.has_new_rings.load(Ordering::Acquire) || self.rings.iter().any(|r| !r.is_empty())
+    }
+
+    fn expire_due(&mut self) {
+        let now = self.clock.now();
+        if self.shard.next_lease_end().is_some_and(|end| end <= now) {
+            let expired = self.shard.expire(now);
+            if !expired.is_empty() {
+                let mut owners = self.owners.lock().expect("owner map never panics");
+                for id in expired {
+                    owners.remove(&id);
+                }
+            }
+        }
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.shard.next_lease_end().and_then(|end| self.clock.instant_of(end))
+    }
+
+    /// Ready to park: nothing queued (the doorbell now armed), or stopping.
+    fn idle(&mut self) -> Idle {
+        if self.pass() > 0 {
+            return Idle::Busy;
+        }
+        self.expire_due();
+        if self.shared.stopping() && !self.has_work() {
+            return Idle::Stop;
+        }
+        if self.shared.doorbell.prepare_sleep(|| self.has_work()) { Idle::Sleep(self.deadline()) } else { Idle::Busy }
+    }
+
+    /// Last drain: whatever a producer pushed before it could see `exited`
+    /// is still answered.
+    fn finish(&mut self) {
+        self.shared.exited.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.pass();
+    }
+
+    /// The loop on a plain (pinned) thread.
+    pub(crate) fn run_blocking(mut self) {
+        loop {
+            match self.idle() {
+                Idle::Busy => {}
+                Idle::Stop => return self.finish(),
+                Idle::Sleep(deadline) => self.shared.doorbell.sleep_blocking(deadline),
+            }
+        }
+    }
+
+    /// The same loop as a task of a glommio executor: sleeping awaits the
+    /// doorbell (woken from other threads) or glommio's timer.
+    pub(crate) async fn run_async(mut self) {
+        loop {
+            match self.idle() {
+                Idle::Busy => {}
+                Idle::Stop => return self.finish(),
+                Idle::Sleep(None) => self.shared.doorbell.rung().await,
+                Idle::Sleep(Some(deadline)) => {
+                    let wait = deadline.saturating_duration_since(Instant::now());
+                    let doorbell = &self.shared.doorbell;
+                    let rung = async {
+                        doorbell.rung().await;
+                        true
+                    };
+                    let timer = async {
+                        glommio::timer::sleep(wait).await;
+                        false
+                    };
+                    if !futures_lite::future::or(rung, timer).await {
+                        doorbell.timed_out();
+                    }
+                }
+            }
+        }
+    }
+}
+
+enum Idle {
+    Busy,
+    Stop,
+    Sleep(Option<Instant>),
+}
+
+/// Runs one command. A dropped reply means the asker gave up (its request
+/// was cancelled): the work is done all the same, so state stays exact.
+fn handle(shard: &mut Shard, command: Command) {
+    match command {
+        Command::Upsert(spec, reply) => {
+            shard.upsert_worker(spec);
+            let _ = reply.send(());
+        }
+        Command::Delete(id, reply) => {
+            let _ = reply.send(shard.delete_worker(id));
+        }
+        Command::Event(worker, event) => {
+            // Failures are counted in the shard's stats.
+            let _ = shard.apply_event(worker, &event);
+        }
+        Command::Candidates(query, reply) => {
+            let mut out = Vec::new();
+            let query = CandidateQuery {
+                seq_hashes: &query.seq_hashes,
+                model: query.model.as_deref(),
+                allowed: query.allowed.as_ref(),
+            };
+            shard.candidates(&query, &mut out);
+            let _ = reply.send(out);
+        }
+        Command::Booking(event, reply) => {
+            let _ = reply.send(shard.apply_booking(event));
+        }
+        Command::Expire(now, reply) => {
+            let _ = reply.send(shard.expire(now));
+        }
+        Command::Loads(reply) => {
+            let _ = reply.send(shard.loads().collect());
+        }
+        Command::Overlaps(seq, reply) => {
+            let _ = reply.send(shard.overlaps(&seq));
+        }
+        Command::Stats(reply) => {
+            let _ = reply.send(shard.stats());
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! The thread-per-core runtime against the single-threaded facade: same
+//! seed, same operations from one producer → the same answers, for 1, 2
+//! and 4 shards (more than this machine's cores) on both executors; and
+//! under several concurrent producers, every booking accounted for.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_lite::future::block_on;
+use kvpick_core::hashing::HashSeed;
+use kvpick_core::runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, probe_glommio};
+use kvpick_core::{
+    EndpointFilter, KvEvent, Millis, Prompt, ReservationId, RouterConfig, SelectRequest, SelectionService, WorkerId,
+    WorkerSpec,
+};
+
+const BS: u32 = 4;
+
+fn addr(id: u64) -> SocketAddr {
+    SocketAddr::from(([10, 0, 0, id as u8], 8000))
+}
+
+fn runtime(shards: usize, kind: RuntimeKind) -> RuntimeConfig {
+    RuntimeConfig {
+        shards,
+        cpus: vec![0, 1],
+        choice: RuntimeChoice::Force(kind),
+        ring_capacity: 64,
+        selection_wait: Duration::from_secs(5),
+    }
+}
+
+/// The leak checks count this process's shard threads, so the tests here
+/// take turns.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Shard threads still alive, waiting up to 5 s: glommio's helper threads
+/// (which inherit the executor's name) end on their own just after it.
+fn shard_threads() -> usize {
+    let give_up = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let live = live_shard_threads();
+        if live == 0 || std::time::Instant::now() > give_up {
+            return live;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn live_shard_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .filter(|name| name.starts_with("kvpick-shard"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Random operations applied to both services, answers compared one by one.
+fn equivalent(seed: u64, shards: usize, kind: RuntimeKind, cfg: RouterConfig) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut facade = SelectionService::new(cfg.clone(), BS, shards);
+    let threaded =
+        ShardedService::start(cfg, BS, runtime(shards, kind), Clock::manual(Millis(0))).expect("runtime starts");
+    assert_eq!(threaded.kind(), kind);
+    let producer = RefCell::new(threaded.producer());
+    let mut now = Millis(0);
+    let mut next_hash = 1u64;
+    let mut next_id = 0u64;
+    let mut chains: Vec<(u64, u64, Vec<u32>)> = Vec::new(); // (worker, last engine hash, tokens)
+    let mut prompts: Vec<Prompt> = Vec::new();
+    for step in 0..300 {
+        let worker = rng.u64(1..7);
+        match rng.u8(0..100) {
+            0..=7 => {
+                let mut spec = WorkerSpec::new(WorkerId(worker), addr(worker), BS);
+                spec.max_num_batched_tokens = rng.bool().then_some(64);
+                spec.model = rng.bool().then(|| "m".to_owned());
+                let a = facade.upsert_worker(spec.clone(), now);
+                let b = block_on(threaded.upsert_worker(&producer, spec, now));
+                assert_eq!(a, b, "upsert at step {step}");
+            }
+            8..=10 => {
+                let a = facade.delete_worker(WorkerId(worker));
+                let b = block_on(threaded.delete_worker(&producer, WorkerId(worker)));
+                assert_eq!(a, b, "delete at step {step}");
+                chains.retain(|c| c.0 != worker);
+            }
+            11..=40 => {
+                // Extend a known chain of this worker or start a new one.
+                let base = chains.iter().filter(|c| c.0 == worker).nth(rng.usize(0..3)).cloned();
+                let blocks = rng.usize(1..12);
+                let tokens: Vec<u32> = (0..blocks * BS as usize).map(|_| rng.u32(0..3)).collect();
+                let hashes: Vec<u64> = (0..blocks as u64).map(|i| next_hash + i).collect();
+                next_hash += blocks as u64;
+                let (parent, mut all) = match &base {
+                    Some((_, last, toks)) => (Some(*last), toks.clone()),
+                    None => (None, Vec::new()),
+                };
+                let event = KvEvent::Stored {
+                    block_hashes: hashes.clone(),
+                    parent,
+                    token_ids: tokens.clone(),
+                    block_size: BS,
+                    seed: HashSeed::default(),
+                };
+                let applied = facade.apply_kv_event(WorkerId(worker), &event).is_ok();
+                let _ = threaded.apply_kv_event(&mut producer.borrow_mut(), WorkerId(worker), event);
+                if applied {
+                    all.extend(tokens);
+                    chains.push((worker, *hashes.last().expect("at least one block"), all));
+                }
+            }
+            41..=46 => {
+                let victims: Vec<u64> = (0..rng.usize(1..4)).map(|_| rng.u64(1..next_hash.max(2))).collect();
+                let event = KvEvent::Removed { block_hashes: victims };
+                let _ = facade.apply_kv_event(WorkerId(worker), &event);
+                let _ = threaded.apply_kv_event(&mut producer.borrow_mut(), WorkerId(worker), event);
+            }
+            47 => {
+                let _ = facade.apply_kv_event(WorkerId(worker), &KvEvent::Cleared);
+                let _ = threaded.apply_kv_event(&mut producer.borrow_mut(), WorkerId(worker), KvEvent::Cleared);
+            }
+            48..=75 => {
+                let mut tokens = match chains.get(rng.usize(0..chains.len().max(1))) {
+                    Some((_, _, toks)) => toks[..rng.usize(0..=toks.len())].to_vec(),
+                    None => Vec::new(),
+                };
+                tokens.extend((0..rng.usize(0..40)).map(|_| rng.u32(0..3)));
+                next_id += 1;
+                let mut allowed = None;
+                if rng.u8(0..10) == 0 {
+                    let mut filter = EndpointFilter::new();
+                    filter.allow_ip(addr(rng.u64(1..7)).ip());
+                    allowed = Some(filter);
+                }
+                let request = SelectRequest {
+                    id: ReservationId(next_id),
+                    prompt: facade.prompt(&tokens, HashSeed::default()),
+                    model: rng.bool().then(|| "m".to_owned()),
+                    allowed,
+                    priority: rng.i32(0..3),
+                };
+                prompts.push(request.prompt.clone());
+                let a = facade.select_and_reserve(request.clone(), now);
+                let b = block_on(threaded.select_and_reserve(&producer, request, now));
+                assert_eq!(a, b, "select at step {step}");
+            }
+            76..=84 if next_id > 0 => {
+                let id = ReservationId(rng.u64(1..=next_id));
+                let a = facade.prefill_complete(id, now);
+                let b = block_on(threaded.prefill_complete(&producer, id, now));
+                assert_eq!(a, b, "prefill_complete at step {step}");
+            }
+            85..=94 if next_id > 0 => {
+                let id = ReservationId(rng.u64(1..=next_id));
+                let a = facade.free_reservation(id, now);
+                let b = block_on(threaded.free_reservation(&producer, id, now));
+                assert_eq!(a, b, "free at step {step}");
+            }
+            _ => {
+                now = Millis(now.0 + rng.u64(0..40_000));
+                facade.tick(now);
+                block_on(threaded.tick(&producer, now));
+            }
+        }
+        assert_eq!(facade.take_admissions(), threaded.take_admissions(), "admissions at step {step}");
+        assert_eq!(facade.loads(), block_on(threaded.loads(&producer)), "loads at step {step}");
+        for prompt in prompts.iter().rev().take(3) {
+            assert_eq!(
+                facade.overlap_scores(prompt),
+                block_on(threaded.overlap_scores(&producer, prompt)),
+                "overlaps at step {step}"
+            );
+        }
+    }
+    assert_eq!(facade.shard_stats(), block_on(threaded.shard_stats(&producer)));
+    assert_eq!(facade.stats(), threaded.stats());
+    threaded.shutdown();
+}
+
+fn configs() -> Vec<RouterConfig> {
+    vec![
+        RouterConfig { lease: Duration::from_secs(60), ..RouterConfig::default() },
+        RouterConfig {
+            lease: Duration::from_secs(60),
+            queue_threshold: Some(1.0),
+            queue_capacity: 3,
+            queue_timeout: Duration::from_secs(20),
+            temperature: 0.5,
+            ..RouterConfig::default()
+        },
+    ]
+}
+
+#[test]
+fn std_threads_answer_exactly_like_the_facade() {
+    let _turn = serial();
+    for shards in [1, 2, 4] {
+        for (seed, cfg) in configs().into_iter().enumerate() {
+            equivalent(seed as u64 + 1, shards, RuntimeKind::StdThreads, cfg);
+        }
+    }
+    assert_eq!(shard_threads(), 0, "shard threads leaked");
+}
+
+#[test]
+fn glommio_executors_answer_exactly_like_the_facade() {
+    let _turn = serial();
+    // This workplace's machines allow io_uring; a machine that does not
+    // must say so rather than pass silently.
+    if let Err(why) = probe_glommio(Some(0)) {
+        panic!("glommio cannot start on this machine ({why}); the std fallback is tested separately");
+    }
+    for shards in [1, 2, 4] {
+        for (seed, cfg) in configs().into_iter().enumerate() {
+            equivalent(seed as u64 + 10, shards, RuntimeKind::Glommio, cfg);
+        }
+    }
+    assert_eq!(shard_threads(), 0, "shard threads leaked");
+}
+
+#[test]
+fn concurrent_producers_leave_every_booking_accounted_for() {
+    let _turn = serial();
+    for kind in [RuntimeKind::StdThreads, RuntimeKind::Glommio] {
+        let cfg = RouterConfig { lease: Duration::from_secs(600), ..RouterConfig::default() };
+        let service =
+            Arc::new(ShardedService::start(cfg.clone(), BS, runtime(2, kind), Clock::system()).expect("starts"));
+        let mut facade = SelectionService::new(cfg, BS, 1);
+        let setup = Mutex::new(service.producer());
+        for w in 1..=6 {
+            let spec = WorkerSpec::new(WorkerId(w), addr(w), BS);
+            block_on(service.upsert_worker(&setup, spec.clone(), Millis(0))).expect("upsert");
+            facade.upsert_worker(spec, Millis(0)).expect("upsert");
+        }
+        // One ingest thread streams events for every worker.
+        let events: Vec<(WorkerId, KvEvent)> = (0..3_000u64)
+            .map(|i| {
+                let worker = WorkerId(i % 6 + 1);
+                let tokens: Vec<u32> = (0..BS * 4).map(|t| (t + (i as u32 % 37)) % 5).collect();
+                let hashes = (0..4).map(|b| i << 8 | b).collect();
+                (
+                    worker,
+                    KvEvent::Stored {
+                        block_hashes: hashes,
+                        parent: None,
+                        token_ids: tokens,
+                        block_size: BS,
+                        seed: HashSeed::default(),
+                    },
+                )
+            })
+            .collect();
+        for (worker, event) in &events {
+            facade.apply_kv_event(*worker, event).expect("worker exists");
+        }
+        std::thread::scope(|scope| {
+            let ingest_service = service.clone();
+            let events = events.clone();
+            scope.spawn(move || {
+                let mut producer = ingest_service.producer();
+                for (worker, event) in events {
+                    ingest_service.apply_kv_event(&mut producer, worker, event).expect("worker exists");
+                }
+            });
+            for t in 0..3u64 {
+                let service = service.clone();
+                scope.spawn(move || {
+                    let producer = RefCell::new(service.producer());
+                    for i in 0..400u64 {
+                        let id = ReservationId(t << 32 | i);
+                        let tokens: Vec<u32> = (0..BS * 8).map(|x| (x + i as u32) % 5).collect();
+                        let request = SelectRequest {
+                            id,
+                            prompt: Prompt::from_tokens(&tokens, BS, HashSeed::default()),
+                            model: None,
+                            allowed: None,
+                            priority: 0,
+                        };
+                        block_on(service.select_and_reserve(&producer, request, Millis(0))).expect("admitted");
+                        if i % 2 == 0 {
+                            block_on(service.prefill_complete(&producer, id, Millis(0))).expect("booked");
+                        }
+                        block_on(service.free_reservation(&producer, id, Millis(0))).expect("booked");
+                    }
+                });
+            }
+        });
+        let check = Mutex::new(service.producer());
+        let loads = block_on(service.loads(&check));
+        assert!(loads.iter().all(|l| l.requests == 0 && l.prefill_tokens == 0 && l.active_blocks == 0), "{loads:?}");
+        assert_eq!(service.active_reservations(), 0);
+        for (_, event) in events.iter().step_by(97) {
+            if let KvEvent::Stored { token_ids, .. } = event {
+                let prompt = Prompt::from_tokens(token_ids, BS, HashSeed::default());
+                assert_eq!(block_on(service.overlap_scores(&check, &prompt)), facade.overlap_scores(&prompt));
+            }
+        }
+        assert_eq!(block_on(service.shard_stats(&check)).blocks_stored, facade.shard_stats().blocks_stored);
+        service.shutdown();
+    }
+    assert_eq!(shard_threads(), 0, "shard threads leaked");
+}
+
+#[test]
+fn auto_choice_runs_and_shutdown_refuses_new_work() {
+    let _turn = serial();
+    let cfg = RuntimeConfig { shards: 2, choice: RuntimeChoice::Auto, ..RuntimeConfig::default() };
+    let service = ShardedService::start(RouterConfig::default(), BS, cfg, Clock::system()).expect("starts");
+    let producer = RefCell::new(service.producer());
+    block_on(service.upsert_worker(&producer, WorkerSpec::new(WorkerId(1), addr(1), BS), Millis(0))).expect("upsert");
+    service.shutdown();
+    let request =
+        SelectRequest { id: ReservationId(1), prompt: Prompt::load_only(8), model: None, allowed: None, priority: 0 };
+    assert!(block_on(service.select_and_reserve(&producer, request, Millis(0))).is_err());
+}
