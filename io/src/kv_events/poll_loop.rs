@@ -1,0 +1,145 @@
+//! The ingest thread's loop: one `zmq_poll` over every publisher's sockets.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, TryRecvError};
+use kvpick_core::WorkerId;
+
+use super::apply::Outlet;
+use super::config::{IngestConfig, Publisher};
+use super::metrics::{IngestMetrics, add};
+use super::sink::KvEventSink;
+use super::subscription::Subscription;
+use super::waker;
+
+pub(crate) enum Command {
+    /// Subscribe, or resubscribe if the worker's publisher changed.
+    Add(Publisher),
+    Remove(WorkerId),
+    Shutdown,
+}
+
+#[derive(Clone, Copy)]
+enum Source {
+    Live,
+    Replay,
+}
+
+pub(crate) struct PollLoop<S> {
+    pub(crate) ctx: zmq::Context,
+    pub(crate) cfg: Arc<IngestConfig>,
+    pub(crate) sink: S,
+    pub(crate) metrics: Arc<IngestMetrics>,
+    pub(crate) commands: Receiver<Command>,
+    pub(crate) wake: zmq::Socket,
+    pub(crate) subscriptions: Vec<Subscription>,
+}
+
+impl<S: KvEventSink> PollLoop<S> {
+    /// Runs until told to shut down (or every handle is gone); all sockets
+    /// close with it.
+    pub(crate) fn run(mut self) {
+        let mut ready: Vec<(usize, Source)> = Vec::new();
+        loop {
+            ready.clear();
+            let woken = match self.poll(&mut ready) {
+                Ok(woken) => woken,
+                Err(zmq::Error::EINTR) => continue,
+                Err(error) => {
+                    tracing::error!(%error, "KV-event ingest poll failed; ingest stopped");
+                    return;
+                }
+            };
+            let mut out = Outlet { sink: &mut self.sink, metrics: &self.metrics };
+            for &(index, source) in &ready {
+                let subscription = &mut self.subscriptions[index];
+                match source {
+                    Source::Live => subscription.read_live(&mut out),
+                    Source::Replay => subscription.read_replay(&mut out),
+                }
+            }
+            let now = Instant::now();
+            for subscription in &mut self.subscriptions {
+                subscription.expire_replay(now, &mut out);
+            }
+            if woken {
+                waker::drain(&self.wake);
+                if !self.run_commands() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Waits for any socket to be readable or the next replay deadline;
+    /// fills `ready` and says whether the waker fired.
+    fn poll(&self, ready: &mut Vec<(usize, Source)>) -> Result<bool, zmq::Error> {
+        let mut items = Vec::with_capacity(1 + self.subscriptions.len());
+        let mut sources = Vec::with_capacity(self.subscriptions.len());
+        items.push(self.wake.as_poll_item(zmq::POLLIN));
+        let mut deadline: Option<Instant> = None;
+        for (index, subscription) in self.subscriptions.iter().enumerate() {
+            items.push(subscription.socket().as_poll_item(zmq::POLLIN));
+            sources.push((index, Source::Live));
+            if let Some(replay) = subscription.replay_socket() {
+                items.push(replay.as_poll_item(zmq::POLLIN));
+                sources.push((index, Source::Replay));
+            }
+            if let Some(replay_deadline) = subscription.replay_deadline() {
+                deadline = Some(deadline.map_or(replay_deadline, |d| d.min(replay_deadline)));
+            }
+        }
+        let timeout_ms = match deadline {
+            // Rounded up, so a wake-up is never just before the deadline.
+            Some(deadline) => deadline.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000) as i64,
+            None => -1,
+        };
+        zmq::poll(&mut items, timeout_ms)?;
+        ready.extend(sources.iter().zip(&items[1..]).filter(|(_, item)| item.is_readable()).map(|(s, _)| *s));
+        Ok(items[0].is_readable())
+    }
+
+    /// Applies every queued command; `false` once the loop must stop.
+    fn run_commands(&mut self) -> bool {
+        loop {
+            match self.commands.try_recv() {
+                Ok(Command::Add(publisher)) => self.add(publisher),
+                Ok(Command::Remove(worker)) => self.remove(worker),
+                Ok(Command::Shutdown) | Err(TryRecvError::Disconnected) => return false,
+                Err(TryRecvError::Empty) => return true,
+            }
+        }
+    }
+
+    fn add(&mut self, publisher: Publisher) {
+        let existing = self.subscriptions.iter().position(|s| s.publisher().worker == publisher.worker);
+        if let Some(index) = existing {
+            if *self.subscriptions[index].publisher() == publisher {
+                return;
+            }
+            self.subscriptions.swap_remove(index);
+        }
+        let worker = publisher.worker.0;
+        let endpoint = publisher.endpoint.clone();
+        match Subscription::open(&self.ctx, &self.cfg, publisher, &self.metrics) {
+            Ok(subscription) => {
+                tracing::info!(worker, endpoint, "subscribed to KV events");
+                self.subscriptions.push(subscription);
+            }
+            Err(error) => {
+                add(&self.metrics.counters.socket_errors, 1);
+                self.metrics.unregister(WorkerId(worker));
+                tracing::error!(worker, endpoint, %error, "cannot subscribe to KV events");
+            }
+        }
+    }
+
+    fn remove(&mut self, worker: WorkerId) {
+        if let Some(index) = self.subscriptions.iter().position(|s| s.publisher().worker == worker) {
+            self.subscriptions.swap_remove(index);
+            tracing::info!(worker = worker.0, "unsubscribed from KV events");
+        }
+        self.metrics.unregister(worker);
+    }
+}

@@ -1,0 +1,58 @@
+//! One replay request in flight: a DEALER on the engine's replay ROUTER.
+//!
+//! A fresh socket per replay, closed when it ends, so replies of a replay
+//! that was given up can never be mistaken for those of the next one. The
+//! idle deadline moves with every reply: a large replay that keeps
+//! streaming is never cut off, a silent one is.
+
+use std::time::{Duration, Instant};
+
+use super::frames::replay_request;
+
+pub(crate) struct ReplaySession {
+    socket: zmq::Socket,
+    idle_timeout: Duration,
+    deadline: Instant,
+}
+
+impl ReplaySession {
+    /// Connects and asks for every buffered batch from `from` on.
+    pub(crate) fn start(
+        ctx: &zmq::Context,
+        endpoint: &str,
+        from: u64,
+        idle_timeout: Duration,
+        max_frame_bytes: i64,
+    ) -> Result<Self, zmq::Error> {
+        let socket = ctx.socket(zmq::DEALER)?;
+        socket.set_linger(0)?;
+        socket.set_maxmsgsize(max_frame_bytes)?;
+        // Unlimited: the ROUTER drops what does not fit in our queue, and
+        // the reply is bounded by the engine's buffer (10,000 batches).
+        socket.set_rcvhwm(0)?;
+        socket.connect(endpoint)?;
+        // Queued until the connection is up (DEALER pipes exist from connect).
+        socket.send_multipart(replay_request(from), zmq::DONTWAIT)?;
+        Ok(ReplaySession { socket, idle_timeout, deadline: Instant::now() + idle_timeout })
+    }
+
+    pub(crate) fn socket(&self) -> &zmq::Socket {
+        &self.socket
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The next reply, if one is waiting; any reply extends the deadline.
+    pub(crate) fn try_recv(&mut self) -> Result<Option<Vec<Vec<u8>>>, zmq::Error> {
+        match self.socket.recv_multipart(zmq::DONTWAIT) {
+            Ok(frames) => {
+                self.deadline = Instant::now() + self.idle_timeout;
+                Ok(Some(frames))
+            }
+            Err(zmq::Error::EAGAIN) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! Per-publisher ordering of KV-event batches by sequence number.
+//!
+//! Pure bookkeeping, no sockets: the caller feeds it live and replayed
+//! batches and executes the [`Step`]s it emits, in order. Invariant: batches
+//! are applied in strictly increasing sequence order per publisher, except
+//! right after an engine restart ([`Step::Clear`]), which starts a new run.
+//!
+//! - `seq == last + 1`: applied.
+//! - `seq > last + 1`: a gap. With a replay endpoint, a replay from
+//!   `last + 1` starts and live batches are buffered until it ends; replayed
+//!   batches are applied in order and buffered ones already covered are
+//!   dropped as duplicates. Without one, the gap is lost and `seq` applied.
+//! - `seq == last`: a duplicate, dropped.
+//! - `seq < last`: the engine restarted (its counter starts at 0 again):
+//!   its index is cleared and `seq` handled as a first batch. Among batches
+//!   buffered during a replay, only the live stream going back counts: one
+//!   at or below `last` because the replay already applied it is a
+//!   duplicate.
+//! - First batch (after connecting, or a restart) with `seq > 0`: a catch-up
+//!   replay from 0 relearns what the engine's replay buffer still holds.
+//!   What predates the buffer was never ours to lose, so a catch-up never
+//!   reports loss; a gap replay reports whatever it could not heal.
+
+use std::collections::VecDeque;
+
+/// What the caller must do, in emission order.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step<P> {
+    /// Decode the batch and apply its events.
+    Apply { seq: u64, payload: P, replayed: bool },
+    /// The engine restarted: clear the worker's index and per-publisher
+    /// decoder state before applying anything after this step.
+    Clear,
+    /// Batches `from..=to` went missing on the live stream.
+    Gap { from: u64, to: u64 },
+    /// Batches `from..=to` will never be applied.
+    Lost { from: u64, to: u64, cause: LossCause },
+    /// Open a replay from `from` (replacing any replay in flight).
+    Replay { from: u64, kind: ReplayKind },
+    /// Close the replay in flight: it is given up.
+    AbandonReplay,
+    /// Batch `seq` was already applied; dropped.
+    Duplicate { seq: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LossCause {
+    /// The publisher has no replay endpoint.
+    NoReplayEndpoint,
+    /// The replay failed, timed out, or buffered too much live traffic.
+    ReplayFailed,
+    /// The replay ran, but the engine's buffer no longer held these.
+    NotInReplayBuffer,
+}
+
+/// How a replay ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReplayEnd {
+    /// The end marker arrived.
+    Completed,
+    /// Timed out, socket error, or too much live traffic buffered.
+    Failed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReplayKind {
+    /// Heal a gap in the live stream.
+    Gap,
+    /// Relearn history from 0 on a first batch with `seq > 0`.
+    CatchUp,
+}
+
+#[derive(Debug)]
+struct Pending<P> {
+    kind: ReplayKind,
+    from: u64,
+    /// Live batches received meanwhile, in arrival order; never empty (the
+    /// first is the batch that triggered the replay).
+    buffered: VecDeque<(u64, P)>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Sequencer<P> {
+    last: Option<u64>,
+    pending: Option<Pending<P>>,
+    can_replay: bool,
+    buffer_limit: usize,
+}
+
+impl<P> Sequencer<P> {
+    /// `buffer_limit`: most live batches held during a replay; one more
+    /// abandons the replay (a stuck replay must not grow memory forever).
+    pub(crate) fn new(can_replay: bool, buffer_limit: usize) -> Self {
+        Sequencer { last: None, pending: None, can_replay, buffer_limit: buffer_limit.max(1) }
+    }
+
+    /// Sequence number of the last batch applied in this run.
+    pub(crate) fn last(&self) -> Option<u64> {
+        self.last
+    }
+
+    #[cfg(test)]
+    pub(crate) fn replaying(&self) -> Option<ReplayKind> {
+        self.pending.as_ref().map(|p| p.kind)
+    }
+
+    pub(crate) fn live(&mut self, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
+        if let Some(pending) = &mut self.pending {
+            if pending.buffered.len() < self.buffer_limit {
+                pending.buffered.push_back((seq, payload));
+                return;
+            }
+            out.push(Step::AbandonReplay);
+            self.end_replay(ReplayEnd::Failed, out);
+            // The drain may have started another replay; go round again.
+            return self.live(seq, payload, out);
+        }
+        let Some(last) = self.last else {
+            if seq == 0 || !self.can_replay {
+                return self.apply(seq, payload, false, out);
+            }
+            return self.start_replay(ReplayKind::CatchUp, 0, seq, payload, out);
+        };
+        if seq == last {
+            out.push(Step::Duplicate { seq });
+        } else if seq < last {
+            out.push(Step::Clear);
+            self.last = None;
+            self.live(seq, payload, out);
+        } else if seq == last + 1 {
+            self.apply(seq, payload, false, out);
+        } else {
+            out.push(Step::Gap { from: last + 1, to: seq - 1 });
+            if self.can_replay {
+                self.start_replay(ReplayKind::Gap, last + 1, seq, payload, out);
+            } else {
+                out.push(Step::Lost { from: last + 1, to: seq - 1, cause: LossCause::NoReplayEndpoint });
+                self.apply(seq, payload, false, out);
+            }
+        }
+    }
+
+    /// A batch from the replay in flight (ignored when none is).
+    pub(crate) fn replayed(&mut self, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
+        let Some(pending) = &self.pending else { return };
+        let expected = self.last.map_or(pending.from, |last| last + 1);
+        if seq < expected {
+            out.push(Step::Duplicate { seq });
+            return;
+        }
+        if seq > expected && pending.kind == ReplayKind::Gap {
+            out.push(Step::Lost { from: expected, to: seq - 1, cause: LossCause::NotInReplayBuffer });
+        }
+        self.apply(seq, payload, true, out);
+    }
+
+    /// The replay in flight ended. Whatever it did not heal before the
+    /// first buffered batch is lost; buffered batches are then handled as
+    /// live, except those the replay already applied (duplicates).
+    pub(crate) fn end_replay(&mut self, end: ReplayEnd, out: &mut Vec<Step<P>>) {
+        let Some(pending) = self.pending.take() else { return };
+        let cause = match end {
+            ReplayEnd::Completed => LossCause::NotInReplayBuffer,
+            ReplayEnd::Failed => LossCause::ReplayFailed,
+        };
+        if let Some(&(first, _)) = pending.buffered.front() {
+            let expected = self.last.map_or(pending.from, |last| last + 1);
+            // `first > expected` implies `first > 0`; a restart (first below
+            // `last`) is left to `live`.
+            if first > expected {
+                if pending.kind == ReplayKind::Gap {
+                    out.push(Step::Lost { from: expected, to: first - 1, cause });
+                }
+                self.last = Some(first - 1);
+            }
+        }
+        // Buffered batches the replay already applied are duplicates, not a
+        // restart; only the live stream itself going back is one.
+        let mut previous: Option<u64> = None;
+        for (seq, payload) in pending.buffered {
+            let went_back = previous.is_some_and(|previous| seq < previous);
+            previous = Some(seq);
+            let covered = self.pending.is_none() && self.last.is_some_and(|last| seq <= last);
+            if covered && !went_back {
+                out.push(Step::Duplicate { seq });
+            } else {
+                self.live(seq, payload, out);
+            }
+        }
+    }
+
+    fn start_replay(&mut self, kind: ReplayKind, from: u64, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
+        out.push(Step::Replay { from, kind });
+        self.pending = Some(Pending { kind, from, buffered: VecDeque::from([(seq, payload)]) });
+    }
+
+    fn apply(&mut self, seq: u64, payload: P, replayed: bool, out: &mut Vec<Step<P>>) {
+        self.last = Some(seq);
+        out.push(Step::Apply { seq, payload, replayed });
+    }
+}
+
+#[cfg(test)]
+mod tests;

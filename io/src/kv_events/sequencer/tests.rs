@@ -1,0 +1,216 @@
+use super::*;
+
+type Steps = Vec<Step<u64>>;
+
+/// Feeds live batches whose payload is their own seq.
+fn live(s: &mut Sequencer<u64>, seqs: &[u64]) -> Steps {
+    let mut out = Vec::new();
+    for &seq in seqs {
+        s.live(seq, seq, &mut out);
+    }
+    out
+}
+
+fn replayed(s: &mut Sequencer<u64>, seqs: &[u64]) -> Steps {
+    let mut out = Vec::new();
+    for &seq in seqs {
+        s.replayed(seq, seq, &mut out);
+    }
+    out
+}
+
+fn end(s: &mut Sequencer<u64>, end: ReplayEnd) -> Steps {
+    let mut out = Vec::new();
+    s.end_replay(end, &mut out);
+    out
+}
+
+fn applied(steps: &Steps) -> Vec<u64> {
+    steps.iter().filter_map(|s| if let Step::Apply { seq, .. } = s { Some(*seq) } else { None }).collect()
+}
+
+fn apply(seq: u64, replayed: bool) -> Step<u64> {
+    Step::Apply { seq, payload: seq, replayed }
+}
+
+#[test]
+fn in_order_batches_are_applied() {
+    let mut s = Sequencer::new(true, 8);
+    let out = live(&mut s, &[0, 1, 2]);
+    assert_eq!(out, vec![apply(0, false), apply(1, false), apply(2, false)]);
+    assert_eq!(s.last(), Some(2));
+}
+
+#[test]
+fn duplicate_is_dropped() {
+    let mut s = Sequencer::new(true, 8);
+    let out = live(&mut s, &[0, 1, 1, 2]);
+    assert_eq!(applied(&out), vec![0, 1, 2]);
+    assert!(out.contains(&Step::Duplicate { seq: 1 }));
+}
+
+#[test]
+fn gap_without_replay_endpoint_is_lost_and_stream_continues() {
+    let mut s = Sequencer::new(false, 8);
+    let out = live(&mut s, &[0, 1, 4, 5]);
+    assert_eq!(
+        out,
+        vec![
+            apply(0, false),
+            apply(1, false),
+            Step::Gap { from: 2, to: 3 },
+            Step::Lost { from: 2, to: 3, cause: LossCause::NoReplayEndpoint },
+            apply(4, false),
+            apply(5, false),
+        ]
+    );
+}
+
+#[test]
+fn gap_is_healed_by_replay_and_buffered_duplicates_dropped() {
+    let mut s = Sequencer::new(true, 8);
+    let mut out = live(&mut s, &[0, 1, 4]);
+    assert_eq!(out[2..], [Step::Gap { from: 2, to: 3 }, Step::Replay { from: 2, kind: ReplayKind::Gap }]);
+    assert_eq!(s.replaying(), Some(ReplayKind::Gap));
+    out = live(&mut s, &[5, 6]);
+    assert!(out.is_empty(), "buffered while replaying: {out:?}");
+    out = replayed(&mut s, &[2, 3, 4, 5]);
+    assert_eq!(out, vec![apply(2, true), apply(3, true), apply(4, true), apply(5, true)]);
+    out = end(&mut s, ReplayEnd::Completed);
+    assert_eq!(out, vec![Step::Duplicate { seq: 4 }, Step::Duplicate { seq: 5 }, apply(6, false)]);
+    assert_eq!(s.replaying(), None);
+    assert_eq!(s.last(), Some(6));
+}
+
+#[test]
+fn failed_replay_counts_the_unhealed_part_and_applies_the_buffer() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 5, 6]);
+    let mut out = replayed(&mut s, &[1, 2]);
+    assert_eq!(applied(&out), vec![1, 2]);
+    out = end(&mut s, ReplayEnd::Failed);
+    assert_eq!(
+        out,
+        vec![Step::Lost { from: 3, to: 4, cause: LossCause::ReplayFailed }, apply(5, false), apply(6, false)]
+    );
+}
+
+#[test]
+fn replay_starting_past_the_gap_reports_what_the_engine_no_longer_holds() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 9]);
+    let out = replayed(&mut s, &[4, 5, 6, 7, 8, 9]);
+    assert_eq!(out[0], Step::Lost { from: 1, to: 3, cause: LossCause::NotInReplayBuffer });
+    assert_eq!(applied(&out), vec![4, 5, 6, 7, 8, 9]);
+    assert_eq!(end(&mut s, ReplayEnd::Completed), vec![Step::Duplicate { seq: 9 }]);
+}
+
+#[test]
+fn empty_replay_loses_the_gap_once_and_does_not_replay_again() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 3]);
+    let out = end(&mut s, ReplayEnd::Completed);
+    assert_eq!(out, vec![Step::Lost { from: 1, to: 2, cause: LossCause::NotInReplayBuffer }, apply(3, false)]);
+    assert_eq!(s.replaying(), None);
+}
+
+#[test]
+fn lower_seq_means_restart_clears_and_starts_over() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 1, 2]);
+    let out = live(&mut s, &[0, 1]);
+    assert_eq!(out, vec![Step::Clear, apply(0, false), apply(1, false)]);
+}
+
+#[test]
+fn restart_first_seen_past_zero_catches_up() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 1, 2, 3]);
+    let out = live(&mut s, &[2]);
+    assert_eq!(out, vec![Step::Clear, Step::Replay { from: 0, kind: ReplayKind::CatchUp }]);
+}
+
+#[test]
+fn first_batch_past_zero_catches_up_from_zero_without_loss() {
+    let mut s = Sequencer::new(true, 8);
+    let mut out = live(&mut s, &[7]);
+    assert_eq!(out, vec![Step::Replay { from: 0, kind: ReplayKind::CatchUp }]);
+    // The engine's buffer starts at 5: nothing before it counts as lost.
+    out = replayed(&mut s, &[5, 6, 7]);
+    assert_eq!(out, vec![apply(5, true), apply(6, true), apply(7, true)]);
+    out = end(&mut s, ReplayEnd::Completed);
+    assert_eq!(out, vec![Step::Duplicate { seq: 7 }]);
+}
+
+#[test]
+fn failed_catch_up_applies_the_buffer_without_loss() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[7, 8]);
+    let out = end(&mut s, ReplayEnd::Failed);
+    assert_eq!(out, vec![apply(7, false), apply(8, false)]);
+}
+
+#[test]
+fn first_batch_past_zero_without_replay_endpoint_is_applied() {
+    let mut s = Sequencer::new(false, 8);
+    assert_eq!(live(&mut s, &[7, 8]), vec![apply(7, false), apply(8, false)]);
+}
+
+#[test]
+fn buffer_overflow_abandons_the_replay() {
+    let mut s = Sequencer::new(true, 3);
+    live(&mut s, &[0, 4, 5, 6]);
+    let out = live(&mut s, &[7]);
+    assert_eq!(
+        out,
+        vec![
+            Step::AbandonReplay,
+            Step::Lost { from: 1, to: 3, cause: LossCause::ReplayFailed },
+            apply(4, false),
+            apply(5, false),
+            apply(6, false),
+            apply(7, false),
+        ]
+    );
+    assert_eq!(s.replaying(), None);
+}
+
+#[test]
+fn gap_inside_the_buffer_starts_another_replay() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 2, 3, 6, 7]);
+    replayed(&mut s, &[1, 2, 3]);
+    let out = end(&mut s, ReplayEnd::Completed);
+    assert_eq!(
+        out,
+        vec![
+            Step::Duplicate { seq: 2 },
+            Step::Duplicate { seq: 3 },
+            Step::Gap { from: 4, to: 5 },
+            Step::Replay { from: 4, kind: ReplayKind::Gap },
+        ]
+    );
+    assert_eq!(applied(&replayed(&mut s, &[4, 5, 6, 7])), vec![4, 5, 6, 7]);
+    assert_eq!(end(&mut s, ReplayEnd::Completed), vec![Step::Duplicate { seq: 6 }, Step::Duplicate { seq: 7 }]);
+}
+
+#[test]
+fn replies_without_a_replay_in_flight_are_ignored() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0]);
+    assert!(replayed(&mut s, &[1]).is_empty());
+    assert!(end(&mut s, ReplayEnd::Completed).is_empty());
+    assert_eq!(s.last(), Some(0));
+}
+
+#[test]
+fn restart_while_replaying_is_seen_in_the_buffer() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 1, 4, 5, 0, 1]);
+    replayed(&mut s, &[2, 3, 4, 5]);
+    let out = end(&mut s, ReplayEnd::Completed);
+    assert_eq!(
+        out,
+        vec![Step::Duplicate { seq: 4 }, Step::Duplicate { seq: 5 }, Step::Clear, apply(0, false), apply(1, false),]
+    );
+}

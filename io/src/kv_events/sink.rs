@@ -1,0 +1,42 @@
+//! Where decoded events go: the shard owning the worker.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use kvpick_core::index::{Applied, EventError};
+use kvpick_core::{KvEvent, SelectionService, WorkerId};
+
+/// What became of one event handed to a sink.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SinkOutcome {
+    /// Applied at once, with what it changed.
+    Applied(Applied),
+    /// Queued for the owning shard, which applies and counts it itself.
+    Queued,
+    /// Refused; the index is unchanged.
+    Rejected(EventError),
+}
+
+/// Receives every event the ingest thread decodes, per worker in sequence
+/// order. Called on the ingest thread only; blocking in `apply` blocks every
+/// publisher (a full shard ring is back-pressure, never a drop).
+pub trait KvEventSink: Send {
+    fn apply(&mut self, worker: WorkerId, event: KvEvent) -> SinkOutcome;
+}
+
+/// A [`SelectionService`] shared behind a mutex: the single-threaded
+/// reference, for tests and tools (the thread-per-core runtime has its own
+/// sink over SPSC rings).
+#[derive(Clone)]
+pub struct SharedService(pub Arc<Mutex<SelectionService>>);
+
+impl KvEventSink for SharedService {
+    fn apply(&mut self, worker: WorkerId, event: KvEvent) -> SinkOutcome {
+        // A panic elsewhere while holding the lock leaves the index as
+        // consistent as any single event leaves it: keep going.
+        let mut service = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        match service.apply_kv_event(worker, &event) {
+            Ok(applied) => SinkOutcome::Applied(applied),
+            Err(error) => SinkOutcome::Rejected(error),
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! One publisher: its SUB socket, its replay in flight, its ordering.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::apply::{BatchApplier, Outlet};
+use super::config::{IngestConfig, Publisher, millis_i32};
+use super::frames::{FrameError, ReplayReply, parse_live, parse_replay};
+use super::metrics::{IngestMetrics, WorkerMetrics, add};
+use super::replay::ReplaySession;
+use super::sequencer::{ReplayEnd, ReplayKind, Sequencer, Step};
+
+pub(crate) struct Subscription {
+    publisher: Publisher,
+    ctx: zmq::Context,
+    cfg: Arc<IngestConfig>,
+    socket: zmq::Socket,
+    replay: Option<ReplaySession>,
+    sequencer: Sequencer<Vec<u8>>,
+    applier: BatchApplier,
+    gauges: Arc<WorkerMetrics>,
+    /// Scratch list of steps; empty between calls.
+    steps: Vec<Step<Vec<u8>>>,
+    /// The first bad message is a warning, the rest debug lines.
+    warned: bool,
+}
+
+impl Subscription {
+    /// Connects a SUB socket (libzmq dials in the background and redials
+    /// with back-off; a dead peer is noticed by heartbeats).
+    pub(crate) fn open(
+        ctx: &zmq::Context,
+        cfg: &Arc<IngestConfig>,
+        publisher: Publisher,
+        metrics: &IngestMetrics,
+    ) -> Result<Self, zmq::Error> {
+        let socket = ctx.socket(zmq::SUB)?;
+        socket.set_linger(0)?;
+        socket.set_rcvhwm(cfg.receive_high_water_mark)?;
+        socket.set_maxmsgsize(cfg.max_frame_bytes)?;
+        socket.set_reconnect_ivl(millis_i32(cfg.reconnect_interval))?;
+        socket.set_reconnect_ivl_max(millis_i32(cfg.reconnect_interval_max))?;
+        if !cfg.heartbeat_interval.is_zero() {
+            socket.set_heartbeat_ivl(millis_i32(cfg.heartbeat_interval))?;
+            socket.set_heartbeat_timeout(millis_i32(cfg.heartbeat_timeout))?;
+            // Lets the publisher drop us as fast if we die (libzmq's bound).
+            socket.set_heartbeat_ttl(millis_i32(cfg.heartbeat_timeout).min(6_553_500))?;
+        }
+        socket.set_subscribe(&publisher.topic)?;
+        socket.connect(&publisher.endpoint)?;
+        let can_replay = publisher.replay_endpoint.is_some();
+        Ok(Subscription {
+            applier: BatchApplier::new(publisher.worker),
+            gauges: metrics.register(publisher.worker),
+            sequencer: Sequencer::new(can_replay, cfg.replay_buffer_limit),
+            publisher,
+            ctx: ctx.clone(),
+            cfg: Arc::clone(cfg),
+            socket,
+            replay: None,
+            steps: Vec::new(),
+            warned: false,
+        })
+    }
+
+    pub(crate) fn publisher(&self) -> &Publisher {
+        &self.publisher
+    }
+
+    pub(crate) fn socket(&self) -> &zmq::Socket {
+        &self.socket
+    }
+
+    pub(crate) fn replay_socket(&self) -> Option<&zmq::Socket> {
+        self.replay.as_ref().map(ReplaySession::socket)
+    }
+
+    pub(crate) fn replay_deadline(&self) -> Option<Instant> {
+        self.replay.as_ref().map(ReplaySession::deadline)
+    }
+
+    /// Handles up to `messages_per_turn` live messages waiting on the socket.
+    pub(crate) fn read_live(&mut self, out: &mut Outlet<'_>) {
+        for _ in 0..self.cfg.messages_per_turn {
+            let frames = match self.socket.recv_multipart(zmq::DONTWAIT) {
+                Ok(frames) => frames,
+                Err(zmq::Error::EAGAIN) => return,
+                Err(error) => {
+                    add(&out.metrics.counters.socket_errors, 1);
+                    tracing::warn!(worker = self.worker(), %error, "KV event socket receive failed");
+                    return;
+                }
+            };
+            match parse_live(frames) {
+                Ok(message) => {
+                    self.sequencer.live(message.seq, message.payload, &mut self.steps);
+                    self.run_steps(out);
+                }
+                Err(error) => self.bad_frames(out, &error),
+            }
+        }
+    }
+
+    /// Handles up to `messages_per_turn` replies of the replay in flight.
+    pub(crate) fn read_replay(&mut self, out: &mut Outlet<'_>) {
+        for _ in 0..self.cfg.messages_per_turn {
+            let Some(replay) = &mut self.replay else { return };
+            let frames = match replay.try_recv() {
+                Ok(Some(frames)) => frames,
+                Ok(None) => return,
+                Err(error) => return self.fail_replay(out, &format!("receive failed: {error}")),
+            };
+            match parse_replay(frames) {
+                Ok(ReplayReply::Batch { seq, payload }) => self.sequencer.replayed(seq, payload, &mut self.steps),
+                Ok(ReplayReply::End) => {
+                    self.replay = None;
+                    self.sequencer.end_replay(ReplayEnd::Completed, &mut self.steps);
+                }
+                Err(error) => self.bad_frames(out, &error),
+            }
+            self.run_steps(out);
+        }
+    }
+
+    /// Gives the replay up if it has been silent past its deadline.
+    pub(crate) fn expire_replay(&mut self, now: Instant, out: &mut Outlet<'_>) {
+        if self.replay_deadline().is_some_and(|deadline| deadline <= now) {
+            self.fail_replay(out, "timed out");
+        }
+    }
+
+    fn fail_replay(&mut self, out: &mut Outlet<'_>, why: &str) {
+        self.replay = None;
+        add(&out.metrics.counters.replays_failed, 1);
+        tracing::warn!(worker = self.worker(), last_seq = ?self.sequencer.last(), "KV event replay {why}");
+        self.sequencer.end_replay(ReplayEnd::Failed, &mut self.steps);
+        self.run_steps(out);
+    }
+
+    /// Executes the sequencer's steps in order. Executing one may queue
+    /// more (a replay that cannot open ends at once); a `Replay` step is
+    /// always the last of its batch, so those run after it, still in order.
+    fn run_steps(&mut self, out: &mut Outlet<'_>) {
+        loop {
+            let mut steps = std::mem::take(&mut self.steps);
+            if steps.is_empty() {
+                break;
+            }
+            for step in steps.drain(..) {
+                self.run_step(step, out);
+            }
+            if self.steps.is_empty() {
+                // Keep the allocation for the next message.
+                self.steps = steps;
+            }
+        }
+        self.gauges.set_replaying(self.replay.is_some());
+    }
+
+    fn run_step(&mut self, step: Step<Vec<u8>>, out: &mut Outlet<'_>) {
+        let counters = &out.metrics.counters;
+        let worker = self.worker();
+        match step {
+            Step::Apply { seq, payload, replayed } => {
+                if replayed {
+                    add(&counters.replayed_batches, 1);
+                }
+                self.applier.apply(seq, &payload, out, &self.gauges);
+            }
+            Step::Clear => {
+                add(&counters.engine_restarts, 1);
+                tracing::info!(worker, "KV event sequence went back: engine restarted, its blocks cleared");
+                self.applier.clear(out);
+            }
+            Step::Gap { from, to } => {
+                add(&counters.gaps, 1);
+                tracing::debug!(worker, from, to, "KV event sequence gap");
+            }
+            Step::Lost { from, to, cause } => {
+                add(&counters.lost_batches, to - from + 1);
+                tracing::warn!(worker, from, to, ?cause, "KV event batches lost");
+            }
+            Step::Replay { from, kind } => self.start_replay(from, kind, out),
+            Step::AbandonReplay => {
+                self.replay = None;
+                add(&counters.replays_failed, 1);
+                tracing::warn!(worker, "KV event replay given up: too many live batches buffered meanwhile");
+            }
+            Step::Duplicate { .. } => add(&counters.duplicate_batches, 1),
+        }
+    }
+
+    fn start_replay(&mut self, from: u64, kind: ReplayKind, out: &mut Outlet<'_>) {
+        add(&out.metrics.counters.replays_started, 1);
+        tracing::debug!(worker = self.worker(), from, ?kind, "KV event replay requested");
+        let Some(endpoint) = &self.publisher.replay_endpoint else {
+            // The sequencer asks only when an endpoint exists.
+            return self.fail_replay(out, "has no endpoint");
+        };
+        match ReplaySession::start(&self.ctx, endpoint, from, self.cfg.replay_idle_timeout, self.cfg.max_frame_bytes) {
+            Ok(session) => self.replay = Some(session),
+            Err(error) => {
+                add(&out.metrics.counters.socket_errors, 1);
+                self.fail_replay(out, &format!("could not start: {error}"));
+            }
+        }
+    }
+
+    fn bad_frames(&mut self, out: &mut Outlet<'_>, error: &FrameError) {
+        add(&out.metrics.counters.bad_frames, 1);
+        if std::mem::replace(&mut self.warned, true) {
+            tracing::debug!(worker = self.worker(), %error, "KV event message skipped");
+        } else {
+            tracing::warn!(worker = self.worker(), %error, "KV event message skipped (further ones logged at debug)");
+        }
+    }
+
+    fn worker(&self) -> u64 {
+        self.publisher.worker.0
+    }
+}

@@ -1,0 +1,120 @@
+//! Sequence gaps: healed by replay, or counted as lost.
+
+mod common;
+
+use std::time::Duration;
+
+use common::events::{batch, chain_batch, removed_blocks};
+use common::publisher::{ReplayLayout, TestPublisher};
+use common::{WAIT, cached_blocks, config, overlap, service, spawn, wait_for_seq};
+use kvpick_core::WorkerId;
+
+fn gap_is_healed_by_replay(layout: ReplayLayout) {
+    let svc = service(&[1]);
+    let ingest = spawn(&svc, config(WAIT));
+    let mut publisher = TestPublisher::bind("kv");
+    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
+    publisher.wait_subscribed();
+
+    publisher.publish(0, chain_batch(0));
+    publisher.publish(1, chain_batch(1));
+    // Lost on the way: the subscriber never sees 2 and 3.
+    publisher.record(2, chain_batch(2));
+    publisher.record(3, chain_batch(3));
+    publisher.publish(4, chain_batch(4));
+    // Live while the replay is being asked for: buffered, then a duplicate.
+    publisher.publish(5, chain_batch(5));
+    assert_eq!(publisher.serve_replay(layout), 2, "replay starts right after the last batch applied");
+    publisher.publish(6, chain_batch(6));
+
+    wait_for_seq(&ingest, 1, 6);
+    // Any batch applied out of order would have had an unknown parent.
+    assert_eq!(overlap(&svc, 1, 7), 7);
+    let m = ingest.metrics().snapshot();
+    assert_eq!((m.gaps, m.replays_started, m.replays_failed), (1, 1, 0));
+    assert_eq!(m.replayed_batches, 4, "2, 3, 4 and 5 from the replay");
+    assert_eq!(m.duplicate_batches, 2, "live 4 and 5");
+    assert_eq!((m.lost_batches, m.unknown_parent_events, m.bad_frames), (0, 0, 0));
+    ingest.shutdown().unwrap();
+}
+
+#[test]
+fn gap_is_healed_by_replay_with_topic_frame() {
+    gap_is_healed_by_replay(ReplayLayout::WithTopic);
+}
+
+#[test]
+fn gap_is_healed_by_replay_in_legacy_layout() {
+    gap_is_healed_by_replay(ReplayLayout::Legacy);
+}
+
+#[test]
+fn first_batch_past_zero_relearns_history_from_zero() {
+    let svc = service(&[1]);
+    let ingest = spawn(&svc, config(WAIT));
+    let mut publisher = TestPublisher::bind("");
+    // Published before kvpick subscribed (or before it restarted).
+    for k in 0..3 {
+        publisher.record(k, chain_batch(k));
+    }
+    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
+    publisher.wait_subscribed();
+    publisher.publish(3, chain_batch(3));
+    assert_eq!(publisher.serve_replay(ReplayLayout::WithTopic), 0);
+    publisher.publish(4, chain_batch(4));
+
+    wait_for_seq(&ingest, 1, 4);
+    assert_eq!(overlap(&svc, 1, 5), 5);
+    let m = ingest.metrics().snapshot();
+    assert_eq!((m.replays_started, m.replayed_batches, m.duplicate_batches), (1, 4, 1));
+    assert_eq!((m.gaps, m.lost_batches), (0, 0), "history from before we listened is not a loss");
+    ingest.shutdown().unwrap();
+}
+
+#[test]
+fn gap_without_replay_endpoint_is_lost_and_later_batches_applied() {
+    let svc = service(&[1]);
+    let ingest = spawn(&svc, config(WAIT));
+    let mut publisher = TestPublisher::bind("");
+    ingest.add(publisher.publisher(WorkerId(1), false)).unwrap();
+    publisher.wait_subscribed();
+
+    publisher.publish(0, chain_batch(0));
+    publisher.publish(1, chain_batch(1));
+    publisher.record(2, chain_batch(2));
+    // Its parent went missing with batch 2: an orphan, not indexed.
+    publisher.publish(3, chain_batch(3));
+    publisher.publish(4, batch(vec![removed_blocks(&[1])]));
+
+    wait_for_seq(&ingest, 1, 4);
+    assert_eq!((overlap(&svc, 1, 4), cached_blocks(&svc, 1)), (1, 1));
+    let m = ingest.metrics().snapshot();
+    assert_eq!((m.gaps, m.lost_batches, m.replays_started), (1, 1, 0));
+    assert_eq!((m.unknown_parent_events, m.orphan_blocks), (1, 1));
+    assert_eq!(m.batches_applied, 4);
+    ingest.shutdown().unwrap();
+}
+
+#[test]
+fn unanswered_replay_times_out_and_buffered_batches_are_applied() {
+    let svc = service(&[1]);
+    let ingest = spawn(&svc, config(Duration::from_millis(200)));
+    let mut publisher = TestPublisher::bind("");
+    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
+    publisher.wait_subscribed();
+
+    publisher.publish(0, chain_batch(0));
+    publisher.publish(1, chain_batch(1));
+    publisher.record(2, chain_batch(2));
+    publisher.record(3, chain_batch(3));
+    publisher.publish(4, chain_batch(4));
+    assert_eq!(publisher.ignore_replay(), 2);
+    publisher.publish(5, batch(vec![removed_blocks(&[0])]));
+
+    wait_for_seq(&ingest, 1, 5);
+    assert_eq!(cached_blocks(&svc, 1), 1, "block 1 left; 4 was an orphan");
+    let m = ingest.metrics().snapshot();
+    assert_eq!((m.gaps, m.replays_started, m.replays_failed), (1, 1, 1));
+    assert_eq!((m.lost_batches, m.replayed_batches, m.unknown_parent_events), (2, 0, 1));
+    ingest.shutdown().unwrap();
+}
