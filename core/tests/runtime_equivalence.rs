@@ -323,3 +323,54 @@ fn auto_choice_runs_and_shutdown_refuses_new_work() {
         SelectRequest { id: ReservationId(1), prompt: Prompt::load_only(8), model: None, allowed: None, priority: 0 };
     assert!(block_on(service.select_and_reserve(&producer, request, Millis(0))).is_err());
 }
+
+fn assert_send<T: Send>(t: T) -> T {
+    t
+}
+
+#[test]
+fn a_queued_request_is_awaited_until_capacity_frees() {
+    let _turn = serial();
+    let cfg =
+        RouterConfig { queue_threshold: Some(1.0), queue_timeout: Duration::from_secs(30), ..RouterConfig::default() };
+    let service = Arc::new(
+        ShardedService::start(cfg, BS, runtime(2, RuntimeKind::StdThreads), Clock::manual(Millis(0))).expect("starts"),
+    );
+    let producers = kvpick_core::runtime::ThreadProducers::new(service.clone());
+    let mut spec = WorkerSpec::new(WorkerId(1), addr(1), BS);
+    spec.max_num_batched_tokens = Some(10);
+    block_on(service.upsert_worker(&producers, spec, Millis(0))).expect("upsert");
+    let request = |id| SelectRequest {
+        id: ReservationId(id),
+        prompt: Prompt::load_only(20),
+        model: None,
+        allowed: None,
+        priority: 0,
+    };
+    let first =
+        block_on(assert_send(service.select_and_wait(&producers, request(1), Millis(0)))).expect("admitted at once");
+    assert_eq!(first.worker, WorkerId(1));
+    let waiter = {
+        let (service, producers) = (service.clone(), producers.clone());
+        std::thread::spawn(move || block_on(service.select_and_wait(&producers, request(2), Millis(0))))
+    };
+    while service.queue_len() == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    block_on(service.free_reservation(&producers, ReservationId(1), Millis(1))).expect("booked");
+    let second = waiter.join().expect("no panic").expect("admitted once capacity freed");
+    assert_eq!(second.id, ReservationId(2));
+    assert!(service.take_admissions().is_empty(), "the waiter got the outcome, not the shared list");
+
+    // Refused at its deadline.
+    let late = {
+        let (service, producers) = (service.clone(), producers.clone());
+        std::thread::spawn(move || block_on(service.select_and_wait(&producers, request(3), Millis(1))))
+    };
+    while service.queue_len() == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    block_on(service.tick(&producers, Millis(60_000)));
+    assert_eq!(late.join().expect("no panic"), Err(kvpick_core::SelectError::QueueTimeout));
+    service.shutdown();
+}

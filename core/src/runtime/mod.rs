@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use clock::Clock;
-pub use producer::{Producer, ProducerSource, RingCounters};
+pub use producer::{Producer, ProducerSource, RingCounters, ThreadProducers};
 pub use service::ShardedService;
 
 /// Which executor hosts the shard loops.

@@ -139,3 +139,34 @@ impl ProducerSource for std::sync::Mutex<Producer> {
         f(&mut self.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 }
+
+/// One producer per thread and service, made on first use: what an async
+/// runtime's tasks use, since a task may resume on any of its threads.
+#[derive(Clone)]
+pub struct ThreadProducers {
+    service: std::sync::Arc<super::ShardedService>,
+}
+
+impl ThreadProducers {
+    pub fn new(service: std::sync::Arc<super::ShardedService>) -> Self {
+        ThreadProducers { service }
+    }
+
+    pub fn service(&self) -> &super::ShardedService {
+        &self.service
+    }
+}
+
+thread_local! {
+    static PRODUCERS: std::cell::RefCell<std::collections::HashMap<u64, Producer>> = Default::default();
+}
+
+impl ProducerSource for ThreadProducers {
+    fn with_producer<R>(&self, f: impl FnOnce(&mut Producer) -> R) -> R {
+        PRODUCERS.with(|producers| {
+            let mut producers = producers.borrow_mut();
+            let producer = producers.entry(self.service.id()).or_insert_with(|| self.service.producer());
+            f(producer)
+        })
+    }
+}

@@ -7,6 +7,7 @@
 //! the call returns, so a later change (maybe pushed from another thread's
 //! ring) can never overtake it.
 
+use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
@@ -38,6 +39,24 @@ enum ShardThread {
 struct Waiting {
     queue: AdmissionQueue,
     admissions: Vec<AdmissionEvent>,
+    /// Callers of `select_and_wait` whose request is queued: their outcome
+    /// goes to them instead of `admissions`.
+    waiters: HashMap<ReservationId, oneshot::Sender<AdmissionEvent>>,
+}
+
+impl Waiting {
+    fn settle(&mut self, id: ReservationId, outcome: AdmissionEvent) {
+        match self.waiters.remove(&id) {
+            Some(waiter) => {
+                if let Err(unsent) = waiter.send(outcome) {
+                    // The waiter gave up (its stream ended): keep the
+                    // outcome visible so an admitted booking is not lost.
+                    self.admissions.push(unsent.into_inner());
+                }
+            }
+            None => self.admissions.push(outcome),
+        }
+    }
 }
 
 pub struct ShardedService {
@@ -53,7 +72,10 @@ pub struct ShardedService {
     rng: Mutex<fastrand::Rng>,
     stats: Mutex<ServiceStats>,
     counters: Arc<RingCounters>,
+    id: u64,
 }
+
+static NEXT_SERVICE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// Locks that are never held across a panic-prone call; a poisoned one
 /// still holds consistent data.
@@ -110,7 +132,12 @@ impl ShardedService {
         }
         Ok(ShardedService {
             rng: Mutex::new(fastrand::Rng::with_seed(cfg.seed)),
-            waiting: Mutex::new(Waiting { queue: AdmissionQueue::new(cfg.queue_capacity), admissions: Vec::new() }),
+            waiting: Mutex::new(Waiting {
+                queue: AdmissionQueue::new(cfg.queue_capacity),
+                admissions: Vec::new(),
+                waiters: HashMap::new(),
+            }),
+            id: NEXT_SERVICE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             cfg,
             block_size,
             directory: RwLock::new(Directory::new(count)),
@@ -122,6 +149,11 @@ impl ShardedService {
             stats: Mutex::default(),
             counters: Arc::default(),
         })
+    }
+
+    /// Unique per service in this process (keys per-thread producers).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     pub fn kind(&self) -> RuntimeKind {
@@ -281,6 +313,42 @@ impl ShardedService {
         request: SelectRequest,
         now: Millis,
     ) -> Result<Admission, SelectError> {
+        self.admit(source, request, now, None).await
+    }
+
+    /// Like `select_and_reserve`, but a queued request is awaited: the
+    /// result is the booking once admitted, or the reason it was refused
+    /// (queue full, deadline passed at a `tick`, workers gone). Dropping
+    /// the future while queued leaves the request queued: withdraw it with
+    /// `free_reservation`.
+    pub async fn select_and_wait(
+        &self,
+        source: &impl ProducerSource,
+        request: SelectRequest,
+        now: Millis,
+    ) -> Result<Selection, SelectError> {
+        let id = request.id;
+        let (tx, rx) = oneshot::channel();
+        match self.admit(source, request, now, Some(tx)).await? {
+            Admission::Reserved(selection) => Ok(selection),
+            Admission::Queued => match rx.await {
+                Ok(AdmissionEvent::Admitted(selection)) => Ok(selection),
+                Ok(AdmissionEvent::Refused { error, .. }) => Err(error),
+                Err(_) => {
+                    lock(&self.waiting).waiters.remove(&id);
+                    Err(SelectError::ShuttingDown)
+                }
+            },
+        }
+    }
+
+    async fn admit(
+        &self,
+        source: &impl ProducerSource,
+        request: SelectRequest,
+        now: Millis,
+        waiter: Option<oneshot::Sender<AdmissionEvent>>,
+    ) -> Result<Admission, SelectError> {
         if lock(&self.owners).contains_key(&request.id) || lock(&self.waiting).queue.contains(request.id) {
             return Err(SelectError::DuplicateReservation(request.id));
         }
@@ -289,7 +357,15 @@ impl ShardedService {
         if let Some(threshold) = self.cfg.queue_threshold {
             if candidates.iter().all(|c| c.saturated(threshold)) {
                 let deadline = now.after(self.cfg.queue_timeout);
-                let queued = lock(&self.waiting).queue.push(request, deadline).is_ok();
+                let id = request.id;
+                let queued = {
+                    let mut waiting = lock(&self.waiting);
+                    let queued = waiting.queue.push(request, deadline).is_ok();
+                    if let (true, Some(waiter)) = (queued, waiter) {
+                        waiting.waiters.insert(id, waiter);
+                    }
+                    queued
+                };
                 let mut stats = lock(&self.stats);
                 return if queued {
                     stats.queued += 1;
@@ -356,8 +432,12 @@ impl ShardedService {
         id: ReservationId,
         now: Millis,
     ) -> Result<(), BookingError> {
-        if lock(&self.waiting).queue.remove(id).is_some() {
-            return Ok(());
+        {
+            let mut waiting = lock(&self.waiting);
+            if waiting.queue.remove(id).is_some() {
+                waiting.waiters.remove(&id);
+                return Ok(());
+            }
         }
         let shard = lock(&self.owners).remove(&id).ok_or(BookingError::NotFound(id))?;
         self.ask(source, shard, |r| Command::Booking(BookingEvent::Freed(id), r))
@@ -381,7 +461,8 @@ impl ShardedService {
             let late = waiting.queue.expire(now);
             lock(&self.stats).refused_queue_timeout += late.len() as u64;
             for w in late {
-                waiting.admissions.push(AdmissionEvent::Refused { id: w.request.id, error: SelectError::QueueTimeout });
+                let id = w.request.id;
+                waiting.settle(id, AdmissionEvent::Refused { id, error: SelectError::QueueTimeout });
             }
         }
         self.admit_waiting(source, now).await;
@@ -425,7 +506,7 @@ impl ShardedService {
                         AdmissionEvent::Refused { id, error }
                     }
                 };
-            lock(&self.waiting).admissions.push(outcome);
+            lock(&self.waiting).settle(id, outcome);
         }
     }
 
