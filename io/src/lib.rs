@@ -14,3 +14,4 @@
 //! and nothing in it may touch a shard's state except through a sink.
 
 pub mod kv_events;
+pub mod tokenizer;
