@@ -46,6 +46,9 @@ struct WorkerBlocks {
     /// Evicted blocks that still have held children: how many, and the
     /// sequence hash the children were chained from.
     orphaned_children: U64Map<EngineBlockHash, (u32, SequenceHash)>,
+    /// Seeds of held blocks hashed with a seed other than the default (a
+    /// LoRA adapter or a cache salt); usually empty.
+    seeds: U64Map<EngineBlockHash, HashSeed>,
     /// Held blocks whose parent is not held.
     orphans: u64,
     /// An engine hash came back with different content: the parent-closure
@@ -156,6 +159,12 @@ impl KvIndex {
                 None => return Err(EventError::UnknownParent(hash)),
             },
         };
+        // A continuation is hashed with its chain's seed, not the event's:
+        // vLLM reports a cache salt only with a prompt's first block.
+        let mut seed = match parent {
+            None => seed,
+            Some(hash) => worker.seeds.get(&hash).copied().unwrap_or_default(),
+        };
         let mut parent_engine = parent;
         let mut applied = Applied::default();
         for (&engine, tokens) in block_hashes.iter().zip(token_ids.chunks_exact(block_size as usize)) {
@@ -164,6 +173,7 @@ impl KvIndex {
                 // a child's parent sequence hash is always its parent's.
                 parent_seq = Some(existing.seq);
                 parent_engine = Some(engine);
+                seed = worker.seeds.get(&engine).copied().unwrap_or_default();
                 continue;
             }
             let seq = chain(parent_seq, local_block_hash(tokens, seed));
@@ -177,6 +187,9 @@ impl KvIndex {
                 parent.children += 1;
             }
             worker.blocks.insert(engine, StoredBlock { seq, parent: parent_engine, children });
+            if seed != HashSeed::default() {
+                worker.seeds.insert(engine, seed);
+            }
             let holders = self.holders.entry(seq).or_default();
             if holders.contains(slot) {
                 *worker.dup_refs.entry(seq).or_default() += 1;
@@ -202,6 +215,7 @@ impl KvIndex {
                 applied.unknown_removed += 1;
                 continue;
             };
+            worker.seeds.remove(engine);
             if let Some(parent) = block.parent {
                 match worker.blocks.get_mut(&parent) {
                     Some(held) => held.children -= 1,
@@ -336,7 +350,7 @@ impl KvIndex {
             .workers
             .iter()
             .flatten()
-            .map(|w| table(&w.blocks) + table(&w.dup_refs) + table(&w.orphaned_children))
+            .map(|w| table(&w.blocks) + table(&w.dup_refs) + table(&w.orphaned_children) + table(&w.seeds))
             .sum();
         table(&self.holders) + spilled + workers
     }

@@ -193,3 +193,25 @@ fn many_workers_spill_past_one_word() {
     }
     assert!(index.approx_bytes() > 0);
 }
+
+#[test]
+fn continuations_inherit_their_chains_seed() {
+    // vLLM reports a cache salt only with a prompt's first block: later
+    // events of the same chain carry no salt but must hash with it.
+    let salted = HashSeed::new(None, Some("tenant-a"));
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let toks = tokens(6, 0);
+    index.store(0, None, &[1, 2], &toks[..8], BS, salted).unwrap();
+    index.store(0, Some(2), &[3, 4, 5, 6], &toks[8..], BS, HashSeed::default()).unwrap();
+    let want = sequence_hashes(&toks, BS, salted);
+    assert_eq!(matches(&index, &want), vec![(0, 6)]);
+    assert_eq!(matches(&index, &prompt(&toks)), vec![]);
+    // Evicted blocks forget their seed.
+    index.remove(0, &[6]).unwrap();
+    index.store(0, Some(5), &[6], &toks[20..], BS, HashSeed::default()).unwrap();
+    assert_eq!(matches(&index, &want), vec![(0, 6)]);
+    index.clear(0);
+    index.store(0, None, &[1], &toks[..4], BS, HashSeed::default()).unwrap();
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 1)]);
+}

@@ -25,6 +25,8 @@
 mod apply;
 mod config;
 mod frames;
+#[doc(hidden)]
+pub mod fuzzing;
 mod ingest;
 mod metrics;
 mod poll_loop;

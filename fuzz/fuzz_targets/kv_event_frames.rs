@@ -1,0 +1,7 @@
+//! Arbitrary ZMQ messages through frame parsing, sequencing with replays,
+//! decoding and applying (see `kvpick_io::kv_events::fuzzing`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| kvpick_io::kv_events::fuzzing::run(data));
