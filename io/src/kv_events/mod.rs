@@ -40,4 +40,4 @@ pub use config::{DEFAULT_EVENT_PORT, IngestConfig, Publisher};
 pub use frames::END_SEQ;
 pub use ingest::{IngestError, KvEventIngest};
 pub use metrics::{IngestCounters, IngestMetrics, WorkerIngestStats};
-pub use sink::{KvEventSink, SharedService, SinkOutcome};
+pub use sink::{KvEventSink, ShardSink, SharedService, SinkOutcome};

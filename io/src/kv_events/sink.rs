@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kvpick_core::index::{Applied, EventError};
+use kvpick_core::runtime::{Producer, ShardedService};
 use kvpick_core::{KvEvent, SelectionService, WorkerId};
 
 /// What became of one event handed to a sink.
@@ -36,6 +37,30 @@ impl KvEventSink for SharedService {
         let mut service = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         match service.apply_kv_event(worker, &event) {
             Ok(applied) => SinkOutcome::Applied(applied),
+            Err(error) => SinkOutcome::Rejected(error),
+        }
+    }
+}
+
+/// The thread-per-core runtime: events go through the ingest thread's own
+/// SPSC ring into the owning shard, in order, waiting (never dropping) when
+/// the ring is full. The shard counts what it applies and rejects.
+pub struct ShardSink {
+    service: Arc<ShardedService>,
+    producer: Producer,
+}
+
+impl ShardSink {
+    pub fn new(service: Arc<ShardedService>) -> Self {
+        let producer = service.producer();
+        ShardSink { service, producer }
+    }
+}
+
+impl KvEventSink for ShardSink {
+    fn apply(&mut self, worker: WorkerId, event: KvEvent) -> SinkOutcome {
+        match self.service.apply_kv_event(&mut self.producer, worker, event) {
+            Ok(()) => SinkOutcome::Queued,
             Err(error) => SinkOutcome::Rejected(error),
         }
     }
