@@ -1,7 +1,7 @@
 //! Arbitrary ZMQ messages through frame parsing, sequencing with replays,
-//! decoding and applying (see `kvpick_io::kv_events::fuzzing`).
+//! decoding and applying (see `kvpick_core::wire::fuzzing`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| kvpick_io::kv_events::fuzzing::run(data));
+fuzz_target!(|data: &[u8]| kvpick_core::wire::fuzzing::run(data));

@@ -96,8 +96,12 @@
 //! which event of a batch failed while keeping the others.
 
 mod decode;
+pub mod frames;
+#[doc(hidden)]
+pub mod fuzzing;
 mod groups;
 mod reader;
+pub mod sequencer;
 
 #[cfg(test)]
 mod tests;

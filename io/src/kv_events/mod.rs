@@ -9,8 +9,9 @@
 //! detects dead peers with ZMTP heartbeats ([`IngestConfig`]).
 //!
 //! Each message must be `[topic, seq (8-byte big-endian), payload]`;
-//! anything else is counted and skipped (`frames`). Per publisher, batches
-//! are applied strictly in sequence order (`sequencer`): a gap is healed by
+//! anything else is counted and skipped (`kvpick_core::wire::frames`). Per
+//! publisher, batches are applied strictly in sequence order
+//! (`kvpick_core::wire::sequencer`): a gap is healed by
 //! a replay from the engine's replay ROUTER through a DEALER (`replay`),
 //! live batches being buffered meanwhile; a sequence going back means the
 //! engine restarted and the worker's blocks are cleared; a first batch past
@@ -24,20 +25,16 @@
 
 mod apply;
 mod config;
-mod frames;
-#[doc(hidden)]
-pub mod fuzzing;
 mod ingest;
 mod metrics;
 mod poll_loop;
 mod replay;
-mod sequencer;
 mod sink;
 mod subscription;
 mod waker;
 
 pub use config::{DEFAULT_EVENT_PORT, IngestConfig, Publisher};
-pub use frames::END_SEQ;
+pub use kvpick_core::wire::frames::END_SEQ;
 pub use ingest::{IngestError, KvEventIngest};
 pub use metrics::{IngestCounters, IngestMetrics, WorkerIngestStats};
 pub use sink::{KvEventSink, ShardSink, SharedService, SinkOutcome};

@@ -5,10 +5,10 @@ use std::time::Instant;
 
 use super::apply::{BatchApplier, Outlet};
 use super::config::{IngestConfig, Publisher, millis_i32};
-use super::frames::{FrameError, ReplayReply, parse_live, parse_replay};
+use kvpick_core::wire::frames::{FrameError, ReplayReply, parse_live, parse_replay};
 use super::metrics::{IngestMetrics, WorkerMetrics, add};
 use super::replay::ReplaySession;
-use super::sequencer::{ReplayEnd, ReplayKind, Sequencer, Step};
+use kvpick_core::wire::sequencer::{ReplayEnd, ReplayKind, Sequencer, Step};
 
 pub(crate) struct Subscription {
     publisher: Publisher,

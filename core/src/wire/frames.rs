@@ -10,21 +10,21 @@ pub const END_SEQ: u64 = u64::MAX;
 
 /// A live message, its topic dropped (the SUB socket filtered on it already).
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct LiveMessage {
+pub struct LiveMessage {
     pub seq: u64,
     pub payload: Vec<u8>,
 }
 
 /// One reply of a replay.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum ReplayReply {
+pub enum ReplayReply {
     Batch { seq: u64, payload: Vec<u8> },
     End,
 }
 
 /// Why a message's frames were not understood; the message is skipped.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum FrameError {
+pub enum FrameError {
     #[error("{0} frames, expected 3 (topic, seq, payload)")]
     LiveFrameCount(usize),
     #[error("sequence frame of {0} bytes, expected 8")]
@@ -37,7 +37,7 @@ pub(crate) enum FrameError {
     EndSeqInLiveStream,
 }
 
-pub(crate) fn parse_live(mut frames: Vec<Vec<u8>>) -> Result<LiveMessage, FrameError> {
+pub fn parse_live(mut frames: Vec<Vec<u8>>) -> Result<LiveMessage, FrameError> {
     if frames.len() != 3 {
         return Err(FrameError::LiveFrameCount(frames.len()));
     }
@@ -50,7 +50,7 @@ pub(crate) fn parse_live(mut frames: Vec<Vec<u8>>) -> Result<LiveMessage, FrameE
     Ok(LiveMessage { seq, payload })
 }
 
-pub(crate) fn parse_replay(mut frames: Vec<Vec<u8>>) -> Result<ReplayReply, FrameError> {
+pub fn parse_replay(mut frames: Vec<Vec<u8>>) -> Result<ReplayReply, FrameError> {
     // Frame 0 is the delimiter the ROUTER echoes; the topic frame, when
     // present, is ignored.
     let seq_frame = match frames.len() {
@@ -75,7 +75,7 @@ fn parse_seq(frame: &[u8]) -> Result<u64, FrameError> {
 }
 
 /// The request a DEALER sends to a replay ROUTER: everything from `start`.
-pub(crate) fn replay_request(start: u64) -> [Vec<u8>; 2] {
+pub fn replay_request(start: u64) -> [Vec<u8>; 2] {
     [Vec::new(), start.to_be_bytes().to_vec()]
 }
 

@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 
 /// What the caller must do, in emission order.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Step<P> {
+pub enum Step<P> {
     /// Decode the batch and apply its events.
     Apply { seq: u64, payload: P, replayed: bool },
     /// The engine restarted: clear the worker's index and per-publisher
@@ -44,7 +44,7 @@ pub(crate) enum Step<P> {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum LossCause {
+pub enum LossCause {
     /// The publisher has no replay endpoint.
     NoReplayEndpoint,
     /// The replay failed, timed out, or buffered too much live traffic.
@@ -55,7 +55,7 @@ pub(crate) enum LossCause {
 
 /// How a replay ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ReplayEnd {
+pub enum ReplayEnd {
     /// The end marker arrived.
     Completed,
     /// Timed out, socket error, or too much live traffic buffered.
@@ -63,7 +63,7 @@ pub(crate) enum ReplayEnd {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ReplayKind {
+pub enum ReplayKind {
     /// Heal a gap in the live stream.
     Gap,
     /// Relearn history from 0 on a first batch with `seq > 0`.
@@ -80,7 +80,7 @@ struct Pending<P> {
 }
 
 #[derive(Debug)]
-pub(crate) struct Sequencer<P> {
+pub struct Sequencer<P> {
     last: Option<u64>,
     pending: Option<Pending<P>>,
     can_replay: bool,
@@ -90,21 +90,21 @@ pub(crate) struct Sequencer<P> {
 impl<P> Sequencer<P> {
     /// `buffer_limit`: most live batches held during a replay; one more
     /// abandons the replay (a stuck replay must not grow memory forever).
-    pub(crate) fn new(can_replay: bool, buffer_limit: usize) -> Self {
+    pub fn new(can_replay: bool, buffer_limit: usize) -> Self {
         Sequencer { last: None, pending: None, can_replay, buffer_limit: buffer_limit.max(1) }
     }
 
     /// Sequence number of the last batch applied in this run.
-    pub(crate) fn last(&self) -> Option<u64> {
+    pub fn last(&self) -> Option<u64> {
         self.last
     }
 
     #[cfg(test)]
-    pub(crate) fn replaying(&self) -> Option<ReplayKind> {
+    pub fn replaying(&self) -> Option<ReplayKind> {
         self.pending.as_ref().map(|p| p.kind)
     }
 
-    pub(crate) fn live(&mut self, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
+    pub fn live(&mut self, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
         if let Some(pending) = &mut self.pending {
             if pending.buffered.len() < self.buffer_limit {
                 pending.buffered.push_back((seq, payload));
@@ -141,7 +141,7 @@ impl<P> Sequencer<P> {
     }
 
     /// A batch from the replay in flight (ignored when none is).
-    pub(crate) fn replayed(&mut self, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
+    pub fn replayed(&mut self, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
         let Some(pending) = &self.pending else { return };
         let expected = self.last.map_or(pending.from, |last| last + 1);
         if seq < expected {
@@ -157,7 +157,7 @@ impl<P> Sequencer<P> {
     /// The replay in flight ended. Whatever it did not heal before the
     /// first buffered batch is lost; buffered batches are then handled as
     /// live, except those the replay already applied (duplicates).
-    pub(crate) fn end_replay(&mut self, end: ReplayEnd, out: &mut Vec<Step<P>>) {
+    pub fn end_replay(&mut self, end: ReplayEnd, out: &mut Vec<Step<P>>) {
         let Some(pending) = self.pending.take() else { return };
         let cause = match end {
             ReplayEnd::Completed => LossCause::NotInReplayBuffer,

@@ -3,7 +3,7 @@
 //! replay layouts), sequencing with replays, payload decoding and applying
 //! to a shard — driven by arbitrary bytes. Not part of the API.
 
-use kvpick_core::{Shard, WorkerId, WorkerSpec};
+use crate::{Shard, WorkerId, WorkerSpec};
 
 use super::frames::{ReplayReply, parse_live, parse_replay};
 use super::sequencer::{ReplayEnd, Sequencer, Step};
@@ -48,7 +48,7 @@ pub fn run(data: &[u8]) {
                 Step::Apply { seq, payload, .. } => {
                     assert!(last_applied.is_none_or(|last| seq > last), "batch {seq} applied after {last_applied:?}");
                     last_applied = Some(seq);
-                    if let Ok(batch) = kvpick_core::wire::decode_batch(&payload) {
+                    if let Ok(batch) = super::decode_batch(&payload) {
                         for event in batch.events {
                             let _ = shard.apply_event(worker, &event.event);
                         }
@@ -56,7 +56,7 @@ pub fn run(data: &[u8]) {
                 }
                 Step::Clear => {
                     last_applied = None;
-                    let _ = shard.apply_event(worker, &kvpick_core::KvEvent::Cleared);
+                    let _ = shard.apply_event(worker, &crate::KvEvent::Cleared);
                 }
                 _ => {}
             }
