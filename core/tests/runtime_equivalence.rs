@@ -29,6 +29,7 @@ fn runtime(shards: usize, kind: RuntimeKind) -> RuntimeConfig {
         choice: RuntimeChoice::Force(kind),
         ring_capacity: 64,
         selection_wait: Duration::from_secs(5),
+        ..RuntimeConfig::default()
     }
 }
 

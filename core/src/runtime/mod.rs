@@ -50,6 +50,10 @@ pub struct RuntimeConfig {
     /// How long a selection waits for room in a full ring before it is
     /// refused as overloaded.
     pub selection_wait: Duration,
+    /// How long an idle shard polls its rings before parking: a parked
+    /// shard costs a futex wake-up (tens of µs on a busy VM) per request,
+    /// a spinning one a core. Zero parks at once.
+    pub spin_before_park: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -64,6 +68,7 @@ impl Default for RuntimeConfig {
             choice: RuntimeChoice::Auto,
             ring_capacity: 4096,
             selection_wait: Duration::from_millis(5),
+            spin_before_park: Duration::from_micros(50),
         }
     }
 }

@@ -94,11 +94,22 @@ impl ShardedService {
         let (kind, reason) = choose_kind(&runtime)?;
         let count = runtime.shards.max(1);
         tracing::info!(shards = count, runtime = ?kind, reason = %reason, cpus = ?runtime.cpus, "shard runtime starting");
+        // Spinning shards that outnumber the cores would starve the very
+        // threads that feed them.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spin = if count < cores { runtime.spin_before_park } else { std::time::Duration::ZERO };
+        if spin != runtime.spin_before_park {
+            tracing::info!(
+                shards = count,
+                cores,
+                "shards do not spin before parking: no core is left for their producers"
+            );
+        }
         let owners: Owners = Arc::default();
         let shards: SharedShards = (0..count).map(|_| Arc::new(ShardShared::default())).collect();
         let mut threads = Vec::with_capacity(count);
         for (i, shared) in shards.iter().enumerate() {
-            let shard_loop = ShardLoop::new(shared.clone(), clock.clone(), owners.clone());
+            let shard_loop = ShardLoop::new(shared.clone(), clock.clone(), owners.clone(), spin);
             let cpu = (!runtime.cpus.is_empty()).then(|| runtime.cpus[i % runtime.cpus.len()]);
             let name = format!("kvpick-shard-{i}");
             let thread = match kind {

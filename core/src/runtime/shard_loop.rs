@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rtrb::Consumer;
 
@@ -57,6 +57,7 @@ impl ShardShared {
 }
 
 pub(crate) struct ShardLoop {
+    spin: Duration,
     shard: Shard,
     rings: Vec<Consumer<Command>>,
     shared: Arc<ShardShared>,
@@ -65,8 +66,23 @@ pub(crate) struct ShardLoop {
 }
 
 impl ShardLoop {
-    pub(crate) fn new(shared: Arc<ShardShared>, clock: Clock, owners: Owners) -> Self {
-        ShardLoop { shard: Shard::new(), rings: Vec::new(), shared, clock, owners }
+    pub(crate) fn new(shared: Arc<ShardShared>, clock: Clock, owners: Owners, spin: Duration) -> Self {
+        ShardLoop { spin, shard: Shard::new(), rings: Vec::new(), shared, clock, owners }
+    }
+
+    /// Polls for work for up to `spin` before the caller parks.
+    fn spin_for_work(&self) -> bool {
+        if self.spin.is_zero() {
+            return false;
+        }
+        let until = Instant::now() + self.spin;
+        while Instant::now() < until {
+            if self.has_work() || self.shared.stopping() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        false
     }
 
     fn take_new_rings(&mut self) {
@@ -125,6 +141,9 @@ impl ShardLoop {
         self.expire_due();
         if self.shared.stopping() && !self.has_work() {
             return Idle::Stop;
+        }
+        if self.spin_for_work() {
+            return Idle::Busy;
         }
         if self.shared.doorbell.prepare_sleep(|| self.has_work()) { Idle::Sleep(self.deadline()) } else { Idle::Busy }
     }
