@@ -1,0 +1,229 @@
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use super::*;
+use crate::discovery::worker_id;
+
+const NS: &str = "llm";
+const POOL: &str = "pool";
+
+fn spec(labels: &[(&str, &str)], ports: &[u16]) -> Result<PoolSpec, PoolSpecError> {
+    Ok(PoolSpec {
+        match_labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        target_ports: ports.to_vec(),
+    })
+}
+
+fn facts(labels: &[(&str, &str)], ip: Option<&str>, ready: bool) -> PodFacts {
+    PodFacts {
+        labels: labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        ip: ip.map(|s| s.parse().unwrap()),
+        ready,
+        terminating: false,
+    }
+}
+
+/// Applies updates the way the wiring will, checking the stream's
+/// invariant: no upsert of a present id, no delete of an absent one.
+#[derive(Default)]
+struct Applied(BTreeMap<WorkerId, SocketAddr>);
+
+impl Applied {
+    fn apply(&mut self, updates: &mut Vec<WorkerUpdate>) {
+        for u in updates.drain(..) {
+            match u {
+                WorkerUpdate::Upsert(w) => {
+                    assert!(self.0.insert(w.id(), w.spec.endpoint).is_none(), "duplicate upsert of {:?}", w.id())
+                }
+                WorkerUpdate::Delete(id) => assert!(self.0.remove(&id).is_some(), "delete of absent {id:?}"),
+            }
+        }
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.0.values().map(ToString::to_string).collect();
+        v.sort();
+        v
+    }
+}
+
+struct Fixture {
+    cat: Catalog,
+    out: Vec<WorkerUpdate>,
+    applied: Applied,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        Fixture { cat: Catalog::new(DiscoveryConfig::new(NS, POOL, 16)), out: Vec::new(), applied: Applied::default() }
+    }
+
+    fn pool(&mut self, change: Change<Result<PoolSpec, PoolSpecError>>) -> &mut Self {
+        self.cat.on_pool(change, &mut self.out);
+        self.applied.apply(&mut self.out);
+        self
+    }
+
+    fn pod(&mut self, change: Change<PodFacts>) -> &mut Self {
+        self.cat.on_pod(change, &mut self.out);
+        self.applied.apply(&mut self.out);
+        self
+    }
+
+    fn listed_with(&mut self, pool: Option<Result<PoolSpec, PoolSpecError>>, pods: Vec<(&str, PodFacts)>) -> &mut Self {
+        self.pool(Change::Init);
+        if let Some(p) = pool {
+            self.pool(Change::InitApply(POOL.into(), p));
+        }
+        self.pool(Change::InitDone);
+        self.pod(Change::Init);
+        for (name, f) in pods {
+            self.pod(Change::InitApply(name.into(), f));
+        }
+        self.pod(Change::InitDone)
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        assert_eq!(self.cat.state().workers, self.applied.0.len());
+        self.applied.endpoints()
+    }
+}
+
+const APP: &[(&str, &str)] = &[("app", "vllm")];
+
+#[test]
+fn ready_selected_pods_with_an_ip_are_workers_one_per_port() {
+    let mut f = Fixture::new();
+    assert!(!f.cat.state().listed);
+    f.listed_with(
+        Some(spec(APP, &[8000, 8001])),
+        vec![
+            ("a", facts(APP, Some("10.0.0.1"), true)),
+            ("b", facts(APP, Some("10.0.0.2"), false)),
+            ("c", facts(APP, None, true)),
+            ("d", facts(&[("app", "other")], Some("10.0.0.4"), true)),
+        ],
+    );
+    assert_eq!(f.cat.state(), DiscoveryState { pool_present: true, listed: true, workers: 2 });
+    assert_eq!(f.endpoints(), ["10.0.0.1:8000", "10.0.0.1:8001"]);
+    assert!(f.applied.0.contains_key(&worker_id(NS, "a", 8001)));
+
+    // b becomes ready, a unready, c gets its IP but is still unready.
+    f.pod(Change::Apply("b".into(), facts(APP, Some("10.0.0.2"), true)));
+    f.pod(Change::Apply("a".into(), facts(APP, Some("10.0.0.1"), false)));
+    f.pod(Change::Apply("c".into(), facts(APP, Some("10.0.0.3"), false)));
+    assert_eq!(f.endpoints(), ["10.0.0.2:8000", "10.0.0.2:8001"]);
+
+    // The same facts again change nothing.
+    f.pod(Change::Apply("b".into(), facts(APP, Some("10.0.0.2"), true)));
+    assert!(f.out.is_empty());
+
+    // Terminating, then deleted.
+    let mut dying = facts(APP, Some("10.0.0.2"), true);
+    dying.terminating = true;
+    f.pod(Change::Apply("b".into(), dying));
+    assert!(f.endpoints().is_empty());
+    f.pod(Change::Delete("b".into()));
+    assert!(f.endpoints().is_empty());
+}
+
+#[test]
+fn an_ip_change_is_a_delete_then_an_upsert_of_the_same_id() {
+    let mut f = Fixture::new();
+    f.listed_with(Some(spec(APP, &[8000])), vec![("a", facts(APP, Some("10.0.0.1"), true))]);
+    f.cat.on_pod(Change::Apply("a".into(), facts(APP, Some("10.0.0.9"), true)), &mut f.out);
+    let id = worker_id(NS, "a", 8000);
+    assert!(matches!(&f.out[..], [WorkerUpdate::Delete(d), WorkerUpdate::Upsert(w)] if *d == id && w.id() == id));
+    f.applied.apply(&mut f.out);
+    assert_eq!(f.endpoints(), ["10.0.0.9:8000"]);
+}
+
+#[test]
+fn pool_edits_reconcile_every_pod() {
+    let mut f = Fixture::new();
+    let pods = vec![
+        ("a", facts(&[("app", "vllm"), ("gen", "1")], Some("10.0.0.1"), true)),
+        ("b", facts(&[("app", "vllm"), ("gen", "2")], Some("10.0.0.2"), true)),
+    ];
+    f.listed_with(Some(spec(APP, &[8000])), pods);
+    assert_eq!(f.endpoints(), ["10.0.0.1:8000", "10.0.0.2:8000"]);
+
+    f.pool(Change::Apply(POOL.into(), spec(&[("gen", "2")], &[8000])));
+    assert_eq!(f.endpoints(), ["10.0.0.2:8000"]);
+
+    // Ports added and reordered: ranks move, so 8000's worker is replaced.
+    let id = worker_id(NS, "b", 8000);
+    f.cat.on_pool(Change::Apply(POOL.into(), spec(&[("gen", "2")], &[8002, 8000])), &mut f.out);
+    let ranks: Vec<(WorkerId, u16)> = f
+        .out
+        .iter()
+        .filter_map(|u| match u {
+            WorkerUpdate::Upsert(w) => Some((w.id(), w.rank)),
+            WorkerUpdate::Delete(_) => None,
+        })
+        .collect();
+    assert!(ranks.contains(&(id, 1)) && ranks.contains(&(worker_id(NS, "b", 8002), 0)), "{ranks:?}");
+    f.applied.apply(&mut f.out);
+    assert_eq!(f.endpoints(), ["10.0.0.2:8000", "10.0.0.2:8002"]);
+
+    // A status-only update (same spec) is no change.
+    f.pool(Change::Apply(POOL.into(), spec(&[("gen", "2")], &[8002, 8000])));
+    assert!(f.out.is_empty());
+
+    // Invalid, then valid again, then deleted.
+    f.pool(Change::Apply(POOL.into(), Err(PoolSpecError::NoTargetPorts)));
+    assert!(f.endpoints().is_empty());
+    assert!(!f.cat.state().pool_present && !f.cat.state().is_ready());
+    f.pool(Change::Apply(POOL.into(), spec(APP, &[8000])));
+    assert_eq!(f.endpoints(), ["10.0.0.1:8000", "10.0.0.2:8000"]);
+    assert!(f.cat.state().is_ready());
+    f.pool(Change::Delete(POOL.into()));
+    assert!(f.endpoints().is_empty());
+    assert_eq!(f.cat.state(), DiscoveryState { pool_present: false, listed: true, workers: 0 });
+}
+
+#[test]
+fn a_missing_pool_is_listed_but_not_ready_until_created() {
+    let mut f = Fixture::new();
+    f.listed_with(None, vec![("a", facts(APP, Some("10.0.0.1"), true))]);
+    assert_eq!(f.cat.state(), DiscoveryState { pool_present: false, listed: true, workers: 0 });
+    f.pool(Change::Apply(POOL.into(), spec(APP, &[8000])));
+    assert_eq!(f.endpoints(), ["10.0.0.1:8000"]);
+    assert!(f.cat.state().is_ready());
+}
+
+#[test]
+fn a_relist_keeps_the_view_until_done_then_applies_only_the_difference() {
+    let mut f = Fixture::new();
+    let pods = vec![("a", facts(APP, Some("10.0.0.1"), true)), ("b", facts(APP, Some("10.0.0.2"), true))];
+    f.listed_with(Some(spec(APP, &[8000])), pods);
+
+    // Relist (after 410): a unchanged, b gone, c new.
+    f.pod(Change::Init);
+    f.pod(Change::InitApply("a".into(), facts(APP, Some("10.0.0.1"), true)));
+    f.pod(Change::InitApply("c".into(), facts(APP, Some("10.0.0.3"), true)));
+    assert_eq!(f.endpoints(), ["10.0.0.1:8000", "10.0.0.2:8000"]);
+    f.cat.on_pod(Change::InitDone, &mut f.out);
+    assert_eq!(f.out.len(), 2, "only b's delete and c's upsert: {:?}", f.out);
+    f.applied.apply(&mut f.out);
+    assert_eq!(f.endpoints(), ["10.0.0.1:8000", "10.0.0.3:8000"]);
+}
+
+#[test]
+fn peers_are_the_union_of_slices() {
+    let mut cfg = DiscoveryConfig::new(NS, POOL, 16);
+    cfg.peer_service = Some("epp".into());
+    cfg.pod_ip = Some("10.0.0.9".parse().unwrap());
+    let mut cat = Catalog::new(cfg);
+    let addr = |s: &str| SocketAddr::new(s.parse::<IpAddr>().unwrap(), 9092);
+    assert!(!cat.on_slice(Change::Init));
+    assert!(!cat.on_slice(Change::InitApply("s1".into(), SliceFacts { peers: vec![addr("10.0.0.1")] })));
+    assert!(cat.on_slice(Change::InitDone));
+    assert!(cat.on_slice(Change::Apply("s2".into(), SliceFacts { peers: vec![addr("10.0.0.2")] })));
+    assert!(!cat.on_slice(Change::Apply("s3".into(), SliceFacts { peers: vec![addr("10.0.0.2")] })));
+    assert_eq!(cat.peers().len(), 2);
+    assert!(cat.on_slice(Change::Delete("s1".into())));
+    assert_eq!(cat.peers().iter().copied().collect::<Vec<_>>(), vec![addr("10.0.0.2")]);
+    // Listed needs the slices too.
+    assert!(!cat.state().listed);
+}

@@ -1,0 +1,116 @@
+//! The few facts of a pod that decide whether it is a worker. Only these
+//! are kept (not the whole `Pod`), so watching every pod of a namespace
+//! costs a few hundred bytes per pod.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::pool::PoolSpec;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PodFacts {
+    pub labels: BTreeMap<String, String>,
+    /// `status.podIP`, if set and an IP address.
+    pub ip: Option<IpAddr>,
+    /// Condition `Ready` is `True`.
+    pub ready: bool,
+    /// `metadata.deletionTimestamp` is set: the pod is going away.
+    pub terminating: bool,
+}
+
+/// Why a pod is not (or no longer) a worker; said in the log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NotAWorker {
+    NoPool,
+    Deleted,
+    NotSelected,
+    Terminating,
+    NoIp,
+    NotReady,
+}
+
+impl fmt::Display for NotAWorker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NotAWorker::NoPool => "no usable InferencePool",
+            NotAWorker::Deleted => "pod deleted",
+            NotAWorker::NotSelected => "labels no longer match the pool's selector",
+            NotAWorker::Terminating => "pod terminating",
+            NotAWorker::NoIp => "no pod IP",
+            NotAWorker::NotReady => "not Ready",
+        })
+    }
+}
+
+impl PodFacts {
+    /// `None` for a pod without a name (which the API server never sends).
+    pub fn from_pod(pod: &Pod) -> Option<(String, PodFacts)> {
+        let name = pod.metadata.name.clone().filter(|n| !n.is_empty())?;
+        let status = pod.status.as_ref();
+        let ip = status.and_then(|s| s.pod_ip.as_deref()).and_then(|ip| ip.parse().ok());
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let facts = PodFacts {
+            labels: pod.metadata.labels.clone().unwrap_or_default(),
+            ip,
+            ready,
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+        };
+        Some((name, facts))
+    }
+
+    /// The pod's IP if it is a worker of `pool`, else why not.
+    pub fn worker_ip(facts: Option<&PodFacts>, pool: Option<&PoolSpec>) -> Result<IpAddr, NotAWorker> {
+        let pool = pool.ok_or(NotAWorker::NoPool)?;
+        let facts = facts.ok_or(NotAWorker::Deleted)?;
+        if !pool.selects(&facts.labels) {
+            return Err(NotAWorker::NotSelected);
+        }
+        if facts.terminating {
+            return Err(NotAWorker::Terminating);
+        }
+        let ip = facts.ip.ok_or(NotAWorker::NoIp)?;
+        if !facts.ready {
+            return Err(NotAWorker::NotReady);
+        }
+        Ok(ip)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn facts_of_a_ready_pod_and_of_others() {
+        let (name, facts) = PodFacts::from_pod(&pod(json!({
+            "metadata": {"name": "vllm-0", "labels": {"app": "vllm"}},
+            "status": {"podIP": "10.1.2.3", "conditions": [
+                {"type": "PodScheduled", "status": "True"},
+                {"type": "Ready", "status": "True"},
+            ]},
+        })))
+        .unwrap();
+        assert_eq!(name, "vllm-0");
+        assert_eq!(facts.ip, Some("10.1.2.3".parse().unwrap()));
+        assert!(facts.ready && !facts.terminating);
+
+        let (_, f) = PodFacts::from_pod(&pod(json!({
+            "metadata": {"name": "x", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"podIP": "not-an-ip", "conditions": [{"type": "Ready", "status": "False"}]},
+        })))
+        .unwrap();
+        assert_eq!(f.ip, None);
+        assert!(!f.ready && f.terminating);
+        assert!(PodFacts::from_pod(&pod(json!({"metadata": {}}))).is_none());
+    }
+}
