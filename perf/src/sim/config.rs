@@ -1,0 +1,204 @@
+//! What a simulated engine is: its model name, cache geometry, wire
+//! choices, time model and ports.
+
+use std::fmt;
+use std::str::FromStr;
+
+use super::time_model::TimeModel;
+
+/// How the events inside a batch are encoded. The batch itself is always
+/// the positional `[ts, events, data_parallel_rank]` (vLLM never changed it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EventEncoding {
+    /// Tagged maps with key `"type"` (vLLM ≥ #42892, v0.26 shape):
+    /// `BlockStored` carries `extra_keys` (one nil per block), `group_idx` 0
+    /// and `kv_cache_spec_kind` `"full_attention"`.
+    #[default]
+    Map,
+    /// Positional arrays headed by the type name, as vLLM published them
+    /// once `lora_name` was appended (#27577): `BlockStored` has 8 elements,
+    /// `BlockRemoved` 3, `AllBlocksCleared` 1.
+    Array,
+}
+
+/// The frames of a replay reply (engines.md §1.4).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReplayLayout {
+    /// vLLM ≥ 0.26 (#45177): `["", topic, seq, payload]`, ended by
+    /// `["", "", END_SEQ, ""]`.
+    #[default]
+    WithTopic,
+    /// Older vLLM and SGLang: `["", seq, payload]`, ended by `["", END_SEQ, ""]`.
+    Legacy,
+}
+
+/// How block hashes go on the wire.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HashFormat {
+    /// msgpack unsigned ints: the digest's last 8 bytes, big-endian (vLLM's
+    /// default, `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1`).
+    #[default]
+    Int,
+    /// The whole 16-byte digest as msgpack bin (vLLM's xxhash option with
+    /// `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`).
+    Bytes,
+}
+
+/// Fixed ports of one engine; `None` lets the OS pick one on 127.0.0.1.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ports {
+    pub http: Option<u16>,
+    pub events: Option<u16>,
+    pub replay: Option<u16>,
+}
+
+/// Everything one simulated engine is configured with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Name in logs, in the `engine` metric label and in the
+    /// `x-sim-engine` response header.
+    pub name: String,
+    /// The served model name (`model` in requests and answers).
+    pub model: String,
+    /// Tokens per KV block (vLLM's `--block-size`).
+    pub block_size: u32,
+    /// KV blocks in the cache (vLLM's `num_gpu_blocks`).
+    pub num_blocks: usize,
+    /// Token budget of one scheduler step (prefill chunks + one token per
+    /// decoding request).
+    pub max_batched_tokens: u32,
+    /// Most requests running at once; the rest wait.
+    pub max_num_seqs: usize,
+    /// Longest prompt + completion accepted (longer: HTTP 400).
+    pub max_model_len: u32,
+    /// Completion length when a request names none.
+    pub default_max_tokens: u32,
+    pub time: TimeModel,
+    /// Seed of every random choice: sampled tokens, dropped batches and,
+    /// unless [`EngineConfig::hash_seed`] is set, the block hashes.
+    pub seed: u64,
+    /// Seed of the engine's block hashes. `None`: derived from
+    /// [`EngineConfig::seed`], so engines hash differently, like vLLM with a
+    /// random `NONE_HASH`; the same value on every engine makes them agree,
+    /// like vLLM with a fixed `PYTHONHASHSEED`.
+    pub hash_seed: Option<u64>,
+    pub encoding: EventEncoding,
+    pub replay_layout: ReplayLayout,
+    pub hash_format: HashFormat,
+    /// ZMQ topic frame of every message (vLLM's default: empty).
+    pub topic: String,
+    /// `data_parallel_rank` of every batch.
+    pub dp_rank: u32,
+    /// Batches kept for replay (vLLM's `buffer_steps`).
+    pub replay_buffer: usize,
+    /// Send high-water mark of the PUB socket (vLLM's `hwm`).
+    pub pub_hwm: i32,
+    pub ports: Ports,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            name: "engine-0".into(),
+            model: "sim-model".into(),
+            block_size: 16,
+            num_blocks: 4096,
+            max_batched_tokens: 8192,
+            max_num_seqs: 256,
+            max_model_len: 32_768,
+            default_max_tokens: 16,
+            time: TimeModel::default(),
+            seed: 0x5eed,
+            hash_seed: None,
+            encoding: EventEncoding::default(),
+            replay_layout: ReplayLayout::default(),
+            hash_format: HashFormat::default(),
+            topic: String::new(),
+            dp_rank: 0,
+            replay_buffer: 10_000,
+            pub_hwm: 100_000,
+            ports: Ports::default(),
+        }
+    }
+}
+
+/// A configuration value that cannot work, with what is allowed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub problem: String,
+}
+
+impl EngineConfig {
+    /// Checks the values that would make the engine misbehave.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field, problem: &str| Err(ConfigError { field, problem: problem.to_owned() });
+        if self.block_size == 0 {
+            return bad("block_size", "must be at least 1");
+        }
+        if self.num_blocks == 0 {
+            return bad("num_blocks", "must be at least 1");
+        }
+        if self.max_batched_tokens == 0 {
+            return bad("max_batched_tokens", "must be at least 1");
+        }
+        if self.max_num_seqs == 0 {
+            return bad("max_num_seqs", "must be at least 1");
+        }
+        if self.default_max_tokens == 0 {
+            return bad("default_max_tokens", "must be at least 1");
+        }
+        if self.replay_buffer == 0 {
+            return bad("replay_buffer", "must be at least 1");
+        }
+        self.time.validate()
+    }
+
+    /// The block hash seed in force (see [`EngineConfig::hash_seed`]).
+    pub fn effective_hash_seed(&self) -> u64 {
+        self.hash_seed.unwrap_or_else(|| xxhash_rust::xxh3::xxh3_64_with_seed(b"kvpick-sim hash seed", self.seed))
+    }
+}
+
+impl FromStr for EventEncoding {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "map" => Ok(EventEncoding::Map),
+            "array" => Ok(EventEncoding::Array),
+            other => Err(format!("unknown event encoding {other:?} (map, array)")),
+        }
+    }
+}
+
+impl fmt::Display for EventEncoding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            EventEncoding::Map => "map",
+            EventEncoding::Array => "array",
+        })
+    }
+}
+
+impl FromStr for ReplayLayout {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "topic" => Ok(ReplayLayout::WithTopic),
+            "legacy" => Ok(ReplayLayout::Legacy),
+            other => Err(format!("unknown replay layout {other:?} (topic, legacy)")),
+        }
+    }
+}
+
+impl FromStr for HashFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "int" => Ok(HashFormat::Int),
+            "bytes" => Ok(HashFormat::Bytes),
+            other => Err(format!("unknown hash format {other:?} (int, bytes)")),
+        }
+    }
+}

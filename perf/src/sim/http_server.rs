@@ -1,0 +1,137 @@
+//! The engine's HTTP surface (vLLM's, engines.md §2): routes, shared state,
+//! OpenAI-style errors, `/health`, `/v1/models` and `/metrics`.
+//!
+//! Every answer of a generation or render endpoint carries the header
+//! `x-sim-engine: <engine name>`, so a test behind a gateway can tell which
+//! engine served it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use super::completions;
+use super::config::EngineConfig;
+use super::engine::EngineClient;
+use super::metrics;
+use super::render;
+
+/// Response header naming the engine that answered.
+pub const ENGINE_HEADER: &str = "x-sim-engine";
+
+pub(crate) struct HttpState {
+    pub(crate) engine: EngineClient,
+    pub(crate) config: Arc<EngineConfig>,
+    requests: AtomicU64,
+}
+
+impl HttpState {
+    pub(crate) fn new(engine: EngineClient, config: Arc<EngineConfig>) -> Arc<Self> {
+        Arc::new(HttpState { engine, config, requests: AtomicU64::new(0) })
+    }
+
+    /// A request id: the client's `x-request-id`, else a per-engine counter.
+    pub(crate) fn request_id(&self, prefix: &str, headers: &HeaderMap) -> String {
+        match headers.get("x-request-id").and_then(|v| v.to_str().ok()) {
+            Some(id) if !id.is_empty() => format!("{prefix}-{id}"),
+            _ => format!("{prefix}-{}-{}", self.config.name, self.requests.fetch_add(1, Ordering::Relaxed)),
+        }
+    }
+
+    /// The `x-sim-engine` header.
+    pub(crate) fn engine_header(&self) -> (HeaderName, HeaderValue) {
+        let value = HeaderValue::from_str(&self.config.name).unwrap_or_else(|_| HeaderValue::from_static("engine"));
+        (HeaderName::from_static(ENGINE_HEADER), value)
+    }
+}
+
+pub(crate) fn router(state: Arc<HttpState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(completions::chat))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions/render", post(render::chat))
+        .route("/v1/completions/render", post(render::completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .with_state(state)
+}
+
+/// An error answer in vLLM's shape: `{"error": {message, type, param, code}}`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
+}
+
+impl ApiError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, message: message.into() }
+    }
+
+    pub(crate) fn body(&self) -> Value {
+        let kind = match self.status {
+            StatusCode::BAD_REQUEST => "BadRequestError",
+            StatusCode::NOT_FOUND => "NotFoundError",
+            StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableError",
+            _ => "InternalServerError",
+        };
+        json!({"error": {"message": self.message, "type": kind, "param": null, "code": self.status.as_u16()}})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// Parses a JSON object body and checks its `model`, if any, is served.
+pub(crate) fn parse_body(state: &HttpState, bytes: &[u8]) -> Result<Value, ApiError> {
+    let body: Value =
+        serde_json::from_slice(bytes).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
+    if !body.is_object() {
+        return Err(ApiError::bad_request("the body must be a JSON object"));
+    }
+    match body.get("model") {
+        None | Some(Value::Null) => Ok(body),
+        Some(Value::String(model)) if *model == state.config.model => Ok(body),
+        Some(other) => Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!("The model `{}` does not exist.", other.as_str().unwrap_or(&other.to_string())),
+        }),
+    }
+}
+
+async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+async fn models(State(state): State<Arc<HttpState>>) -> axum::Json<Value> {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model,
+            "object": "model",
+            "owned_by": "kvpick-sim",
+            "root": state.config.model,
+            "max_model_len": state.config.max_model_len,
+        }],
+    }))
+}
+
+async fn metrics_text(State(state): State<Arc<HttpState>>) -> Response {
+    match state.engine.stats().await {
+        Ok(stats) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            metrics::render(&state.config, &stats),
+        )
+            .into_response(),
+        Err(error) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: error.to_string() }.into_response(),
+    }
+}

@@ -1,0 +1,400 @@
+//! The engine's scheduler, one step at a time, in virtual time: pure and
+//! synchronous (the async loop in `engine_loop` only paces and delivers).
+//!
+//! A step, like vLLM's: every running request past its prefill decodes one
+//! token; running prefills get chunks of the remaining token budget
+//! (`max_batched_tokens`), first come first served; then waiting requests
+//! are admitted in arrival order while the budget, `max_num_seqs` and the
+//! KV cache allow (the first that does not fit blocks the others). On
+//! admission the request's leading cached blocks are hits (at most
+//! `prompt_len - 1` tokens, as vLLM always computes the last prompt token),
+//! counted in `prefix_cache_queries`/`prefix_cache_hits`. The step that
+//! completes a prefill also samples the first token. A request finishes
+//! after exactly `max_tokens` tokens (no EOS is sampled) and releases its
+//! blocks. The step lasts [`TimeModel::step_ns`] of virtual time.
+//!
+//! Determinism: given the same submissions in the same order, the same
+//! configuration gives the same tokens, hashes, events and virtual times.
+
+use std::collections::VecDeque;
+
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::block_hash::{BlockDigest, EngineHasher};
+use super::config::EngineConfig;
+use super::event_batch::CacheEvent;
+use super::prefix_cache::PrefixCache;
+use super::time_model::TimeModel;
+use super::tokenizer::{OUTPUT_WORDS, output_word};
+
+/// An engine-local request id, in arrival order.
+pub type RequestId = u64;
+
+/// Finished requests remembered for inspection ([`Scheduler::outcomes`]).
+const OUTCOMES_KEPT: usize = 4096;
+
+/// What to generate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestSpec {
+    /// The rendered prompt.
+    pub prompt: Vec<u32>,
+    /// Completion length (always reached).
+    pub max_tokens: u32,
+    /// Sampling seed; `None`: derived from the engine seed and arrival order.
+    pub seed: Option<u64>,
+}
+
+/// A finished request's numbers; times in virtual nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub id: RequestId,
+    pub prompt_tokens: u32,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: u32,
+    pub completion_tokens: u32,
+    pub arrived_ns: u64,
+    pub first_token_ns: u64,
+    pub finished_ns: u64,
+}
+
+impl Outcome {
+    /// Time to first token.
+    pub fn ttft_ns(&self) -> u64 {
+        self.first_token_ns - self.arrived_ns
+    }
+
+    /// Arrival to last token.
+    pub fn latency_ns(&self) -> u64 {
+        self.finished_ns - self.arrived_ns
+    }
+}
+
+/// What a step produced for one request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Update {
+    /// A sampled token and its text.
+    Token { id: RequestId, token_id: u32, text: String },
+    /// The request's last token was the previous update.
+    Finished(Outcome),
+}
+
+/// One step's work and results.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepReport {
+    pub started_ns: u64,
+    pub ended_ns: u64,
+    /// Prompt tokens computed (all requests).
+    pub prefill_tokens: u64,
+    /// Requests that decoded a token.
+    pub decoding: u64,
+    pub updates: Vec<Update>,
+    /// KV events of the step, in order (one batch on the wire).
+    pub events: Vec<CacheEvent>,
+}
+
+/// Monotonic counters (vLLM's metrics of the same names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub finished: u64,
+    pub aborted: u64,
+    pub steps: u64,
+}
+
+#[derive(Debug)]
+struct Sequence {
+    id: RequestId,
+    prompt: Vec<u32>,
+    chain: Vec<BlockDigest>,
+    max_tokens: u32,
+    rng: fastrand::Rng,
+    arrived_ns: u64,
+    cached_tokens: u32,
+    /// Prompt tokens computed (or cached).
+    computed: usize,
+    /// Cached blocks referenced: always `chain[..held.len()]`.
+    held: Vec<BlockDigest>,
+    anonymous: usize,
+    generated: u32,
+    first_token_ns: u64,
+    /// This step's work: prompt tokens, or 1 decode token.
+    chunk: usize,
+    decode: bool,
+}
+
+impl Sequence {
+    fn prefill_done(&self) -> bool {
+        self.computed == self.prompt.len()
+    }
+}
+
+/// Checks a request against an engine's limits; the error is for the client.
+pub fn check_request(cfg: &EngineConfig, prompt_len: usize, max_tokens: u32) -> Result<(), String> {
+    if prompt_len == 0 {
+        return Err("the prompt is empty".into());
+    }
+    if max_tokens == 0 {
+        return Err("max_tokens must be at least 1".into());
+    }
+    let total = prompt_len as u64 + u64::from(max_tokens);
+    if total > u64::from(cfg.max_model_len) {
+        return Err(format!(
+            "This model's maximum context length is {} tokens. However, you requested {total} tokens \
+             ({prompt_len} in the messages, {max_tokens} in the completion).",
+            cfg.max_model_len
+        ));
+    }
+    let blocks = total.div_ceil(u64::from(cfg.block_size));
+    if blocks > cfg.num_blocks as u64 {
+        return Err(format!("the request needs {blocks} KV blocks, the engine has {}", cfg.num_blocks));
+    }
+    Ok(())
+}
+
+/// The scheduler and KV cache of one engine.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: EngineConfig,
+    hasher: EngineHasher,
+    cache: PrefixCache,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    now_ns: u64,
+    next_id: RequestId,
+    counters: Counters,
+    outcomes: VecDeque<Outcome>,
+}
+
+impl Scheduler {
+    pub fn new(cfg: &EngineConfig) -> Self {
+        Scheduler {
+            hasher: EngineHasher::new(cfg.effective_hash_seed()),
+            cache: PrefixCache::new(cfg.num_blocks, cfg.block_size),
+            cfg: cfg.clone(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            now_ns: 0,
+            next_id: 0,
+            counters: Counters::default(),
+            outcomes: VecDeque::new(),
+        }
+    }
+
+    /// Queues a request, arriving now; returns its id.
+    pub fn submit(&mut self, spec: RequestSpec) -> Result<RequestId, String> {
+        check_request(&self.cfg, spec.prompt.len(), spec.max_tokens)?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let seed = spec.seed.unwrap_or_else(|| xxh3_64_with_seed(&id.to_le_bytes(), self.cfg.seed));
+        self.waiting.push_back(Sequence {
+            id,
+            chain: self.hasher.chain(&spec.prompt, self.cfg.block_size),
+            prompt: spec.prompt,
+            max_tokens: spec.max_tokens,
+            rng: fastrand::Rng::with_seed(seed),
+            arrived_ns: self.now_ns,
+            cached_tokens: 0,
+            computed: 0,
+            held: Vec::new(),
+            anonymous: 0,
+            generated: 0,
+            first_token_ns: 0,
+            chunk: 0,
+            decode: false,
+        });
+        Ok(id)
+    }
+
+    /// Drops a request wherever it is, releasing its blocks.
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            self.waiting.remove(i);
+        } else if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let seq = self.running.remove(i);
+            self.cache.release(&seq.held, seq.anonymous);
+        } else {
+            return false;
+        }
+        self.counters.aborted += 1;
+        true
+    }
+
+    /// Engine restart: drops every request (returned) and empties the cache
+    /// (no event: the restarted publisher announces it, or not).
+    pub fn reset(&mut self) -> Vec<RequestId> {
+        let ids: Vec<RequestId> = self.running.iter().chain(&self.waiting).map(|s| s.id).collect();
+        self.counters.aborted += ids.len() as u64;
+        self.running.clear();
+        self.waiting.clear();
+        self.cache.clear(false);
+        ids
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    /// Virtual time now.
+    pub fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
+
+    /// Moves virtual time forward to `ns` (never back): the engine was idle
+    /// or stalled until then.
+    pub fn advance_to(&mut self, ns: u64) {
+        self.now_ns = self.now_ns.max(ns);
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    pub fn cache(&self) -> &PrefixCache {
+        &self.cache
+    }
+
+    pub fn time_model(&self) -> &TimeModel {
+        &self.cfg.time
+    }
+
+    /// The last finished requests (up to 4,096), oldest first.
+    pub fn outcomes(&self) -> impl Iterator<Item = &Outcome> {
+        self.outcomes.iter()
+    }
+
+    /// Runs one step; `None` if there is nothing to run.
+    pub fn step(&mut self) -> Option<StepReport> {
+        let (prefill_tokens, decoding) = self.plan();
+        if prefill_tokens == 0 && decoding == 0 {
+            return None;
+        }
+        let started_ns = self.now_ns;
+        self.now_ns += self.cfg.time.step_ns(prefill_tokens, decoding);
+        self.counters.steps += 1;
+        let updates = self.execute();
+        Some(StepReport {
+            started_ns,
+            ended_ns: self.now_ns,
+            prefill_tokens,
+            decoding,
+            updates,
+            events: self.cache.drain_events(),
+        })
+    }
+
+    /// Picks this step's work: decodes, prefill chunks, admissions.
+    fn plan(&mut self) -> (u64, u64) {
+        let mut budget = self.cfg.max_batched_tokens as usize;
+        let (mut prefill, mut decoding) = (0u64, 0u64);
+        for seq in self.running.iter_mut().filter(|s| s.prefill_done()) {
+            seq.decode = budget > 0;
+            if seq.decode {
+                budget -= 1;
+                decoding += 1;
+            }
+        }
+        for seq in self.running.iter_mut().filter(|s| !s.prefill_done()) {
+            seq.chunk = (seq.prompt.len() - seq.computed).min(budget);
+            budget -= seq.chunk;
+            prefill += seq.chunk as u64;
+        }
+        while budget > 0 && self.running.len() < self.cfg.max_num_seqs {
+            let Some(mut seq) = self.waiting.pop_front() else { break };
+            if !self.admit(&mut seq) {
+                self.waiting.push_front(seq);
+                break;
+            }
+            seq.chunk = (seq.prompt.len() - seq.computed).min(budget);
+            budget -= seq.chunk;
+            prefill += seq.chunk as u64;
+            self.running.push(seq);
+        }
+        (prefill, decoding)
+    }
+
+    /// Books a waiting request's blocks, hits first.
+    fn admit(&mut self, seq: &mut Sequence) -> bool {
+        let bs = self.cfg.block_size as usize;
+        let max_hit_blocks = (seq.prompt.len() - 1) / bs;
+        let hits = self.cache.match_len(&seq.chain).min(max_hit_blocks);
+        let total_blocks = (seq.prompt.len() + seq.max_tokens as usize).div_ceil(bs);
+        let new_blocks = total_blocks - hits;
+        if !self.cache.reserve(&seq.chain[..hits], new_blocks) {
+            return false;
+        }
+        seq.held = seq.chain[..hits].to_vec();
+        seq.anonymous = new_blocks;
+        seq.computed = hits * bs;
+        seq.cached_tokens = seq.computed as u32;
+        self.counters.prefix_cache_queries += seq.prompt.len() as u64;
+        self.counters.prefix_cache_hits += seq.computed as u64;
+        self.counters.prompt_tokens += seq.prompt.len() as u64;
+        true
+    }
+
+    /// Applies the planned work at the step's end.
+    fn execute(&mut self) -> Vec<Update> {
+        let bs = self.cfg.block_size as usize;
+        let mut updates = Vec::new();
+        for seq in &mut self.running {
+            let mut sample = std::mem::take(&mut seq.decode);
+            if seq.chunk > 0 {
+                seq.computed += std::mem::take(&mut seq.chunk);
+                let full = (seq.computed / bs).min(seq.chain.len());
+                let stored = seq.held.len();
+                if full > stored {
+                    self.cache.store(&seq.chain, &seq.prompt, stored..full);
+                    seq.held.extend_from_slice(&seq.chain[stored..full]);
+                    seq.anonymous -= full - stored;
+                }
+                if seq.prefill_done() {
+                    seq.first_token_ns = self.now_ns;
+                    sample = true;
+                }
+            }
+            if sample {
+                let (token_id, text) = output_word(seq.rng.usize(..OUTPUT_WORDS.len()));
+                seq.generated += 1;
+                self.counters.generation_tokens += 1;
+                updates.push(Update::Token { id: seq.id, token_id, text });
+            }
+        }
+        let now = self.now_ns;
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].generated < self.running[i].max_tokens {
+                i += 1;
+                continue;
+            }
+            let seq = self.running.remove(i);
+            self.cache.release(&seq.held, seq.anonymous);
+            let outcome = Outcome {
+                id: seq.id,
+                prompt_tokens: seq.prompt.len() as u32,
+                cached_tokens: seq.cached_tokens,
+                completion_tokens: seq.generated,
+                arrived_ns: seq.arrived_ns,
+                first_token_ns: seq.first_token_ns,
+                finished_ns: now,
+            };
+            self.counters.finished += 1;
+            if self.outcomes.len() == OUTCOMES_KEPT {
+                self.outcomes.pop_front();
+            }
+            self.outcomes.push_back(outcome);
+            updates.push(Update::Finished(outcome));
+        }
+        updates
+    }
+}
