@@ -34,7 +34,7 @@ mod subscription;
 mod waker;
 
 pub use config::{DEFAULT_EVENT_PORT, IngestConfig, Publisher};
-pub use kvpick_core::wire::frames::END_SEQ;
 pub use ingest::{IngestError, KvEventIngest};
+pub use kvpick_core::wire::frames::END_SEQ;
 pub use metrics::{IngestCounters, IngestMetrics, WorkerIngestStats};
 pub use sink::{KvEventSink, ShardSink, SharedService, SinkOutcome};

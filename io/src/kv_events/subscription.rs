@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use super::apply::{BatchApplier, Outlet};
 use super::config::{IngestConfig, Publisher, millis_i32};
-use kvpick_core::wire::frames::{FrameError, ReplayReply, parse_live, parse_replay};
 use super::metrics::{IngestMetrics, WorkerMetrics, add};
 use super::replay::ReplaySession;
+use kvpick_core::wire::frames::{FrameError, ReplayReply, parse_live, parse_replay};
 use kvpick_core::wire::sequencer::{ReplayEnd, ReplayKind, Sequencer, Step};
 
 pub(crate) struct Subscription {
