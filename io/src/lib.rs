@@ -13,5 +13,9 @@
 //! This crate depends on `kvpick-core`; `kvpick-core` must never depend on it,
 //! and nothing in it may touch a shard's state except through a sink.
 
+pub mod discovery;
+pub mod ext_proc;
+pub mod health;
 pub mod kv_events;
+pub mod testing;
 pub mod tokenizer;

@@ -1,0 +1,276 @@
+//! What the ext_proc server counts: requests by answered status, tokenize
+//! and selection time, requests in flight, tokenizer fallbacks, reservation
+//! lifecycle, served-endpoint mismatches and the usage engines report.
+//!
+//! Plain atomics (and two histograms behind briefly held locks) so the
+//! request path only adds; a later exporter reads [`ExtProcMetrics::snapshot`]
+//! and turns it into Prometheus text.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+use crate::tokenizer::TokenizeError;
+
+use super::usage::Usage;
+
+/// The statuses the server answers with, in export order; `200` is a pick
+/// sent back to the gateway, everything else an `ImmediateResponse`.
+pub const STATUSES: [u16; 10] = [200, 400, 404, 413, 429, 500, 502, 503, 504, 0];
+
+fn status_index(status: u16) -> usize {
+    STATUSES.iter().position(|&s| s == status).unwrap_or(STATUSES.len() - 1)
+}
+
+/// Tokenizer errors that led to a load-only pick, by class (the order of
+/// [`FALLBACK_CLASSES`]).
+pub const FALLBACK_CLASSES: [&str; 6] =
+    ["unsupported", "unreachable", "timeout", "rejected", "upstream", "unknown_api"];
+
+/// Why a request was routed by load alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    Tokenizer(FallbackClass),
+    /// Neither a chat nor a completions body: nothing to tokenize.
+    UnknownApi,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallbackClass {
+    Unsupported,
+    Unreachable,
+    Timeout,
+    Rejected,
+    Upstream,
+}
+
+impl From<&TokenizeError> for Fallback {
+    fn from(error: &TokenizeError) -> Self {
+        Fallback::Tokenizer(match error {
+            TokenizeError::Unsupported(_) => FallbackClass::Unsupported,
+            TokenizeError::Unreachable(_) => FallbackClass::Unreachable,
+            TokenizeError::Timeout => FallbackClass::Timeout,
+            TokenizeError::Rejected { .. } => FallbackClass::Rejected,
+            TokenizeError::Upstream(_) => FallbackClass::Upstream,
+        })
+    }
+}
+
+impl Fallback {
+    fn index(self) -> usize {
+        match self {
+            Fallback::Tokenizer(class) => class as usize,
+            Fallback::UnknownApi => 5,
+        }
+    }
+}
+
+/// Latencies in microseconds, 1 µs to one hour, 3 significant figures.
+const MAX_TRACKED_MICROS: u64 = 3_600_000_000;
+
+fn histogram() -> Mutex<Histogram<u64>> {
+    Mutex::new(
+        Histogram::new_with_bounds(1, MAX_TRACKED_MICROS, 3)
+            .expect("1 µs to 1 h at 3 significant figures is a valid histogram range"),
+    )
+}
+
+fn record(h: &Mutex<Histogram<u64>>, elapsed: Duration) {
+    let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX).max(1);
+    h.lock().unwrap_or_else(PoisonError::into_inner).saturating_record(micros);
+}
+
+/// Shared by every stream of one server (behind an `Arc`).
+#[derive(Debug)]
+pub struct ExtProcMetrics {
+    requests: [AtomicU64; STATUSES.len()],
+    inflight: AtomicI64,
+    streams_open: AtomicI64,
+    header_only: AtomicU64,
+    fallbacks: [AtomicU64; FALLBACK_CLASSES.len()],
+    tokenize_micros: Mutex<Histogram<u64>>,
+    select_micros: Mutex<Histogram<u64>>,
+    prefill_completes: AtomicU64,
+    frees: AtomicU64,
+    frees_not_found: AtomicU64,
+    served_mismatches: AtomicU64,
+    served_missing: AtomicU64,
+    stream_errors: AtomicU64,
+    usage_responses: AtomicU64,
+    prompt_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+}
+
+impl Default for ExtProcMetrics {
+    fn default() -> Self {
+        ExtProcMetrics {
+            requests: Default::default(),
+            inflight: AtomicI64::new(0),
+            streams_open: AtomicI64::new(0),
+            header_only: AtomicU64::new(0),
+            fallbacks: Default::default(),
+            tokenize_micros: histogram(),
+            select_micros: histogram(),
+            prefill_completes: AtomicU64::new(0),
+            frees: AtomicU64::new(0),
+            frees_not_found: AtomicU64::new(0),
+            served_mismatches: AtomicU64::new(0),
+            served_missing: AtomicU64::new(0),
+            stream_errors: AtomicU64::new(0),
+            usage_responses: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            completion_tokens: AtomicU64::new(0),
+            cached_tokens: AtomicU64::new(0),
+        }
+    }
+}
+
+impl ExtProcMetrics {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A request answered: `200` for a pick, else the immediate response's
+    /// status. Called exactly once per request that reached a decision.
+    pub fn record_status(&self, status: u16) {
+        self.requests[status_index(status)].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn inflight_add(&self, delta: i64) {
+        self.inflight.fetch_add(delta, Relaxed);
+    }
+
+    pub(crate) fn stream_opened(&self) {
+        self.streams_open.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn stream_closed(&self) {
+        self.streams_open.fetch_sub(1, Relaxed);
+    }
+
+    pub(crate) fn record_header_only(&self) {
+        self.header_only.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn record_fallback(&self, why: Fallback) {
+        self.fallbacks[why.index()].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn record_tokenize(&self, elapsed: Duration) {
+        record(&self.tokenize_micros, elapsed);
+    }
+
+    pub(crate) fn record_select(&self, elapsed: Duration) {
+        record(&self.select_micros, elapsed);
+    }
+
+    pub(crate) fn record_prefill_complete(&self) {
+        self.prefill_completes.fetch_add(1, Relaxed);
+    }
+
+    /// A reservation freed; `found` is false when the shard no longer knew
+    /// it (its lease expired, or its worker was deleted).
+    pub(crate) fn record_free(&self, found: bool) {
+        if found { &self.frees } else { &self.frees_not_found }.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn record_served_mismatch(&self) {
+        self.served_mismatches.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn record_served_missing(&self) {
+        self.served_missing.fetch_add(1, Relaxed);
+    }
+
+    /// The gateway's stream failed (transport error or undecodable message).
+    pub(crate) fn record_stream_error(&self) {
+        self.stream_errors.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn record_usage(&self, usage: &Usage) {
+        self.usage_responses.fetch_add(1, Relaxed);
+        self.prompt_tokens.fetch_add(usage.prompt_tokens, Relaxed);
+        self.completion_tokens.fetch_add(usage.completion_tokens, Relaxed);
+        self.cached_tokens.fetch_add(usage.cached_tokens.unwrap_or(0), Relaxed);
+    }
+
+    /// Each counter read once; they are not read atomically together.
+    pub fn snapshot(&self) -> ExtProcMetricsSnapshot {
+        let lock = |h: &Mutex<Histogram<u64>>| h.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        ExtProcMetricsSnapshot {
+            requests: std::array::from_fn(|i| self.requests[i].load(Relaxed)),
+            inflight: self.inflight.load(Relaxed),
+            streams_open: self.streams_open.load(Relaxed),
+            header_only: self.header_only.load(Relaxed),
+            fallbacks: std::array::from_fn(|i| self.fallbacks[i].load(Relaxed)),
+            tokenize_micros: lock(&self.tokenize_micros),
+            select_micros: lock(&self.select_micros),
+            prefill_completes: self.prefill_completes.load(Relaxed),
+            frees: self.frees.load(Relaxed),
+            frees_not_found: self.frees_not_found.load(Relaxed),
+            served_mismatches: self.served_mismatches.load(Relaxed),
+            served_missing: self.served_missing.load(Relaxed),
+            stream_errors: self.stream_errors.load(Relaxed),
+            usage_responses: self.usage_responses.load(Relaxed),
+            prompt_tokens: self.prompt_tokens.load(Relaxed),
+            completion_tokens: self.completion_tokens.load(Relaxed),
+            cached_tokens: self.cached_tokens.load(Relaxed),
+        }
+    }
+}
+
+/// Read-only copy of [`ExtProcMetrics`].
+#[derive(Clone, Debug)]
+pub struct ExtProcMetricsSnapshot {
+    requests: [u64; STATUSES.len()],
+    /// Requests between their headers and the pick (or error) sent back.
+    pub inflight: i64,
+    /// ext_proc streams open now (one per HTTP request at the gateway).
+    pub streams_open: i64,
+    /// Picks made without a body (GET and the like).
+    pub header_only: u64,
+    fallbacks: [u64; FALLBACK_CLASSES.len()],
+    /// Tokenizer round trips, microseconds.
+    pub tokenize_micros: Histogram<u64>,
+    /// Selection (scatter–gather, queue wait, booking), microseconds.
+    pub select_micros: Histogram<u64>,
+    pub prefill_completes: u64,
+    /// Reservations freed by their stream.
+    pub frees: u64,
+    /// Frees the shards no longer knew (lease expired, worker deleted).
+    pub frees_not_found: u64,
+    /// Responses whose served endpoint differed from the pick.
+    pub served_mismatches: u64,
+    /// Responses without served-endpoint metadata.
+    pub served_missing: u64,
+    pub stream_errors: u64,
+    /// Responses that carried a `usage` object.
+    pub usage_responses: u64,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cached_tokens: u64,
+}
+
+impl ExtProcMetricsSnapshot {
+    /// Requests answered with `status` (`200`: picked; `0`: any status
+    /// not listed in [`STATUSES`]).
+    pub fn requests(&self, status: u16) -> u64 {
+        self.requests[status_index(status)]
+    }
+
+    pub fn total_requests(&self) -> u64 {
+        self.requests.iter().sum()
+    }
+
+    /// Load-only picks by class (a name from [`FALLBACK_CLASSES`]).
+    pub fn fallbacks(&self, class: &str) -> u64 {
+        FALLBACK_CLASSES.iter().position(|c| *c == class).map_or(0, |i| self.fallbacks[i])
+    }
+
+    pub fn total_fallbacks(&self) -> u64 {
+        self.fallbacks.iter().sum()
+    }
+}

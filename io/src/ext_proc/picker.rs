@@ -1,0 +1,210 @@
+//! Who picks the endpoint: kvpick's KV- and load-aware selection, or a null
+//! picker (the first allowed endpoint) that runs the same server code minus
+//! tokenizing and selection, as the benchmark's baseline.
+//!
+//! An enum, not a trait object: two variants, static dispatch, no boxed
+//! futures on the request path.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use kvpick_core::runtime::{Clock, ShardedService, ThreadProducers};
+use kvpick_core::{BookingError, EndpointFilter, HashSeed, Prompt, ReservationId, SelectError, SelectRequest};
+
+use super::body::RequestBody;
+use super::config::ExtProcConfig;
+use super::error::RequestError;
+use super::metrics::{ExtProcMetrics, Fallback};
+use super::reservation::{Reservation, ReservationIds};
+use crate::tokenizer::{FallbackPolicy, TokenizeError, TokenizeRequest, Tokenizer};
+
+/// What a pick is made from.
+#[derive(Debug)]
+pub struct PickInput {
+    /// `None`: a request without a body (GET `/v1/models`, a probe).
+    pub body: Option<BodyInput>,
+    /// Only these endpoints may serve (subset hint, conformance header).
+    pub allowed: Option<EndpointFilter>,
+}
+
+#[derive(Debug)]
+pub struct BodyInput {
+    pub bytes: Bytes,
+    pub parsed: RequestBody,
+}
+
+/// The endpoint, and the booking to release when the request ends.
+#[derive(Debug)]
+pub struct Pick {
+    pub endpoint: SocketAddr,
+    pub reservation: Option<Reservation>,
+}
+
+#[derive(Clone)]
+pub enum Picker {
+    Kv(KvPicker),
+    Null(NullPicker),
+}
+
+impl Picker {
+    pub async fn pick(&self, input: PickInput) -> Result<Pick, RequestError> {
+        match self {
+            Picker::Kv(kv) => kv.pick(input).await,
+            Picker::Null(null) => null.pick(&input),
+        }
+    }
+}
+
+/// The first allowed endpoint of a fixed list; books nothing.
+#[derive(Clone, Debug)]
+pub struct NullPicker {
+    endpoints: Arc<[SocketAddr]>,
+}
+
+impl NullPicker {
+    pub fn new(endpoints: impl Into<Arc<[SocketAddr]>>) -> Self {
+        NullPicker { endpoints: endpoints.into() }
+    }
+
+    fn pick(&self, input: &PickInput) -> Result<Pick, RequestError> {
+        let allowed = |e: &&SocketAddr| input.allowed.as_ref().is_none_or(|f| f.allows(e));
+        let endpoint = self.endpoints.iter().find(allowed).ok_or(SelectError::NoEligibleWorkers)?;
+        Ok(Pick { endpoint: *endpoint, reservation: None })
+    }
+}
+
+/// kvpick's pick: tokenize (or fall back to load only), hash once, select
+/// and book on the shards.
+#[derive(Clone)]
+pub struct KvPicker(Arc<KvInner>);
+
+struct KvInner {
+    producers: ThreadProducers,
+    clock: Clock,
+    tokenizer: Arc<dyn Tokenizer>,
+    fallback: FallbackPolicy,
+    base_model: Option<String>,
+    ids: ReservationIds,
+    metrics: Arc<ExtProcMetrics>,
+}
+
+impl KvPicker {
+    /// `metrics` should be the server's, so fallbacks and frees show up
+    /// next to the statuses.
+    pub fn new(
+        service: Arc<ShardedService>,
+        clock: Clock,
+        tokenizer: Arc<dyn Tokenizer>,
+        config: &ExtProcConfig,
+        metrics: Arc<ExtProcMetrics>,
+    ) -> Self {
+        KvPicker(Arc::new(KvInner {
+            producers: ThreadProducers::new(service),
+            clock,
+            tokenizer,
+            fallback: config.fallback,
+            base_model: config.base_model.clone(),
+            ids: ReservationIds::new(),
+            metrics,
+        }))
+    }
+
+    fn service(&self) -> &ShardedService {
+        self.0.producers.service()
+    }
+
+    pub async fn pick(&self, input: PickInput) -> Result<Pick, RequestError> {
+        let inner = &*self.0;
+        let (prompt, model, priority) = match &input.body {
+            None => {
+                inner.metrics.record_header_only();
+                (Prompt::load_only(0), None, 0)
+            }
+            Some(body) => {
+                let lora = self.lora_of(&body.parsed.model);
+                let prompt = self.prompt(body, lora).await?;
+                // The workers serve the base model; an adapter is loaded on demand.
+                let model = if lora.is_some() { inner.base_model.clone() } else { Some(body.parsed.model.clone()) };
+                (prompt, model, body.parsed.priority)
+            }
+        };
+        let id = inner.ids.next_id();
+        let reservation = Reservation::new(id, self.clone());
+        let request = SelectRequest { id, prompt, model, allowed: input.allowed, priority };
+        let start = Instant::now();
+        let result = self.service().select_and_wait(&inner.producers, request, inner.clock.now()).await;
+        inner.metrics.record_select(start.elapsed());
+        match result {
+            Ok(selection) => Ok(Pick { endpoint: selection.endpoint, reservation: Some(reservation) }),
+            Err(error) => {
+                reservation.disarm();
+                Err(error.into())
+            }
+        }
+    }
+
+    /// The adapter name when `model` is not the pool's base model.
+    fn lora_of<'a>(&self, model: &'a str) -> Option<&'a str> {
+        self.0.base_model.as_deref().filter(|base| *base != model).map(|_| model)
+    }
+
+    async fn prompt(&self, body: &BodyInput, lora: Option<&str>) -> Result<Prompt, RequestError> {
+        let inner = &*self.0;
+        // About four bytes of JSON per token: what load-only routing books.
+        let estimate = u32::try_from(body.bytes.len() / 4).unwrap_or(u32::MAX);
+        let Some(api) = body.parsed.api else {
+            inner.metrics.record_fallback(Fallback::UnknownApi);
+            return Ok(Prompt::load_only(estimate));
+        };
+        let request = TokenizeRequest {
+            api,
+            body: body.bytes.clone(),
+            model: body.parsed.model.clone(),
+            prompt: body.parsed.prompt.clone(),
+        };
+        let start = Instant::now();
+        let result = inner.tokenizer.tokenize(request).await;
+        match result {
+            Ok(tokens) => {
+                inner.metrics.record_tokenize(start.elapsed());
+                let seed = HashSeed::new(lora, body.parsed.cache_salt.as_deref());
+                Ok(Prompt::from_tokens(&tokens, self.service().block_size(), seed))
+            }
+            Err(error) => {
+                let unsupported = matches!(error, TokenizeError::Unsupported(_));
+                if !unsupported {
+                    inner.metrics.record_tokenize(start.elapsed());
+                }
+                if unsupported || inner.fallback == FallbackPolicy::LoadOnly {
+                    tracing::debug!(%error, "routing by load alone");
+                    inner.metrics.record_fallback(Fallback::from(&error));
+                    Ok(Prompt::load_only(estimate))
+                } else {
+                    Err(error.into())
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn prefill_complete(&self, id: ReservationId) {
+        let inner = &*self.0;
+        match self.service().prefill_complete(&inner.producers, id, inner.clock.now()).await {
+            Ok(()) => inner.metrics.record_prefill_complete(),
+            Err(error) => tracing::debug!(reservation = id.0, %error, "prefill_complete on a booking already gone"),
+        }
+    }
+
+    pub(crate) async fn free(&self, id: ReservationId) {
+        let inner = &*self.0;
+        match self.service().free_reservation(&inner.producers, id, inner.clock.now()).await {
+            Ok(()) => inner.metrics.record_free(true),
+            Err(BookingError::NotFound(_)) => inner.metrics.record_free(false),
+            Err(error) => {
+                inner.metrics.record_free(false);
+                tracing::warn!(reservation = id.0, %error, "could not free a booking; its lease will");
+            }
+        }
+    }
+}

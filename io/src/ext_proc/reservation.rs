@@ -1,0 +1,135 @@
+//! A booking's lifetime on the ext_proc stream that made it: unique ids,
+//! and a guard that frees the booking exactly once, whenever and however
+//! the stream ends.
+//!
+//! The guard frees on drop, so every way a stream can end (the response
+//! finished, the gateway cancelled, the connection broke, the task was
+//! dropped mid-selection while queued) releases the load it booked. The
+//! free is async (it asks the owning shard), so drop spawns it on the
+//! current tokio runtime; without one, the booking's lease frees it.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use kvpick_core::ReservationId;
+use tokio::task::JoinHandle;
+
+use super::picker::KvPicker;
+
+/// Reservation ids unique across replicas: 32 random bits chosen once per
+/// process (from the OS-seeded keys of std's `RandomState`) above a 32-bit
+/// counter. Two replicas collide only if they draw the same prefix (one in
+/// four billion), and a counter wraps only after four billion requests,
+/// long after any lease has expired.
+#[derive(Debug)]
+pub struct ReservationIds {
+    prefix: u64,
+    next: AtomicU32,
+}
+
+impl Default for ReservationIds {
+    fn default() -> Self {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let random = std::collections::hash_map::RandomState::new().hash_one((std::process::id(), now));
+        ReservationIds { prefix: random << 32, next: AtomicU32::new(0) }
+    }
+}
+
+impl ReservationIds {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn next_id(&self) -> ReservationId {
+        ReservationId(self.prefix | u64::from(self.next.fetch_add(1, Ordering::Relaxed)))
+    }
+}
+
+/// A booking made for one request; freed exactly once, on drop.
+pub struct Reservation {
+    id: ReservationId,
+    picker: KvPicker,
+    /// Nothing to free: the selection failed, so nothing was booked.
+    disarmed: bool,
+    /// The detached `prefill_complete`, which the free waits for so the
+    /// shard (and any replica) sees the two in order.
+    prefill: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation").field("id", &self.id).field("disarmed", &self.disarmed).finish()
+    }
+}
+
+impl Reservation {
+    /// Armed before the selection starts, so a selection dropped while
+    /// queued is withdrawn too.
+    pub(crate) fn new(id: ReservationId, picker: KvPicker) -> Self {
+        Reservation { id, picker, disarmed: false, prefill: None }
+    }
+
+    pub fn id(&self) -> ReservationId {
+        self.id
+    }
+
+    /// The selection failed: there is nothing to free.
+    pub(crate) fn disarm(mut self) {
+        self.disarmed = true;
+    }
+
+    /// The engine started answering: its prompt is no longer prefill
+    /// load. Detached, so it never delays the echo of the first token;
+    /// only the first call does anything.
+    pub fn prefill_complete(&mut self) {
+        if self.prefill.is_some() {
+            return;
+        }
+        let (picker, id) = (self.picker.clone(), self.id);
+        self.prefill = spawn_or_log(id, "prefill_complete", async move { picker.prefill_complete(id).await });
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.disarmed {
+            return;
+        }
+        let (picker, id, prefill) = (self.picker.clone(), self.id, self.prefill.take());
+        spawn_or_log(id, "free", async move {
+            if let Some(prefill) = prefill {
+                // Its outcome is logged where it runs.
+                let _ = prefill.await;
+            }
+            picker.free(id).await;
+        });
+    }
+}
+
+fn spawn_or_log(
+    id: ReservationId,
+    what: &'static str,
+    work: impl Future<Output = ()> + Send + 'static,
+) -> Option<JoinHandle<()>> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => Some(runtime.spawn(work)),
+        Err(_) => {
+            tracing::warn!(reservation = id.0, what, "no tokio runtime here; the booking's lease will free it");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_share_a_prefix() {
+        let ids = ReservationIds::new();
+        let (a, b) = (ids.next_id(), ids.next_id());
+        assert_ne!(a, b);
+        assert_eq!(a.0 >> 32, b.0 >> 32);
+        assert_eq!(b.0 - a.0, 1);
+    }
+}

@@ -1,0 +1,415 @@
+//! One ext_proc stream (one HTTP request at the gateway) as a state
+//! machine: every message the gateway sends goes in, the answers it must
+//! get come out, in order.
+//!
+//! Request path: headers → body chunks buffered until the body ends (or
+//! trailers come) → parse → pick → the headers answer carrying the pick,
+//! then the body echoed back (FULL_DUPLEX_STREAMED), or the pick on the
+//! body answer (BUFFERED). A request the server refuses gets one
+//! `ImmediateResponse`; later messages of that stream are not answered
+//! (the gateway has stopped waiting for them) and the gRPC stream stays
+//! open until the gateway closes it. Response path: every headers, body
+//! and trailers message is answered (body chunks echoed in full-duplex
+//! mode); the first non-empty body chunk completes the prefill; the end of
+//! the response frees the booking. However the stream ends, dropping it
+//! frees the booking (see [`Reservation`]).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kvpick_proto::core::Metadata;
+use kvpick_proto::ext_proc::processing_request::Request;
+use kvpick_proto::ext_proc::{HeaderMutation, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse};
+
+use super::body::{RequestBody, api_of_path};
+use super::config::ExtProcConfig;
+use super::endpoints::{Endpoint, intersect, parse_csv, to_filter};
+use super::error::RequestError;
+use super::headers::{CONFORMANCE_SERVED, RequestHeaders, ResponseHeaders, set_header};
+use super::inflight::{InflightLimiter, InflightPermit};
+use super::metadata::{Served, destination_metadata, served_endpoint, subset_hint};
+use super::metrics::ExtProcMetrics;
+use super::picker::{BodyInput, PickInput, Picker};
+use super::protocol::Modes;
+use super::reservation::Reservation;
+use super::responses::{self, Path};
+use super::usage::UsageParser;
+
+/// What every stream of one server shares.
+pub(crate) struct Shared {
+    pub config: ExtProcConfig,
+    pub picker: Picker,
+    pub metrics: Arc<ExtProcMetrics>,
+    pub inflight: Arc<InflightLimiter>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Waiting for the request headers.
+    Headers,
+    /// Buffering the request body.
+    Body,
+    /// The pick was sent; the response path follows.
+    Answered,
+    /// An `ImmediateResponse` was sent: nothing more is answered.
+    Refused,
+}
+
+/// How the request body ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// The headers carried `end_of_stream`: no body at all.
+    HeadersOnly,
+    /// A body chunk carried `end_of_stream`.
+    Body,
+    /// Trailers followed the body.
+    Trailers,
+}
+
+struct Picked {
+    endpoint: SocketAddr,
+    reservation: Option<Reservation>,
+}
+
+pub(crate) struct ExtProcStream {
+    shared: Arc<Shared>,
+    modes: Modes,
+    first_message: bool,
+    stage: Stage,
+    out: VecDeque<ProcessingResponse>,
+    headers: RequestHeaders,
+    /// The request headers were already answered (BUFFERED mode).
+    headers_answered: bool,
+    body: Vec<u8>,
+    subset: Option<Vec<Endpoint>>,
+    permit: Option<InflightPermit>,
+    picked: Option<Picked>,
+    usage: Option<UsageParser>,
+    first_response_chunk_seen: bool,
+    response_finished: bool,
+}
+
+impl ExtProcStream {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        shared.metrics.stream_opened();
+        ExtProcStream {
+            modes: Modes::assumed(shared.config.assumed_body_mode),
+            shared,
+            first_message: true,
+            stage: Stage::Headers,
+            out: VecDeque::new(),
+            headers: RequestHeaders::default(),
+            headers_answered: false,
+            body: Vec::new(),
+            subset: None,
+            permit: None,
+            picked: None,
+            usage: None,
+            first_response_chunk_seen: false,
+            response_finished: false,
+        }
+    }
+
+    /// The next answer to send, if any is ready.
+    pub(crate) fn next_out(&mut self) -> Option<ProcessingResponse> {
+        self.out.pop_front()
+    }
+
+    /// Handles one message from the gateway. An error ends the gRPC
+    /// stream: only for a gateway configuration kvpick cannot work with,
+    /// never for a bad HTTP request.
+    pub(crate) async fn on_message(&mut self, message: ProcessingRequest) -> Result<(), tonic::Status> {
+        if std::mem::take(&mut self.first_message) {
+            if let Some(config) = &message.protocol_config {
+                self.modes = Modes::from_protocol_config(config)?;
+            }
+        }
+        let Some(request) = message.request else {
+            // Flow-control only: nothing to answer.
+            return Ok(());
+        };
+        let metadata = message.metadata_context.as_ref();
+        let queued = self.out.len();
+        match request {
+            Request::RequestHeaders(headers) => self.on_request_headers(headers, metadata).await,
+            Request::RequestBody(body) => self.on_request_body(body, metadata).await,
+            Request::RequestTrailers(_) => self.on_request_trailers(metadata).await,
+            Request::ResponseHeaders(headers) => self.on_response_headers(headers, metadata),
+            Request::ResponseBody(body) => self.on_response_body(body),
+            Request::ResponseTrailers(_) => self.on_response_trailers(),
+        }
+        if message.observability_mode {
+            // The gateway ignores answers in observability mode.
+            self.out.truncate(queued);
+        }
+        Ok(())
+    }
+
+    /// The gateway's stream failed (reset, broken connection, a message
+    /// that does not decode). Dropping the stream frees the booking.
+    pub(crate) fn on_stream_error(&mut self, status: &tonic::Status) {
+        self.shared.metrics.record_stream_error();
+        tracing::debug!(code = ?status.code(), message = status.message(), "ext_proc stream ended with an error");
+    }
+
+    fn note_subset(&mut self, metadata: Option<&Metadata>) {
+        if let Some(subset) = subset_hint(metadata) {
+            self.subset = Some(subset);
+        }
+    }
+
+    async fn on_request_headers(&mut self, message: HttpHeaders, metadata: Option<&Metadata>) {
+        if self.stage != Stage::Headers {
+            tracing::debug!(stage = ?self.stage, "ignoring request headers sent twice");
+            return;
+        }
+        self.note_subset(metadata);
+        self.headers = RequestHeaders::read(message.headers.as_ref());
+        if !self.admit() {
+            return;
+        }
+        if message.end_of_stream {
+            return self.finish_request(End::HeadersOnly).await;
+        }
+        self.stage = Stage::Body;
+        if !self.modes.request_full_duplex() {
+            // BUFFERED: the body comes only after this answer; the pick
+            // rides on the body answer.
+            let strip = self.headers.strip_mutation();
+            self.out.push_back(responses::headers(Path::Request, strip, false, None));
+            self.headers_answered = true;
+        }
+    }
+
+    /// Takes an in-flight permit, or refuses the request.
+    fn admit(&mut self) -> bool {
+        match self.shared.inflight.try_acquire() {
+            Some(permit) => {
+                self.permit = Some(permit);
+                true
+            }
+            None => {
+                self.refuse(RequestError::InflightLimit { limit: self.shared.inflight.max() });
+                false
+            }
+        }
+    }
+
+    async fn on_request_body(&mut self, message: HttpBody, metadata: Option<&Metadata>) {
+        match self.stage {
+            Stage::Refused | Stage::Answered => return,
+            // Request headers not sent to us (header mode SKIP).
+            Stage::Headers => {
+                if !self.admit() {
+                    return;
+                }
+                self.stage = Stage::Body;
+                // No headers message to answer: the body answer carries all.
+                self.headers_answered = true;
+            }
+            Stage::Body => {}
+        }
+        self.note_subset(metadata);
+        let limit = self.shared.config.max_body_bytes;
+        if self.body.len() + message.body.len() > limit {
+            self.refuse(RequestError::BodyTooLarge { limit });
+            return;
+        }
+        if self.body.is_empty() {
+            self.body = message.body;
+        } else {
+            self.body.extend_from_slice(&message.body);
+        }
+        // BUFFERED sends the whole body in one message, trailers or not.
+        if message.end_of_stream || !self.modes.request_full_duplex() {
+            self.finish_request(End::Body).await;
+        }
+    }
+
+    async fn on_request_trailers(&mut self, metadata: Option<&Metadata>) {
+        match self.stage {
+            Stage::Refused => return,
+            Stage::Body => {
+                self.note_subset(metadata);
+                self.finish_request(End::Trailers).await;
+                if self.stage == Stage::Refused {
+                    return;
+                }
+            }
+            Stage::Headers | Stage::Answered => {}
+        }
+        self.out.push_back(responses::trailers(Path::Request));
+    }
+
+    /// The candidates: the gateway's subset, narrowed by the conformance
+    /// header when the hooks are on. Set but empty → 503.
+    fn allowed(&self) -> Result<Option<Vec<Endpoint>>, RequestError> {
+        let conformance = match &self.headers.conformance_selection {
+            Some(csv) if self.shared.config.conformance_hooks => Some(parse_csv(csv)),
+            _ => None,
+        };
+        let allowed = match (&self.subset, conformance) {
+            (Some(subset), Some(test)) => Some(intersect(subset, &test)),
+            (Some(subset), None) => Some(subset.clone()),
+            (None, test) => test,
+        };
+        match allowed {
+            Some(list) if list.is_empty() => Err(RequestError::EmptySubset),
+            other => Ok(other),
+        }
+    }
+
+    async fn pick(&self, body: &Bytes) -> Result<Picked, RequestError> {
+        let allowed = self.allowed()?.map(|list| to_filter(&list));
+        let body = if body.is_empty() {
+            None
+        } else {
+            let parsed = RequestBody::parse(body, api_of_path(self.headers.route()))?;
+            Some(BodyInput { bytes: body.clone(), parsed })
+        };
+        let pick = self.shared.picker.pick(PickInput { body, allowed }).await?;
+        Ok(Picked { endpoint: pick.endpoint, reservation: pick.reservation })
+    }
+
+    async fn finish_request(&mut self, end: End) {
+        let body = Bytes::from(std::mem::take(&mut self.body));
+        let result = self.pick(&body).await;
+        self.permit = None;
+        let picked = match result {
+            Ok(picked) => picked,
+            Err(error) => return self.refuse(error),
+        };
+        self.shared.metrics.record_status(200);
+        let destination = picked.endpoint.to_string();
+        let mutation = self.headers.pick_mutation(&destination);
+        let metadata = Some(destination_metadata(&destination));
+        if !self.headers_answered {
+            self.out.push_back(responses::headers(Path::Request, Some(mutation), true, metadata));
+            self.echo_request_body(&body, end);
+        } else if self.modes.request_full_duplex() {
+            // The headers never came to kvpick (header mode SKIP): the
+            // pick cannot reach the gateway, but the body must go on.
+            tracing::warn!("request headers were not sent to kvpick: its pick cannot be applied");
+            self.echo_request_body(&body, end);
+        } else {
+            // BUFFERED: the held headers take the pick from the body answer.
+            self.out.push_back(responses::body_continue(Path::Request, Some(mutation), true, metadata));
+        }
+        self.picked = Some(picked);
+        self.stage = Stage::Answered;
+    }
+
+    fn echo_request_body(&mut self, body: &[u8], end: End) {
+        match end {
+            End::HeadersOnly => {}
+            End::Body => responses::streamed_body(Path::Request, body, true, &mut self.out),
+            End::Trailers => responses::streamed_body(Path::Request, body, false, &mut self.out),
+        }
+    }
+
+    fn refuse(&mut self, error: RequestError) {
+        tracing::debug!(%error, status = error.status(), "refusing request");
+        self.shared.metrics.record_status(error.status());
+        self.out.push_back(error.immediate_response());
+        self.stage = Stage::Refused;
+        self.permit = None;
+        self.body = Vec::new();
+        // Frees anything booked.
+        self.picked = None;
+    }
+
+    fn on_response_headers(&mut self, message: HttpHeaders, metadata: Option<&Metadata>) {
+        if self.stage == Stage::Refused {
+            return;
+        }
+        let headers = ResponseHeaders::read(message.headers.as_ref());
+        let cap = self.shared.config.max_usage_body_bytes;
+        self.usage = Some(if headers.event_stream { UsageParser::sse() } else { UsageParser::json(cap) });
+        let served = served_endpoint(metadata);
+        if let Some(picked) = &self.picked {
+            match &served {
+                Served::Endpoint(text) => {
+                    if text.parse::<SocketAddr>().ok() != Some(picked.endpoint) {
+                        self.shared.metrics.record_served_mismatch();
+                        tracing::debug!(picked = %picked.endpoint, served = %text, "gateway served another endpoint");
+                    }
+                }
+                Served::NoLbMetadata | Served::NoServedKey => self.shared.metrics.record_served_missing(),
+            }
+        }
+        let mutation = self.shared.config.conformance_hooks.then(|| {
+            let value = match &served {
+                Served::Endpoint(text) => text.as_str(),
+                Served::NoLbMetadata => "fail: missing envoy lb metadata",
+                Served::NoServedKey => "fail: missing destination endpoint served metadata",
+            };
+            HeaderMutation {
+                set_headers: vec![set_header(CONFORMANCE_SERVED, value.as_bytes())],
+                remove_headers: vec![],
+            }
+        });
+        self.out.push_back(responses::headers(Path::Response, mutation, false, None));
+        if message.end_of_stream {
+            self.finish_response();
+        }
+    }
+
+    fn on_response_body(&mut self, message: HttpBody) {
+        if self.stage == Stage::Refused {
+            return;
+        }
+        // The first token: prefill is done. When the same chunk also ends
+        // the response, the free that follows releases everything anyway
+        // (one hand-off to the shard saved).
+        if !message.body.is_empty()
+            && !std::mem::replace(&mut self.first_response_chunk_seen, true)
+            && !message.end_of_stream
+        {
+            if let Some(reservation) = self.picked.as_mut().and_then(|p| p.reservation.as_mut()) {
+                reservation.prefill_complete();
+            }
+        }
+        if let Some(usage) = &mut self.usage {
+            usage.push(&message.body);
+        }
+        let end = message.end_of_stream;
+        if self.modes.response_full_duplex() {
+            responses::streamed_echo(Path::Response, message.body, end, &mut self.out);
+        } else {
+            self.out.push_back(responses::body_continue(Path::Response, None, false, None));
+        }
+        if end {
+            self.finish_response();
+        }
+    }
+
+    fn on_response_trailers(&mut self) {
+        if self.stage == Stage::Refused {
+            return;
+        }
+        self.out.push_back(responses::trailers(Path::Response));
+        self.finish_response();
+    }
+
+    /// The response is over: record usage, free the booking.
+    fn finish_response(&mut self) {
+        if std::mem::replace(&mut self.response_finished, true) {
+            return;
+        }
+        if let Some(usage) = self.usage.take().and_then(UsageParser::finish) {
+            self.shared.metrics.record_usage(&usage);
+        }
+        if let Some(picked) = &mut self.picked {
+            // Dropping the guard frees the booking.
+            picked.reservation = None;
+        }
+    }
+}
+
+impl Drop for ExtProcStream {
+    fn drop(&mut self) {
+        self.shared.metrics.stream_closed();
+    }
+}

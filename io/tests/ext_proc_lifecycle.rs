@@ -1,0 +1,230 @@
+//! The response path and the booking's lifetime: every response message
+//! answered in order, prefill completed by the first body chunk, the
+//! booking freed exactly once however the stream ends, usage and the
+//! served endpoint read for metrics.
+
+mod ext_proc_support;
+
+use std::time::Duration;
+
+use ext_proc_support::h2_client::RawConnection;
+use ext_proc_support::*;
+use kvpick_core::RouterConfig;
+
+async fn prefill_tokens(h: &Harness) -> u64 {
+    h.loads().await.iter().map(|l| l.prefill_tokens).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_body_chunk_completes_prefill_and_the_end_frees() {
+    let h = Harness::start(Options::default()).await;
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat(&words("life", 40))).await;
+    assert!(prefill_tokens(&h).await > 0);
+    assert_eq!(h.requests_booked().await, 1);
+
+    call.send(response_headers("200", "text/event-stream", None, false));
+    assert_eq!(kind(&call.recv().await), "response_headers");
+    // An empty chunk is no token yet.
+    call.send(response_body(b"", false));
+    assert!(call.quiet(100).await, "an empty chunk that ends nothing has nothing to echo");
+    assert!(prefill_tokens(&h).await > 0);
+
+    let chunks: [&[u8]; 3] = [b"data: {\"choices\":[]}\n\n", b"data: {\"cho", b"ices\":[]}\n\n"];
+    for chunk in chunks {
+        call.send(response_body(chunk, false));
+    }
+    for chunk in chunks {
+        assert_eq!(streamed(&call.recv().await), Some((chunk.to_vec(), false)), "echoed in order");
+    }
+    wait_for("prefill completed", || async { prefill_tokens(&h).await == 0 }).await;
+    assert_eq!(h.requests_booked().await, 1, "still decoding");
+
+    call.send(response_body(b"data: [DONE]\n\n", true));
+    assert_eq!(streamed(&call.recv().await), Some((b"data: [DONE]\n\n".to_vec(), true)));
+    h.wait_all_freed().await;
+    // The gateway closing the stream afterwards frees nothing twice.
+    call.close_send();
+    assert!(matches!(call.next().await, Ok(None)));
+    drop((call, client));
+    wait_for("counted", || async { h.metrics.snapshot().frees == 1 }).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let m = h.metrics.snapshot();
+    assert_eq!((m.prefill_completes, m.frees, m.frees_not_found), (1, 1, 0));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_trailers_and_bodiless_responses_free() {
+    let h = Harness::start(Options::default()).await;
+    let mut client = h.client().await;
+
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat("trailers")).await;
+    call.send(response_headers("200", "application/grpc", None, false));
+    assert_eq!(kind(&call.recv().await), "response_headers");
+    call.send(response_body(b"x", false));
+    assert!(streamed(&call.recv().await).is_some());
+    call.send(response_trailers());
+    assert_eq!(kind(&call.recv().await), "response_trailers");
+    h.wait_all_freed().await;
+    drop(call);
+
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat("no content")).await;
+    call.send(response_headers("204", "application/json", None, true));
+    assert_eq!(kind(&call.recv().await), "response_headers");
+    h.wait_all_freed().await;
+    drop((call, client));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_cancel_frees() {
+    let h = Harness::start(Options::default()).await;
+    // tonic client: the gateway drops the whole stream mid-response.
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat("cancel me")).await;
+    call.send(response_headers("200", "text/event-stream", None, false));
+    assert_eq!(kind(&call.recv().await), "response_headers");
+    assert_eq!(h.requests_booked().await, 1);
+    drop(call);
+    h.wait_all_freed().await;
+
+    // RST_STREAM before the body has even ended: nothing was booked, the
+    // stream's state goes away with it.
+    let raw = RawConnection::connect(h.addr).await;
+    let mut call = raw.open().await;
+    call.send(&chat_headers());
+    call.send(&request_body(b"{\"model\":", false));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    call.cancel();
+    // RST_STREAM mid-response.
+    let mut call = raw.open().await;
+    call.send(&chat_headers());
+    call.send(&request_body(chat("raw cancel").as_bytes(), true));
+    assert!(destination(&call.recv().await).is_some());
+    assert!(streamed(&call.recv().await).is_some());
+    assert_eq!(h.requests_booked().await, 1);
+    call.cancel();
+    h.wait_all_freed().await;
+    wait_for("every stream closed", || async { h.metrics.snapshot().streams_open == 0 }).await;
+    assert!(raw.is_alive());
+    raw.close();
+    wait_for("counted", || async { h.metrics.snapshot().frees == 2 }).await;
+    drop(client);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_error_frees() {
+    let h = Harness::start(Options::default()).await;
+    let raw = RawConnection::connect(h.addr).await;
+    let mut call = raw.open().await;
+    call.send(&chat_headers());
+    call.send(&request_body(chat("then garbage").as_bytes(), true));
+    assert!(destination(&call.recv().await).is_some());
+    assert!(streamed(&call.recv().await).is_some());
+    assert_eq!(h.requests_booked().await, 1);
+    // A message that is not a ProcessingRequest.
+    call.send_raw(&[0xff, 0xff, 0xff, 0xff]);
+    h.wait_all_freed().await;
+    assert_eq!(h.metrics.snapshot().stream_errors, 1);
+    assert!(call.status().await.is_some(), "the stream ends with a status, not a reset");
+    assert!(raw.is_alive());
+    raw.close();
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_while_queued_withdraws_the_request() {
+    // Queue as soon as any prefill is booked on every worker.
+    let router = RouterConfig { queue_threshold: Some(0.0), ..RouterConfig::default() };
+    let h =
+        Harness::start(Options { workers: 1, router, max_num_batched_tokens: Some(1000), ..Options::default() }).await;
+    let mut client = h.client().await;
+    let mut first = Call::open(&mut client).await;
+    pick(&mut first, &chat(&words("first", 20))).await;
+
+    let mut second = Call::open(&mut client).await;
+    second.send(chat_headers());
+    second.send(request_body(chat(&words("second", 20)).as_bytes(), true));
+    wait_for("the second request queues", || async { h.service.queue_len() == 1 }).await;
+    assert!(second.quiet(50).await);
+    drop(second);
+    wait_for("the queued request is withdrawn", || async { h.service.queue_len() == 0 }).await;
+    drop(first);
+    h.wait_all_freed().await;
+    drop(client);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_usage_split_across_chunks_and_json_usage_are_counted() {
+    let h = Harness::start(Options::default()).await;
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat("usage please")).await;
+    call.send(response_headers("200", "text/event-stream", None, false));
+    call.recv().await;
+    let sse = concat!(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3,\"total_tokens\":10,",
+        "\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\n",
+        "data: [DONE]\n\n"
+    );
+    let cuts = [30, 95, 120, sse.len()];
+    let mut start = 0;
+    for (i, &cut) in cuts.iter().enumerate() {
+        call.send(response_body(&sse.as_bytes()[start..cut], i + 1 == cuts.len()));
+        call.recv().await;
+        start = cut;
+    }
+    h.wait_all_freed().await;
+    let m = h.metrics.snapshot();
+    assert_eq!((m.usage_responses, m.prompt_tokens, m.completion_tokens, m.cached_tokens), (1, 7, 3, 4));
+    drop(call);
+
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat("json usage")).await;
+    call.send(response_headers("200", "application/json", None, false));
+    call.recv().await;
+    let json = br#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#;
+    call.send(response_body(&json[..10], false));
+    call.send(response_body(&json[10..], true));
+    call.recv().await;
+    call.recv().await;
+    h.wait_all_freed().await;
+    let m = h.metrics.snapshot();
+    assert_eq!((m.usage_responses, m.prompt_tokens, m.completion_tokens), (2, 12, 5));
+    drop((call, client));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_endpoint_mismatch_is_counted() {
+    let h = Harness::start(Options::default()).await;
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    let picked = pick(&mut call, &chat("served")).await;
+    call.send(response_headers("200", "application/json", Some(&picked), true));
+    call.recv().await;
+    drop(call);
+    let mut call = Call::open(&mut client).await;
+    let picked = pick(&mut call, &chat("served elsewhere")).await;
+    let other = (0..3).map(endpoint).find(|e| e.to_string() != picked).expect("another endpoint");
+    call.send(response_headers("200", "application/json", Some(&format!("{picked},{other}")), true));
+    call.recv().await;
+    drop(call);
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat("no metadata")).await;
+    call.send(response_headers("200", "application/json", None, true));
+    call.recv().await;
+    let m = h.metrics.snapshot();
+    assert_eq!((m.served_mismatches, m.served_missing), (1, 1));
+    drop((call, client));
+    h.wait_all_freed().await;
+    h.stop().await;
+}
