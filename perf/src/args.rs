@@ -1,0 +1,114 @@
+//! Command-line flags every benchmark accepts.
+
+/// Flags shared by the benchmarks. Absent numbers mean "the benchmark's
+/// default for this mode".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Args {
+    /// Smaller population and shorter time budgets: a smoke test in seconds.
+    pub quick: bool,
+    /// Stored (block, worker) entries in the population.
+    pub entries: Option<u64>,
+    /// Workers holding the population.
+    pub workers: Option<u32>,
+    /// Seed of every random choice (the same seed builds the same population).
+    pub seed: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgsError {
+    /// `--help` was asked for; the caller prints [`usage`].
+    Help,
+    Invalid(String),
+}
+
+/// What `--help` prints.
+pub fn usage(bin: &str) -> String {
+    format!(
+        "usage: {bin} [--quick] [--entries N] [--workers N] [--seed N]\n\
+         \n  --quick        small population and short budgets (smoke test)\
+         \n  --entries N    stored (block, worker) entries in the population\
+         \n  --workers N    workers holding them\
+         \n  --seed N       seed of the synthetic workload\n"
+    )
+}
+
+impl Args {
+    /// Parses flags (without the program name). `--name value` and
+    /// `--name=value` are both accepted.
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, ArgsError> {
+        let mut out = Args::default();
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            let (name, inline) = match arg.split_once('=') {
+                Some((name, value)) => (name.to_owned(), Some(value.to_owned())),
+                None => (arg, None),
+            };
+            let mut value = |name: &str| {
+                inline
+                    .clone()
+                    .or_else(|| args.next())
+                    .ok_or_else(|| ArgsError::Invalid(format!("{name} needs a value")))
+            };
+            match name.as_str() {
+                "-h" | "--help" => return Err(ArgsError::Help),
+                "--quick" => out.quick = true,
+                "--entries" => out.entries = Some(number(&name, &value(&name)?)?),
+                "--workers" => {
+                    let workers = number(&name, &value(&name)?)?;
+                    out.workers =
+                        Some(u32::try_from(workers).map_err(|_| ArgsError::Invalid(format!("{name}: too large")))?);
+                }
+                "--seed" => out.seed = Some(number(&name, &value(&name)?)?),
+                // `cargo bench` passes this to every bench binary.
+                "--bench" => {}
+                other => return Err(ArgsError::Invalid(format!("unknown flag {other}"))),
+            }
+        }
+        if out.entries == Some(0) || out.workers == Some(0) {
+            return Err(ArgsError::Invalid("--entries and --workers must be at least 1".into()));
+        }
+        Ok(out)
+    }
+}
+
+/// A count, with `_` separators and `k`/`M` suffixes allowed (`1_000_000`, `1M`).
+fn number(name: &str, text: &str) -> Result<u64, ArgsError> {
+    let clean = text.replace('_', "");
+    let (digits, scale) = match clean.strip_suffix(['k', 'K']) {
+        Some(digits) => (digits, 1_000),
+        None => match clean.strip_suffix(['m', 'M']) {
+            Some(digits) => (digits, 1_000_000),
+            None => (clean.as_str(), 1),
+        },
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(|| ArgsError::Invalid(format!("{name}: {text:?} is not a count")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Args, ArgsError> {
+        Args::parse(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn flags_in_both_forms() {
+        let args = parse(&["--quick", "--entries", "2M", "--workers=128", "--seed", "1_000"]).expect("valid flags");
+        assert_eq!(args, Args { quick: true, entries: Some(2_000_000), workers: Some(128), seed: Some(1000) });
+        assert_eq!(parse(&["--entries=250k"]).map(|a| a.entries), Ok(Some(250_000)));
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        assert!(matches!(parse(&["--entries"]), Err(ArgsError::Invalid(_))));
+        assert!(matches!(parse(&["--entries", "x"]), Err(ArgsError::Invalid(_))));
+        assert!(matches!(parse(&["--workers", "0"]), Err(ArgsError::Invalid(_))));
+        assert!(matches!(parse(&["--frobnicate"]), Err(ArgsError::Invalid(_))));
+        assert_eq!(parse(&["--help"]), Err(ArgsError::Help));
+    }
+}

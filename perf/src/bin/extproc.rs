@@ -1,0 +1,483 @@
+//! `kvpick-bench-extproc`: ext_proc round trips through kvpick's real
+//! server, as a gateway drives them, at concurrency 1, 16 and 64 on one
+//! HTTP/2 connection, with a 1,000-token chat prompt and an in-process
+//! tokenizer (`kvpick_io::testing::WordTokenizer`).
+//!
+//! One round trip is a whole request's ext_proc life: request headers and
+//! body (end of stream) → the pick (headers answer) and the body echoed →
+//! response headers → a first-token chunk and a last chunk, each echoed →
+//! the stream closed. The shortest streamed answer there is, so the pick's
+//! share of the per-request work is as large as it gets.
+//! Latency is the request path (headers sent → pick and echo received),
+//! what a gateway adds to time-to-first-token; requests/s counts whole
+//! round trips.
+//!
+//! Baseline, same process and same run: the same server with the null
+//! picker (the first endpoint; no tokenizing, hashing or selection). The
+//! ratio of server CPU per request (the server's runtime thread plus the
+//! shard thread, from `/proc/self/task/*/schedstat`) is what kvpick's pick
+//! costs on top of the protocol work.
+//!
+//! Threads: the server's tokio runtime (1 thread, `kvpick-io`), one shard
+//! thread (`kvpick-shard-0`, unpinned), the load generator's runtime
+//! (1 thread, `bench-client`): on a 2-core machine they share both cores
+//! with anything else running (the load average is printed).
+//!
+//! Progress goes to stderr; the report (Markdown tables) to stdout.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kvpick_core::runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
+use kvpick_core::{EngineBlockHash, HashSeed, KvEvent, RouterConfig, WorkerId, WorkerSpec};
+use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker};
+use kvpick_io::testing::WordTokenizer;
+use kvpick_io::tokenizer::Tokenizer;
+use kvpick_perf::args::{Args, ArgsError, usage};
+use kvpick_perf::measure::{Latencies, LatencySummary};
+use kvpick_perf::report::{self, Table, at_least, at_most, thousands};
+use kvpick_proto::core::{HeaderMap, HeaderValue};
+use kvpick_proto::ext_proc::external_processor_client::ExternalProcessorClient;
+use kvpick_proto::ext_proc::mode::BodySendMode;
+use kvpick_proto::ext_proc::processing_request::Request;
+use kvpick_proto::ext_proc::processing_response::Response;
+use kvpick_proto::ext_proc::{HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration};
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+const BIN: &str = "kvpick-bench-extproc";
+const CONCURRENCY: [usize; 3] = [1, 16, 64];
+const PROMPT_TOKENS: usize = 1_000;
+/// Of which a shared system prompt, cached on some workers.
+const SYSTEM_TOKENS: usize = 600;
+const SYSTEM_PROMPTS: usize = 4;
+const WORKERS: u64 = 8;
+const BLOCK_SIZE: u32 = 16;
+/// Distinct request bodies cycled through.
+const BODIES: usize = 512;
+const FIRST_TOKEN: &[u8] = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+const LAST_CHUNK: &[u8] =
+    b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1000,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";
+/// A round trip slower than this counts as failed (a stuck shard, say).
+const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(5);
+
+const TARGET_RPS: f64 = 10_000.0;
+const TARGET_P99_MICROS: f64 = 2_000.0;
+const TARGET_CPU_RATIO: f64 = 1.3;
+
+macro_rules! progress {
+    ($($arg:tt)*) => { eprintln!("[{BIN}] {}", format!($($arg)*)) };
+}
+
+struct Budget {
+    warmup: Duration,
+    time: Duration,
+}
+
+fn main() -> ExitCode {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(ArgsError::Help) => {
+            println!("{}(only --quick applies here)", usage(BIN));
+            return ExitCode::SUCCESS;
+        }
+        Err(ArgsError::Invalid(message)) => {
+            eprintln!("{message}\n\n{}", usage(BIN));
+            return ExitCode::from(2);
+        }
+    };
+    let budget = if args.quick {
+        Budget { warmup: Duration::from_millis(200), time: Duration::from_millis(500) }
+    } else {
+        Budget { warmup: Duration::from_millis(500), time: Duration::from_secs(3) }
+    };
+    match run(&budget) {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(problem) => {
+            eprintln!("{problem}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime(name: &str) -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the {name} runtime: {e}"))
+}
+
+fn endpoint(worker: u64) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 10 + worker as u8], 8000))
+}
+
+/// `n` words `{prefix}{i}`: one token each for the word tokenizer.
+fn words(prefix: &str, n: usize) -> String {
+    (0..n).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>().join(" ")
+}
+
+fn chat_body(content: &str) -> Bytes {
+    let body = serde_json::json!({
+        "model": "bench-model",
+        "messages": [{"role": "user", "content": content}],
+        "stream": true,
+    });
+    Bytes::from(body.to_string())
+}
+
+/// The workload: bodies sharing one of a few system prompts, and the
+/// system prompts themselves (to cache on workers).
+fn workload() -> (Vec<Bytes>, Vec<String>) {
+    let systems: Vec<String> = (0..SYSTEM_PROMPTS).map(|s| words(&format!("sys{s}-"), SYSTEM_TOKENS)).collect();
+    let bodies = (0..BODIES)
+        .map(|i| {
+            let question = words(&format!("q{i}-"), PROMPT_TOKENS - SYSTEM_TOKENS);
+            chat_body(&format!("{} {question}", systems[i % SYSTEM_PROMPTS]))
+        })
+        .collect();
+    (bodies, systems)
+}
+
+/// Total on-CPU time of this process's threads whose name starts with one
+/// of `prefixes` (`/proc/self/task/*/schedstat`, nanoseconds).
+fn cpu_nanos(prefixes: &[&str]) -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm"))
+                .is_ok_and(|comm| prefixes.iter().any(|p| comm.trim_end().starts_with(p)))
+        })
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+const IO_THREADS: [&str; 1] = ["kvpick-io"];
+const SHARD_THREADS: [&str; 1] = ["kvpick-shard"];
+
+struct Measured {
+    round_trips: u64,
+    failures: u64,
+    elapsed: Duration,
+    latency: LatencySummary,
+    io_cpu: Duration,
+    shard_cpu: Duration,
+}
+
+impl Measured {
+    fn per_sec(&self) -> f64 {
+        let secs = self.elapsed.as_secs_f64();
+        if secs > 0.0 { self.round_trips as f64 / secs } else { 0.0 }
+    }
+
+    fn per_request(&self, cpu: Duration) -> f64 {
+        if self.round_trips == 0 { 0.0 } else { cpu.as_secs_f64() * 1e6 / self.round_trips as f64 }
+    }
+
+    /// Server CPU (I/O runtime and shards) per round trip, µs.
+    fn cpu_micros_per_request(&self) -> f64 {
+        self.per_request(self.io_cpu + self.shard_cpu)
+    }
+}
+
+fn run(budget: &Budget) -> Result<String, String> {
+    let load_before = report::load_average();
+    let server_rt = runtime("kvpick-io")?;
+    let client_rt = runtime("bench-client")?;
+    let clock = Clock::system();
+    // `KVPICK_SHARD_RUNTIME=std|glommio` forces the shard executor (default: auto).
+    let choice = match std::env::var("KVPICK_SHARD_RUNTIME").as_deref() {
+        Ok("std") => RuntimeChoice::Force(RuntimeKind::StdThreads),
+        Ok("glommio") => RuntimeChoice::Force(RuntimeKind::Glommio),
+        _ => RuntimeChoice::Auto,
+    };
+    let shards = RuntimeConfig { shards: 1, cpus: Vec::new(), choice, ..RuntimeConfig::default() };
+    let service = Arc::new(
+        ShardedService::start(RouterConfig::default(), BLOCK_SIZE, shards, clock.clone())
+            .map_err(|e| format!("shards: {e}"))?,
+    );
+    let kind = service.kind();
+    let (bodies, systems) = workload();
+    server_rt.block_on(populate(&service, &clock, &systems))?;
+
+    let config = ExtProcConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..ExtProcConfig::default() };
+    let tokenizer: Arc<dyn Tokenizer> = Arc::new(WordTokenizer);
+    let kv_metrics = Arc::new(ExtProcMetrics::new());
+    let kv = Picker::Kv(KvPicker::new(service.clone(), clock.clone(), tokenizer, &config, kv_metrics.clone()));
+    let null = Picker::Null(NullPicker::new((0..WORKERS).map(endpoint).collect::<Vec<_>>()));
+    let (kv_server, null_server) = server_rt.block_on(async {
+        let kv = ExtProcServer::new(config.clone(), kv, kv_metrics.clone()).spawn().await;
+        let null = ExtProcServer::new(config.clone(), null, Arc::new(ExtProcMetrics::new())).spawn().await;
+        (kv, null)
+    });
+    let kv_server = kv_server.map_err(|e| format!("kvpick server: {e}"))?;
+    let null_server = null_server.map_err(|e| format!("null server: {e}"))?;
+
+    let mut table = Table::new(
+        format!(
+            "ext_proc round trips, {PROMPT_TOKENS}-token chat prompt ({} B body), one HTTP/2 connection",
+            thousands(bodies[0].len() as u64)
+        ),
+        &[
+            "picker",
+            "concurrency",
+            "requests/s",
+            "p50 µs",
+            "p99 µs",
+            "p99.9 µs",
+            "server CPU µs/req",
+            "of which shard",
+            "failed",
+        ],
+    );
+    let mut ratios = Vec::new();
+    for concurrency in CONCURRENCY {
+        let mut pair = Vec::new();
+        for (name, server) in [("null picker (baseline)", &null_server), ("kvpick", &kv_server)] {
+            progress!("concurrency {concurrency}: {name}");
+            let measured = client_rt.block_on(measure(server.local_addr(), concurrency, budget, &bodies))?;
+            table.row([
+                name.to_string(),
+                concurrency.to_string(),
+                thousands(measured.per_sec() as u64),
+                micros(measured.latency.p50),
+                micros(measured.latency.p99),
+                micros(measured.latency.p999),
+                format!("{:.1}", measured.cpu_micros_per_request()),
+                format!("{:.1}", measured.per_request(measured.shard_cpu)),
+                measured.failures.to_string(),
+            ]);
+            pair.push(measured);
+        }
+        ratios.push((concurrency, pair));
+    }
+    let load_after = report::load_average();
+
+    let snapshot = kv_metrics.snapshot();
+    for (concurrency, pair) in &ratios {
+        let (null, ours) = (&pair[0], &pair[1]);
+        let cpu_ratio = ours.cpu_micros_per_request() / null.cpu_micros_per_request().max(f64::MIN_POSITIVE);
+        table.note(format!(
+            "- concurrency {concurrency}: kvpick / null = {:.2}× server CPU per request ({}), {:.2}× requests/s, \
+             +{:.1} µs at p50; kvpick {} requests/s ({}), p99 {} µs ({})",
+            cpu_ratio,
+            at_most(cpu_ratio, TARGET_CPU_RATIO),
+            ours.per_sec() / null.per_sec().max(f64::MIN_POSITIVE),
+            (ours.latency.p50 as f64 - null.latency.p50 as f64) / 1e3,
+            thousands(ours.per_sec() as u64),
+            at_least(ours.per_sec(), TARGET_RPS),
+            micros(ours.latency.p99),
+            at_most(ours.latency.p99 as f64 / 1e3, TARGET_P99_MICROS),
+        ));
+    }
+    let tokenize = &snapshot.tokenize_micros;
+    let select = &snapshot.select_micros;
+    table.note(format!(
+        "- inside kvpick's pick, all concurrencies: tokenize p50 {} µs / p99 {} µs, select p50 {} µs / p99 {} µs",
+        tokenize.value_at_quantile(0.5),
+        tokenize.value_at_quantile(0.99),
+        select.value_at_quantile(0.5),
+        select.value_at_quantile(0.99),
+    ));
+    table.note(format!(
+        "- {WORKERS} workers, block size {BLOCK_SIZE}, {SYSTEM_PROMPTS} system prompts of {SYSTEM_TOKENS} tokens each \
+         cached on 2 workers; shard runtime: {kind:?}, 1 shard; server runtime 1 thread, client runtime 1 thread"
+    ));
+    table.note(format!(
+        "- {}, load average before {load_before}, after {load_after}; {}",
+        report::cpu(),
+        report::utc_date()
+    ));
+
+    server_rt.block_on(async {
+        let _ = kv_server.shutdown().await;
+        let _ = null_server.shutdown().await;
+    });
+    service.shutdown();
+    Ok(table.to_string())
+}
+
+/// Upserts the workers and caches each system prompt on two of them.
+async fn populate(service: &Arc<ShardedService>, clock: &Clock, systems: &[String]) -> Result<(), String> {
+    let producers = ThreadProducers::new(service.clone());
+    for w in 0..WORKERS {
+        let spec = WorkerSpec::new(WorkerId(w + 1), endpoint(w), BLOCK_SIZE);
+        service.upsert_worker(&producers, spec, clock.now()).await.map_err(|e| format!("worker: {e}"))?;
+    }
+    let mut producer = service.producer();
+    for (s, system) in systems.iter().enumerate() {
+        let tokens = WordTokenizer::tokens(&chat_body(system)).map_err(|e| format!("tokenize: {e}"))?;
+        let blocks = tokens.len() / BLOCK_SIZE as usize;
+        for copy in 0..2u64 {
+            let worker = (s as u64 * 2 + copy) % WORKERS + 1;
+            let base: EngineBlockHash = (worker << 40) | ((s as u64) << 20);
+            let event = KvEvent::Stored {
+                block_hashes: (0..blocks as u64).map(|b| base + b).collect(),
+                parent: None,
+                token_ids: tokens[..blocks * BLOCK_SIZE as usize].to_vec(),
+                block_size: BLOCK_SIZE,
+                seed: HashSeed::default(),
+            };
+            service.apply_kv_event(&mut producer, WorkerId(worker), event).map_err(|e| format!("event: {e}"))?;
+        }
+    }
+    // Events are fire-and-forget: a query through the same ring is answered
+    // only after them.
+    let _ = producers.service().loads(&std::sync::Mutex::new(producer)).await;
+    Ok(())
+}
+
+fn micros(nanos: u64) -> String {
+    format!("{:.0}", nanos as f64 / 1e3)
+}
+
+struct Shared {
+    measuring: AtomicBool,
+    stop: AtomicBool,
+    done: AtomicU64,
+    failures: AtomicU64,
+}
+
+async fn measure(addr: SocketAddr, concurrency: usize, budget: &Budget, bodies: &[Bytes]) -> Result<Measured, String> {
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .map_err(|e| format!("uri: {e}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let shared = Arc::new(Shared {
+        measuring: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        done: AtomicU64::new(0),
+        failures: AtomicU64::new(0),
+    });
+    let bodies: Arc<[Bytes]> = bodies.into();
+    let mut tasks = Vec::with_capacity(concurrency);
+    for task in 0..concurrency {
+        let (client, shared, bodies) = (ExternalProcessorClient::new(channel.clone()), shared.clone(), bodies.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut client = client;
+            let mut latencies = Vec::new();
+            let mut i = task * 7919;
+            while !shared.stop.load(Ordering::Relaxed) {
+                let body = bodies[i % bodies.len()].clone();
+                i += 1;
+                match tokio::time::timeout(ROUND_TRIP_TIMEOUT, round_trip(&mut client, body)).await {
+                    Ok(Ok(request_path)) => {
+                        if shared.measuring.load(Ordering::Relaxed) {
+                            latencies.push(request_path);
+                            shared.done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Ok(Err(_)) | Err(_) => {
+                        shared.failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            latencies
+        }));
+    }
+    tokio::time::sleep(budget.warmup).await;
+    let (io_before, shard_before) = (cpu_nanos(&IO_THREADS), cpu_nanos(&SHARD_THREADS));
+    let started = Instant::now();
+    shared.measuring.store(true, Ordering::Relaxed);
+    tokio::time::sleep(budget.time).await;
+    shared.measuring.store(false, Ordering::Relaxed);
+    let elapsed = started.elapsed();
+    let (io_after, shard_after) = (cpu_nanos(&IO_THREADS), cpu_nanos(&SHARD_THREADS));
+    let round_trips = shared.done.load(Ordering::Relaxed);
+    shared.stop.store(true, Ordering::Relaxed);
+    let mut all = Latencies::default();
+    for task in tasks {
+        for latency in task.await.map_err(|e| format!("client task: {e}"))? {
+            all.record(latency);
+        }
+    }
+    Ok(Measured {
+        round_trips,
+        failures: shared.failures.load(Ordering::Relaxed),
+        elapsed,
+        latency: all.summary(),
+        io_cpu: Duration::from_nanos(io_after.saturating_sub(io_before)),
+        shard_cpu: Duration::from_nanos(shard_after.saturating_sub(shard_before)),
+    })
+}
+
+fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    HeaderMap {
+        headers: pairs
+            .iter()
+            .map(|(k, v)| HeaderValue { key: (*k).into(), value: String::new(), raw_value: v.as_bytes().to_vec() })
+            .collect(),
+    }
+}
+
+fn message(request: Request, protocol_config: Option<ProtocolConfiguration>) -> ProcessingRequest {
+    ProcessingRequest { request: Some(request), protocol_config, ..Default::default() }
+}
+
+/// One request's whole ext_proc life; returns the request-path latency.
+async fn round_trip(client: &mut ExternalProcessorClient<Channel>, body: Bytes) -> Result<Duration, String> {
+    let (tx, rx) = mpsc::channel::<ProcessingRequest>(4);
+    let outbound = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let protocol = ProtocolConfiguration {
+        request_body_mode: BodySendMode::FullDuplexStreamed as i32,
+        response_body_mode: BodySendMode::FullDuplexStreamed as i32,
+        send_body_without_waiting_for_header_response: true,
+    };
+    let start = Instant::now();
+    let send = |m| tx.try_send(m).map_err(|e| format!("send: {e}"));
+    send(message(
+        Request::RequestHeaders(HttpHeaders {
+            headers: Some(headers(&[(":method", "POST"), (":path", "/v1/chat/completions")])),
+            end_of_stream: false,
+            ..Default::default()
+        }),
+        Some(protocol),
+    ))?;
+    send(message(
+        Request::RequestBody(HttpBody { body: body.to_vec(), end_of_stream: true, ..Default::default() }),
+        None,
+    ))?;
+    let mut answers = client.process(outbound).await.map_err(|e| format!("open: {e}"))?.into_inner();
+    let mut next = async || -> Result<ProcessingResponse, String> {
+        answers.message().await.map_err(|e| format!("answer: {e}"))?.ok_or_else(|| "stream ended early".to_string())
+    };
+    if !matches!(next().await?.response, Some(Response::RequestHeaders(_))) {
+        return Err("expected the pick".into());
+    }
+    next().await?;
+    let request_path = start.elapsed();
+    send(message(
+        Request::ResponseHeaders(HttpHeaders {
+            headers: Some(headers(&[(":status", "200"), ("content-type", "text/event-stream")])),
+            end_of_stream: false,
+            ..Default::default()
+        }),
+        None,
+    ))?;
+    next().await?;
+    // A short streamed answer: the first token (prefill done), then the end.
+    for (chunk, end) in [(FIRST_TOKEN, false), (LAST_CHUNK, true)] {
+        send(message(
+            Request::ResponseBody(HttpBody { body: chunk.to_vec(), end_of_stream: end, ..Default::default() }),
+            None,
+        ))?;
+        next().await?;
+    }
+    drop(tx);
+    match answers.message().await {
+        Ok(None) => Ok(request_path),
+        other => Err(format!("expected the end of the stream, got {other:?}")),
+    }
+}
