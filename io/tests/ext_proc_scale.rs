@@ -60,25 +60,6 @@ async fn five_thousand_cancelled_streams_on_one_connection() {
     let h = Harness::start(Options::default()).await;
     let raw = RawConnection::connect(h.addr).await;
     let started = Instant::now();
-    {
-        let metrics = h.metrics.clone();
-        std::thread::spawn(move || {
-            let mut last = 0;
-            loop {
-                std::thread::sleep(Duration::from_secs(3));
-                let m = metrics.snapshot();
-                if m.requests(200) == last {
-                    eprintln!("STALL: picks {} inflight {}", m.requests(200), m.inflight);
-                    let out = std::process::Command::new("gdb")
-                        .args(["-p", &std::process::id().to_string(), "-batch", "-ex", "thread apply all -s -q frame apply level 5 -s -q p *self", "-ex", "thread apply all bt 8"])
-                        .output();
-                    if let Ok(out) = out { let _ = std::fs::write("/tmp/gdb3.txt", out.stdout); }
-                    std::thread::sleep(Duration::from_secs(1000));
-                }
-                last = m.requests(200);
-            }
-        });
-    }
     let run = futures::stream::iter(0..STREAMS)
         .map(|i| cancelled(&raw, i))
         .buffer_unordered(CONCURRENCY)
