@@ -63,8 +63,15 @@ impl Doorbell {
 
     /// Parks the calling thread until rung or `deadline`.
     pub(crate) fn sleep_blocking(&self, deadline: Option<Instant>) {
-        self.waker.register(&Waker::from(Arc::new(Unpark(std::thread::current()))));
-        while !self.rung.load(Ordering::Acquire) {
+        let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+        loop {
+            // `wake` takes the registered waker: a late ring from an earlier
+            // cycle can consume it and unpark us spuriously, so register
+            // again before every park or the next ring finds no one to wake.
+            self.waker.register(&waker);
+            if self.rung.load(Ordering::Acquire) {
+                break;
+            }
             match deadline {
                 None => std::thread::park(),
                 Some(deadline) => {

@@ -145,7 +145,11 @@ impl ShardLoop {
         if self.spin_for_work() {
             return Idle::Busy;
         }
-        if self.shared.doorbell.prepare_sleep(|| self.has_work()) { Idle::Sleep(self.deadline()) } else { Idle::Busy }
+        if self.shared.doorbell.prepare_sleep(|| self.has_work() || self.shared.stopping()) {
+            Idle::Sleep(self.deadline())
+        } else {
+            Idle::Busy
+        }
     }
 
     /// Last drain: whatever a producer pushed before it could see `exited`
