@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use ext_proc_support::h2_client::RawConnection;
 use ext_proc_support::*;
 use futures::StreamExt;
+use kvpick_core::RouterConfig;
 
 /// Streams served then cancelled; as many again are reset at once, and as
 /// many mid-body.
@@ -55,9 +56,15 @@ async fn served_then_cancelled(raw: &RawConnection, i: usize) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "timed out (300 s) in a full workspace run on the 2-vCPU machine; issue 4 stays open until it passes reliably"]
+#[ignore = "hangs about half the time: a std-thread shard can park for good after a lost doorbell wake-up \
+            (kvpick-core runtime/doorbell.rs, sleep_blocking registers its waker once); issue 4 stays open until \
+            it passes reliably"]
 async fn five_thousand_cancelled_streams_on_one_connection() {
-    let h = Harness::start(Options::default()).await;
+    // A short lease bounds how long a shard may park (it wakes for the next
+    // lease end): should one miss its doorbell, the test fails in seconds
+    // rather than after the default lease's 300 s.
+    let router = RouterConfig { lease: Duration::from_secs(20), ..RouterConfig::default() };
+    let h = Harness::start(Options { router, ..Options::default() }).await;
     let raw = RawConnection::connect(h.addr).await;
     let started = Instant::now();
     let run = futures::stream::iter(0..STREAMS)

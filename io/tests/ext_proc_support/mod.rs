@@ -122,10 +122,16 @@ pub struct Harness {
 impl Harness {
     pub async fn start(options: Options) -> Harness {
         let clock = Clock::system();
+        // Plain threads keep the tests light; `KVPICK_TEST_SHARDS=glommio`
+        // runs them on glommio executors instead.
+        let kind = match std::env::var("KVPICK_TEST_SHARDS").as_deref() {
+            Ok("glommio") => RuntimeKind::Glommio,
+            _ => RuntimeKind::StdThreads,
+        };
         let runtime = RuntimeConfig {
             shards: 2,
             cpus: Vec::new(),
-            choice: RuntimeChoice::Force(RuntimeKind::StdThreads),
+            choice: RuntimeChoice::Force(kind),
             ..RuntimeConfig::default()
         };
         let service =
