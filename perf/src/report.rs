@@ -120,7 +120,7 @@ pub fn at_least(value: f64, target: f64) -> String {
     if value >= target {
         format!("met ({:.2}× target)", value / target)
     } else {
-        format!("MISSED by {:.0}%", (1.0 - value / target) * 100.0)
+        format!("MISSED by {}", percent(1.0 - value / target))
     }
 }
 
@@ -129,8 +129,14 @@ pub fn at_most(value: f64, target: f64) -> String {
     if value <= target {
         format!("met ({:.0}% of target)", value / target * 100.0)
     } else {
-        format!("MISSED by {:.0}%", (value / target - 1.0) * 100.0)
+        format!("MISSED by {}", percent(value / target - 1.0))
     }
+}
+
+/// A share as a percentage, with a decimal below 10% so a near miss never reads "0%".
+fn percent(share: f64) -> String {
+    let pct = share * 100.0;
+    if pct < 10.0 { format!("{pct:.1}%") } else { format!("{pct:.0}%") }
 }
 
 /// The CPU's model name from `/proc/cpuinfo`, and how many CPUs it lists.
@@ -194,6 +200,7 @@ mod tests {
         assert_eq!(at_least(4.0, 5.0), "MISSED by 20%");
         assert_eq!(at_most(6.0, 5.0), "MISSED by 20%");
         assert!(at_most(2.5, 5.0).starts_with("met"));
+        assert_eq!(at_most(5_003.0, 5_000.0), "MISSED by 0.1%");
     }
 
     #[test]
