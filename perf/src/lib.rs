@@ -17,5 +17,5 @@ pub mod dynamo;
 pub mod measure;
 pub mod report;
 pub mod setup;
-pub mod sim;
+pub use kvpick_sim as sim;
 pub mod workload;

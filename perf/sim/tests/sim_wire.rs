@@ -6,14 +6,14 @@ use std::path::PathBuf;
 
 use kvpick_core::wire::{DecodedEvent, KvCacheSpecKind, Medium, decode_batch};
 use kvpick_core::{HashSeed, KvEvent};
-use kvpick_perf::sim::{BatchEncoder, BlockDigest, CacheEvent, EventEncoding, HashFormat};
+use kvpick_sim::{BatchEncoder, BlockDigest, CacheEvent, EventEncoding, HashFormat};
 use serde_json::Value;
 
 /// engines.md §1.3's example hash (> i64::MAX: msgpack `uint64`).
 const H_EXAMPLE: u64 = 15_760_518_052_499_183_552;
 
 fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/kv_events")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kv_events")
 }
 
 fn fixture(name: &str) -> Vec<u8> {

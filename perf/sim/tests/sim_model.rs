@@ -2,10 +2,10 @@
 //! determinism, the prefix cache's LRU with pinning, the scheduler's time
 //! model, and seeded determinism.
 
-use kvpick_perf::sim::tokenizer::{
+use kvpick_sim::tokenizer::{
     BOS, IM_END, IM_START, NEWLINE, OUTPUT_WORDS, encode_text, output_word, piece_id, render_chat, render_completion,
 };
-use kvpick_perf::sim::{
+use kvpick_sim::{
     BlockDigest, CacheEvent, EngineConfig, EngineHasher, Outcome, PrefixCache, RequestSpec, Scheduler, StepReport,
     TimeModel, Update,
 };

@@ -13,7 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use kvpick_core::wire::{DecodedBatch, decode_batch};
-use kvpick_perf::sim::{EngineConfig, TimeModel};
+use kvpick_sim::{EngineConfig, TimeModel};
 use serde_json::Value;
 
 /// Longest wait for anything in these tests.

@@ -6,8 +6,8 @@ mod sim_support;
 
 use std::time::{Duration, Instant};
 
-use kvpick_perf::sim::tokenizer::{render_chat, render_completion};
-use kvpick_perf::sim::{Engine, EngineConfig, Fleet, Progress, RequestSpec, TimeModel};
+use kvpick_sim::tokenizer::{render_chat, render_completion};
+use kvpick_sim::{Engine, EngineConfig, Fleet, Progress, RequestSpec, TimeModel};
 use serde_json::{Value, json};
 use sim_support::{DEADLINE, Http, fast_config};
 

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use kvpick_core::wire::{DecodedBatch, decode_batch};
 use kvpick_core::{HashSeed, KvEvent};
-use kvpick_perf::sim::{Engine, EngineConfig, EventEncoding, ReplayLayout, RequestSpec};
+use kvpick_sim::{Engine, EngineConfig, EventEncoding, ReplayLayout, RequestSpec};
 use sim_support::{DEADLINE, Subscriber, fast_config, replay};
 
 const TOPIC: &str = "kv@127.0.0.1@sim-model";

@@ -1,4 +1,4 @@
-//! `kvpick-sim`: runs N simulated vLLM engines (`kvpick_perf::sim`) on
+//! `kvpick-sim`: runs N simulated vLLM engines (`kvpick_sim`) on
 //! 127.0.0.1 until Ctrl-C or SIGTERM.
 //!
 //! Once every engine listens, stdout gets one line per engine (name, HTTP
@@ -9,7 +9,7 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use kvpick_perf::sim::{EngineConfig, Fleet};
+use kvpick_sim::{EngineConfig, Fleet};
 use tracing::Level;
 
 struct Options {
