@@ -46,6 +46,10 @@ pub struct ShardStats {
     pub blocks_removed: u64,
     pub unknown_removals: u64,
     pub leases_expired: u64,
+    /// (block, worker) entries in the index now (a gauge, not a counter).
+    pub index_entries: u64,
+    /// Approximate heap bytes of the index now (a gauge).
+    pub index_bytes: u64,
 }
 
 impl ShardStats {
@@ -59,6 +63,8 @@ impl ShardStats {
             blocks_removed: self.blocks_removed + other.blocks_removed,
             unknown_removals: self.unknown_removals + other.unknown_removals,
             leases_expired: self.leases_expired + other.leases_expired,
+            index_entries: self.index_entries + other.index_entries,
+            index_bytes: self.index_bytes + other.index_bytes,
         }
     }
 }
@@ -105,7 +111,11 @@ impl Shard {
     }
 
     pub fn stats(&self) -> ShardStats {
-        self.stats
+        ShardStats {
+            index_entries: self.index.entries(),
+            index_bytes: u64::try_from(self.index.approx_bytes()).unwrap_or(u64::MAX),
+            ..self.stats
+        }
     }
 
     pub fn index(&self) -> &KvIndex {

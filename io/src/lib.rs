@@ -1,21 +1,30 @@
-//! kvpick's I/O side: everything that talks to the network.
+//! kvpick's I/O side: everything that talks to the network, and the
+//! `kvpick` binary that wires it to the selection core.
 //!
-//! For now this is the KV-event ingest ([`kv_events`]): one thread that
-//! subscribes to every engine's ZMQ KV-event stream, keeps each stream in
-//! order (replaying gaps from the engine), decodes the msgpack batches with
-//! `kvpick_core::wire` and hands the events to the shard owning the worker
-//! through a [`kv_events::KvEventSink`]. The ext_proc server, health service,
-//! Kubernetes watchers, tokenizer clients, replica sync and metrics endpoint
-//! will join it here, on a tokio runtime of their own cores.
+//! - [`ext_proc`]: the Envoy ext_proc server speaking the GAIE Endpoint
+//!   Picker Protocol; [`health`]: gRPC health.
+//! - [`kv_events`]: one thread subscribing to every engine's ZMQ KV-event
+//!   stream, in order (gaps replayed), into the owning shard.
+//! - [`tokenizer`]: vLLM render and SGLang tokenize clients.
+//! - [`discovery`]: the InferencePool, its pods and the peer replicas.
+//! - [`metrics`]: Prometheus export of every part's counters.
+//! - [`app`]: all of it started in order and stopped in reverse
+//!   (`kvpick serve`), with its configuration.
+//! - [`testing`]: a word tokenizer and a miniature gateway, for tests,
+//!   the demo and benchmarks.
 //!
-//! Threads: the ingest runs on one dedicated blocking thread (libzmq sockets
+//! The ext_proc server, health, metrics, tokenizer clients and watchers
+//! run on the tokio I/O runtime;
+//! the ingest runs on one dedicated blocking thread (libzmq sockets
 //! are not thread-safe and block); nothing here runs on a shard's core.
 //! This crate depends on `kvpick-core`; `kvpick-core` must never depend on it,
 //! and nothing in it may touch a shard's state except through a sink.
 
+pub mod app;
 pub mod discovery;
 pub mod ext_proc;
 pub mod health;
 pub mod kv_events;
+pub mod metrics;
 pub mod testing;
 pub mod tokenizer;

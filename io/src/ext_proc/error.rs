@@ -86,7 +86,7 @@ impl RequestError {
 
     /// Short, space-free reason for the gateway's access log
     /// (`%RESPONSE_CODE_DETAILS%`).
-    fn details(&self) -> &'static str {
+    pub fn details(&self) -> &'static str {
         match self {
             RequestError::InvalidJson(_) => "kvpick_invalid_json",
             RequestError::MissingModel => "kvpick_missing_model",

@@ -6,6 +6,7 @@
 //! request path only adds; a later exporter reads [`ExtProcMetrics::snapshot`]
 //! and turns it into Prometheus text.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -15,6 +16,90 @@ use hdrhistogram::Histogram;
 use crate::tokenizer::TokenizeError;
 
 use super::usage::Usage;
+use crate::metrics::{BucketSnapshot, Buckets, LATENCY_BUCKETS, TOKEN_BUCKETS};
+
+/// Distinct model names tracked with their own labels; later ones share
+/// `other`, so a client sending random names cannot grow the exposition.
+const MAX_MODELS: usize = 64;
+const OTHER_MODEL: &str = "other";
+
+/// Where a pick spends its time, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Parsing the JSON body.
+    Parse,
+    /// The tokenizer round trip.
+    Tokenize,
+    /// Cutting tokens into blocks and hashing them.
+    Hash,
+    /// Scatter–gather over the shards, the cost and the booking (and any
+    /// queue wait).
+    Select,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 4] = [Phase::Parse, Phase::Tokenize, Phase::Hash, Phase::Select];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Parse => "parse",
+            Phase::Tokenize => "tokenize",
+            Phase::Hash => "hash",
+            Phase::Select => "select",
+        }
+    }
+}
+
+/// Per model name: decisions and errors (by reason).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ModelCounts {
+    pub requests: u64,
+    /// `(error_code, count)`: the reason strings of `RequestError::details`.
+    pub errors: BTreeMap<&'static str, u64>,
+}
+
+/// The bucketed histograms exported to Prometheus.
+#[derive(Debug)]
+struct Exported {
+    request_duration: Buckets,
+    scheduler: Buckets,
+    phases: [Buckets; Phase::ALL.len()],
+    input_tokens: Buckets,
+    output_tokens: Buckets,
+    models: Mutex<BTreeMap<String, ModelCounts>>,
+    overlap_tokens: AtomicU64,
+    prompt_tokens_picked: AtomicU64,
+}
+
+impl Default for Exported {
+    fn default() -> Self {
+        Exported {
+            request_duration: Buckets::new(LATENCY_BUCKETS),
+            scheduler: Buckets::new(LATENCY_BUCKETS),
+            phases: std::array::from_fn(|_| Buckets::new(LATENCY_BUCKETS)),
+            input_tokens: Buckets::new(TOKEN_BUCKETS),
+            output_tokens: Buckets::new(TOKEN_BUCKETS),
+            models: Mutex::default(),
+            overlap_tokens: AtomicU64::new(0),
+            prompt_tokens_picked: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Copies of the exported histograms and per-model counts.
+#[derive(Clone, Debug)]
+pub struct ExportedSnapshot {
+    pub request_duration: BucketSnapshot,
+    pub scheduler: BucketSnapshot,
+    pub phases: Vec<(Phase, BucketSnapshot)>,
+    pub input_tokens: BucketSnapshot,
+    pub output_tokens: BucketSnapshot,
+    pub models: BTreeMap<String, ModelCounts>,
+    /// Prompt tokens the picked workers already held (overlap × block size).
+    pub overlap_tokens: u64,
+    /// Prompt tokens of the requests picked with a prompt.
+    pub prompt_tokens_picked: u64,
+}
 
 /// The statuses the server answers with, in export order; `200` is a pick
 /// sent back to the gateway, everything else an `ImmediateResponse`.
@@ -102,6 +187,7 @@ pub struct ExtProcMetrics {
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
     cached_tokens: AtomicU64,
+    exported: Exported,
 }
 
 impl Default for ExtProcMetrics {
@@ -124,6 +210,7 @@ impl Default for ExtProcMetrics {
             prompt_tokens: AtomicU64::new(0),
             completion_tokens: AtomicU64::new(0),
             cached_tokens: AtomicU64::new(0),
+            exported: Exported::default(),
         }
     }
 }
@@ -161,10 +248,12 @@ impl ExtProcMetrics {
 
     pub(crate) fn record_tokenize(&self, elapsed: Duration) {
         record(&self.tokenize_micros, elapsed);
+        self.record_phase(Phase::Tokenize, elapsed);
     }
 
     pub(crate) fn record_select(&self, elapsed: Duration) {
         record(&self.select_micros, elapsed);
+        self.record_phase(Phase::Select, elapsed);
     }
 
     pub(crate) fn record_prefill_complete(&self) {
@@ -190,7 +279,57 @@ impl ExtProcMetrics {
         self.stream_errors.fetch_add(1, Relaxed);
     }
 
+    /// A request decided (picked, or refused with `error_code`) for
+    /// `model` (`""` when the body named none or was never parsed).
+    pub(crate) fn record_model_decision(&self, model: &str, error_code: Option<&'static str>) {
+        let mut models = self.exported.models.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = if models.contains_key(model) || models.len() < MAX_MODELS { model } else { OTHER_MODEL };
+        let counts = models.entry(key.to_owned()).or_default();
+        counts.requests += 1;
+        if let Some(code) = error_code {
+            *counts.errors.entry(code).or_default() += 1;
+        }
+    }
+
+    pub(crate) fn record_phase(&self, phase: Phase, elapsed: Duration) {
+        self.exported.phases[phase as usize].observe_duration(elapsed);
+    }
+
+    /// The whole pick, from the end of the body to the decision.
+    pub(crate) fn record_scheduler(&self, elapsed: Duration) {
+        self.exported.scheduler.observe_duration(elapsed);
+    }
+
+    /// The request's whole life at the gateway: from its headers to the end
+    /// of its response.
+    pub(crate) fn record_request_duration(&self, elapsed: Duration) {
+        self.exported.request_duration.observe_duration(elapsed);
+    }
+
+    /// A pick made with a prompt of `prompt_tokens`, of which the chosen
+    /// worker held `overlap_tokens`.
+    pub(crate) fn record_overlap(&self, prompt_tokens: u64, overlap_tokens: u64) {
+        self.exported.prompt_tokens_picked.fetch_add(prompt_tokens, Relaxed);
+        self.exported.overlap_tokens.fetch_add(overlap_tokens.min(prompt_tokens), Relaxed);
+    }
+
+    pub fn exported(&self) -> ExportedSnapshot {
+        let e = &self.exported;
+        ExportedSnapshot {
+            request_duration: e.request_duration.snapshot(),
+            scheduler: e.scheduler.snapshot(),
+            phases: Phase::ALL.iter().map(|p| (*p, e.phases[*p as usize].snapshot())).collect(),
+            input_tokens: e.input_tokens.snapshot(),
+            output_tokens: e.output_tokens.snapshot(),
+            models: e.models.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            overlap_tokens: e.overlap_tokens.load(Relaxed),
+            prompt_tokens_picked: e.prompt_tokens_picked.load(Relaxed),
+        }
+    }
+
     pub(crate) fn record_usage(&self, usage: &Usage) {
+        self.exported.input_tokens.observe(usage.prompt_tokens as f64);
+        self.exported.output_tokens.observe(usage.completion_tokens as f64);
         self.usage_responses.fetch_add(1, Relaxed);
         self.prompt_tokens.fetch_add(usage.prompt_tokens, Relaxed);
         self.completion_tokens.fetch_add(usage.completion_tokens, Relaxed);

@@ -200,12 +200,18 @@ impl ServerHandle {
 
     /// Stops accepting, lets open streams finish for a few seconds, then
     /// cuts them.
-    pub async fn shutdown(mut self) -> Result<(), ServeError> {
+    pub async fn shutdown(self) -> Result<(), ServeError> {
+        self.shutdown_within(SHUTDOWN_GRACE).await
+    }
+
+    /// Stops accepting, lets open streams finish for up to `grace`, then
+    /// cuts them (dropping a stream frees its booking).
+    pub async fn shutdown_within(mut self, grace: Duration) -> Result<(), ServeError> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
         let Some(mut task) = self.task.take() else { return Ok(()) };
-        match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {
+        match tokio::time::timeout(grace, &mut task).await {
             Ok(Ok(result)) => result,
             Ok(Err(join)) if join.is_panic() => Err(ServeError::Panicked),
             Ok(Err(_)) => Ok(()),

@@ -17,6 +17,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use kvpick_proto::core::Metadata;
@@ -30,7 +31,7 @@ use super::error::RequestError;
 use super::headers::{CONFORMANCE_SERVED, RequestHeaders, ResponseHeaders, set_header};
 use super::inflight::{InflightLimiter, InflightPermit};
 use super::metadata::{Served, destination_metadata, served_endpoint, subset_hint};
-use super::metrics::ExtProcMetrics;
+use super::metrics::{ExtProcMetrics, Phase};
 use super::picker::{BodyInput, PickInput, Picker};
 use super::protocol::Modes;
 use super::reservation::Reservation;
@@ -89,6 +90,10 @@ pub(crate) struct ExtProcStream {
     usage: Option<UsageParser>,
     first_response_chunk_seen: bool,
     response_finished: bool,
+    /// When the request headers came: the request's duration starts here.
+    started: Option<Instant>,
+    /// The body's `model`, for per-model metrics.
+    model: String,
 }
 
 impl ExtProcStream {
@@ -109,6 +114,8 @@ impl ExtProcStream {
             usage: None,
             first_response_chunk_seen: false,
             response_finished: false,
+            started: None,
+            model: String::new(),
         }
     }
 
@@ -166,6 +173,7 @@ impl ExtProcStream {
             return;
         }
         self.note_subset(metadata);
+        self.started = Some(Instant::now());
         self.headers = RequestHeaders::read(message.headers.as_ref());
         if !self.admit() {
             return;
@@ -261,12 +269,16 @@ impl ExtProcStream {
         }
     }
 
-    async fn pick(&self, body: &Bytes) -> Result<Picked, RequestError> {
+    async fn pick(&mut self, body: &Bytes) -> Result<Picked, RequestError> {
         let allowed = self.allowed()?.map(|list| to_filter(&list));
         let body = if body.is_empty() {
             None
         } else {
-            let parsed = RequestBody::parse(body, api_of_path(self.headers.route()))?;
+            let parsing = Instant::now();
+            let parsed = RequestBody::parse(body, api_of_path(self.headers.route()));
+            self.shared.metrics.record_phase(Phase::Parse, parsing.elapsed());
+            let parsed = parsed?;
+            self.model.clone_from(&parsed.model);
             Some(BodyInput { bytes: body.clone(), parsed })
         };
         let pick = self.shared.picker.pick(PickInput { body, allowed }).await?;
@@ -275,13 +287,16 @@ impl ExtProcStream {
 
     async fn finish_request(&mut self, end: End) {
         let body = Bytes::from(std::mem::take(&mut self.body));
+        let deciding = Instant::now();
         let result = self.pick(&body).await;
+        self.shared.metrics.record_scheduler(deciding.elapsed());
         self.permit = None;
         let picked = match result {
             Ok(picked) => picked,
             Err(error) => return self.refuse(error),
         };
         self.shared.metrics.record_status(200);
+        self.shared.metrics.record_model_decision(&self.model, None);
         let destination = picked.endpoint.to_string();
         let mutation = self.headers.pick_mutation(&destination);
         let metadata = Some(destination_metadata(&destination));
@@ -312,6 +327,7 @@ impl ExtProcStream {
     fn refuse(&mut self, error: RequestError) {
         tracing::debug!(%error, status = error.status(), "refusing request");
         self.shared.metrics.record_status(error.status());
+        self.shared.metrics.record_model_decision(&self.model, Some(error.details()));
         self.out.push_back(error.immediate_response());
         self.stage = Stage::Refused;
         self.permit = None;
@@ -400,6 +416,9 @@ impl ExtProcStream {
         }
         if let Some(usage) = self.usage.take().and_then(UsageParser::finish) {
             self.shared.metrics.record_usage(&usage);
+        }
+        if let Some(started) = self.started {
+            self.shared.metrics.record_request_duration(started.elapsed());
         }
         if let Some(picked) = &mut self.picked {
             // Dropping the guard frees the booking.

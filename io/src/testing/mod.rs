@@ -2,6 +2,8 @@
 //! [`Tokenizer`]. Not for production: real deployments tokenize with the
 //! engine's own tokenizer service (`crate::tokenizer`).
 
+pub mod gateway;
+
 use std::borrow::Cow;
 
 use serde::Deserialize;

@@ -1,0 +1,298 @@
+//! `kvpick serve`'s whole configuration, resolved from [`Values`] and
+//! checked before anything starts.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kvpick_core::RouterConfig;
+use kvpick_core::runtime::{RuntimeChoice, RuntimeConfig, RuntimeKind};
+
+use super::settings::{self as var, SettingError, Values};
+use crate::discovery::DiscoveryConfig;
+use crate::ext_proc::ExtProcConfig;
+use crate::tokenizer::{FallbackPolicy, TokenizerConfig};
+
+/// Where the workers come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DiscoveryMode {
+    Kubernetes(Box<DiscoveryConfig>),
+    Static { file: PathBuf, poll: Duration },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub discovery: DiscoveryMode,
+    /// Facts every worker shares, for static entries that do not say.
+    pub block_size: u32,
+    pub model: Option<String>,
+    pub max_num_batched_tokens: Option<u64>,
+    pub total_kv_blocks: Option<u64>,
+    pub router: RouterConfig,
+    pub runtime: RuntimeConfig,
+    pub ext_proc: ExtProcConfig,
+    /// `None`: static mode picks the first worker's endpoint at start.
+    pub tokenizer: Option<TokenizerConfig>,
+    pub health_listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    pub io_threads: usize,
+    pub shutdown_grace: Duration,
+    pub log_format: LogFormat,
+    pub log_filter: String,
+    pub profile: Option<PathBuf>,
+}
+
+/// One message for the operator: what is wrong and what would work.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Setting(#[from] SettingError),
+    #[error("{0} is required: {1}")]
+    Missing(String, &'static str),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl ServeConfig {
+    pub fn from_values(v: &Values) -> Result<ServeConfig, ConfigError> {
+        let block_size = v.whole::<u32>(var::BLOCK_SIZE, 1)?.unwrap_or(16);
+        let model = v.get(var::MODEL).map(str::to_owned);
+        let max_num_batched_tokens = v.whole::<u64>(var::MAX_NUM_BATCHED_TOKENS, 1)?;
+        let total_kv_blocks = v.whole::<u64>(var::TOTAL_KV_BLOCKS, 1)?;
+        let router = router(v, max_num_batched_tokens)?;
+        let runtime = runtime(v)?;
+        let io_threads = v.whole::<usize>(var::IO_THREADS, 1)?.unwrap_or(1);
+        let address = v.parse(var::LISTEN_ADDRESS, "expected an IP address", |t| t.parse::<IpAddr>().ok())?;
+        let address = address.unwrap_or(IpAddr::from([0, 0, 0, 0]));
+        let port = |name: &str, default: u16| -> Result<SocketAddr, SettingError> {
+            let port = v.parse(name, "expected a port, 0 to 65535", |t| t.parse::<u16>().ok())?;
+            Ok(SocketAddr::new(address, port.unwrap_or(default)))
+        };
+        let mut ext_proc = ExtProcConfig::from_lookup(v.lookup()).map_err(|e| {
+            ConfigError::Setting(SettingError {
+                name: v.name_of(e.var),
+                value: e.value,
+                allowed: format!("expected {}", e.allowed),
+            })
+        })?;
+        ext_proc.listen = port(var::EXT_PROC_PORT, 9002)?;
+        let tokenizer = match v.get("DYN_EPP_TOKENIZER_SERVICE_URL") {
+            None => None,
+            Some(_) => Some(TokenizerConfig::from_lookup(v.lookup()).map_err(|e| {
+                ConfigError::Setting(SettingError { name: v.name_of(e.setting), value: e.value, allowed: e.allowed })
+            })?),
+        };
+        // The fallback rides in the tokenizer's settings but is applied by
+        // the server; read it even when the URL is left to static mode.
+        ext_proc.fallback = match v.one_of("DYN_EPP_TOKENIZER_FALLBACK", &["load-only", "fail"])? {
+            Some("fail") => FallbackPolicy::Fail,
+            _ => FallbackPolicy::LoadOnly,
+        };
+        let discovery = discovery(v, block_size, &model, max_num_batched_tokens, total_kv_blocks)?;
+        if tokenizer.is_none() && matches!(discovery, DiscoveryMode::Kubernetes(_)) {
+            return Err(ConfigError::Missing(
+                v.name_of("DYN_EPP_TOKENIZER_SERVICE_URL"),
+                "the tokenizer service in Kubernetes mode, e.g. http://vllm-render:8000",
+            ));
+        }
+        let grace = v.whole::<u64>(var::SHUTDOWN_GRACE_MS, 0)?.unwrap_or(10_000);
+        let log_format = match v.one_of(var::LOG_FORMAT, &["text", "json"])? {
+            Some("json") => LogFormat::Json,
+            _ => LogFormat::Text,
+        };
+        Ok(ServeConfig {
+            discovery,
+            block_size,
+            model,
+            max_num_batched_tokens,
+            total_kv_blocks,
+            router,
+            runtime,
+            ext_proc,
+            tokenizer,
+            health_listen: port(var::HEALTH_PORT, 9003)?,
+            metrics_listen: port(var::METRICS_PORT, 9090)?,
+            io_threads,
+            shutdown_grace: Duration::from_millis(grace),
+            log_format,
+            log_filter: v.get(var::LOG_LEVEL).unwrap_or("info").to_owned(),
+            profile: v.get(var::PROFILE).map(PathBuf::from),
+        })
+    }
+}
+
+fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfig, ConfigError> {
+    let mut router = RouterConfig::default();
+    let scale = match v.number(var::PREFILL_LOAD_SCALE, 0.0)? {
+        Some(scale) => Some(scale),
+        None => v.number(var::OVERLAP_SCORE_WEIGHT, 0.0)?,
+    };
+    if let Some(scale) = scale {
+        router.prefill_load_scale = scale;
+    }
+    if let Some(t) = v.number(var::TEMPERATURE, 0.0)? {
+        router.temperature = t;
+    }
+    router.queue_threshold = v.number(var::QUEUE_THRESHOLD, 0.0)?;
+    if router.queue_threshold.is_some() && max_num_batched_tokens.is_none() {
+        return Err(ConfigError::Missing(
+            v.name_of(var::MAX_NUM_BATCHED_TOKENS),
+            "queueing is on (DYN_ROUTER_QUEUE_THRESHOLD is set) and measures prefill against every engine's \
+             --max-num-batched-tokens",
+        ));
+    }
+    if let Some(n) = v.whole::<usize>(var::QUEUE_CAPACITY, 1)? {
+        router.queue_capacity = n;
+    }
+    if let Some(ms) = v.whole::<u64>(var::QUEUE_TIMEOUT_MS, 1)? {
+        router.queue_timeout = Duration::from_millis(ms);
+    }
+    if let Some(secs) = v.whole::<u64>(var::LEASE_SECS, 1)? {
+        router.lease = Duration::from_secs(secs);
+    }
+    if let Some(seed) = v.whole::<u64>(var::ROUTER_SEED, 0)? {
+        router.seed = seed;
+    }
+    Ok(router)
+}
+
+fn runtime(v: &Values) -> Result<RuntimeConfig, ConfigError> {
+    let mut runtime = RuntimeConfig::default();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Some(shards) = v.whole::<usize>(var::SHARDS, 1)? {
+        runtime.shards = shards;
+        // Keep the default's shape: the highest-numbered cores, wrapping
+        // when there are more shards than cores.
+        runtime.cpus = (0..shards).map(|i| cores - 1 - (i % cores)).rev().collect();
+    }
+    match v.get(var::SHARD_CPUS) {
+        None => {}
+        Some(t) if t.eq_ignore_ascii_case("none") => runtime.cpus.clear(),
+        Some(t) => {
+            let cpus: Option<Vec<usize>> = t.split(',').map(|c| c.trim().parse::<usize>().ok()).collect();
+            runtime.cpus = cpus.filter(|c| !c.is_empty() && c.iter().all(|cpu| *cpu < cores)).ok_or_else(|| {
+                v.error(var::SHARD_CPUS, format!("expected `none` or CPU numbers below {cores}, e.g. 1,2"))
+            })?;
+        }
+    }
+    runtime.choice = match v.one_of(var::RUNTIME, &["auto", "glommio", "threads"])? {
+        Some("glommio") => RuntimeChoice::Force(RuntimeKind::Glommio),
+        Some("threads") => RuntimeChoice::Force(RuntimeKind::StdThreads),
+        _ => RuntimeChoice::Auto,
+    };
+    Ok(runtime)
+}
+
+fn discovery(
+    v: &Values,
+    block_size: u32,
+    model: &Option<String>,
+    max_num_batched_tokens: Option<u64>,
+    total_kv_blocks: Option<u64>,
+) -> Result<DiscoveryMode, ConfigError> {
+    let pool = v.get(var::POOL_NAME);
+    let mode = v.one_of(var::DISCOVERY, &["kubernetes", "static"])?;
+    let mode = mode.unwrap_or(if pool.is_some() { "kubernetes" } else { "static" });
+    if mode == "static" {
+        let file = v.get(var::WORKERS_FILE).ok_or_else(|| {
+            ConfigError::Missing(v.name_of(var::WORKERS_FILE), "static discovery reads its workers from a file")
+        })?;
+        let poll = v.whole::<u64>(var::WORKERS_FILE_POLL_MS, 10)?.unwrap_or(1000);
+        return Ok(DiscoveryMode::Static { file: PathBuf::from(file), poll: Duration::from_millis(poll) });
+    }
+    let pool = pool.ok_or_else(|| ConfigError::Missing(v.name_of(var::POOL_NAME), "the InferencePool to serve"))?;
+    let namespace = v
+        .get(var::NAMESPACE)
+        .ok_or_else(|| ConfigError::Missing(v.name_of(var::NAMESPACE), "the pool's namespace (downward API)"))?;
+    let mut cfg = DiscoveryConfig::new(namespace, pool, block_size);
+    cfg.model.clone_from(model);
+    cfg.max_num_batched_tokens = max_num_batched_tokens;
+    cfg.total_kv_blocks = total_kv_blocks;
+    if let Some(port) = v.whole::<u16>(var::KV_EVENT_PORT, 1)? {
+        cfg.kv_event_port = port;
+    }
+    cfg.kv_event_replay_port = v.whole::<u16>(var::KV_EVENT_REPLAY_PORT, 1)?;
+    cfg.peer_service = v.get(var::PEER_SERVICE).map(str::to_owned);
+    cfg.pod_ip = v.parse(var::POD_IP, "expected an IP address", |t| t.parse::<IpAddr>().ok())?;
+    if let Some(port) = v.whole::<u16>(var::REPLICA_SYNC_PORT, 1)? {
+        cfg.peer_port = port;
+    }
+    cfg.validate().map_err(|e| ConfigError::Other(e.to_string()))?;
+    Ok(DiscoveryMode::Kubernetes(Box::new(cfg)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(pairs: &[(&'static str, &'static str)]) -> Result<ServeConfig, ConfigError> {
+        ServeConfig::from_values(&Values::from_pairs(pairs.iter().copied()))
+    }
+
+    #[test]
+    fn static_mode_needs_a_file_and_queueing_needs_batched_tokens() {
+        let e = config(&[]).err().map(|e| e.to_string());
+        assert_eq!(
+            e.as_deref(),
+            Some("KVPICK_WORKERS_FILE is required: static discovery reads its workers from a file")
+        );
+        let e = config(&[(var::WORKERS_FILE, "w.yaml"), (var::QUEUE_THRESHOLD, "2")]).err();
+        assert!(matches!(e, Some(ConfigError::Missing(ref name, _)) if name == var::MAX_NUM_BATCHED_TOKENS));
+        let c = config(&[
+            (var::WORKERS_FILE, "w.yaml"),
+            (var::QUEUE_THRESHOLD, "2"),
+            (var::MAX_NUM_BATCHED_TOKENS, "8192"),
+            (var::OVERLAP_SCORE_WEIGHT, "2.5"),
+            (var::SHARDS, "3"),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.router.queue_threshold, Some(2.0));
+        assert_eq!(c.router.prefill_load_scale, 2.5);
+        assert_eq!(c.runtime.shards, 3);
+        assert_eq!(c.runtime.cpus.len(), 3);
+        assert_eq!(c.ext_proc.listen.port(), 9002);
+    }
+
+    #[test]
+    fn kubernetes_mode_is_chosen_by_the_pool_name_and_checked() {
+        let e = config(&[(var::POOL_NAME, "pool")]).err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some("POD_NAMESPACE is required: the pool's namespace (downward API)"));
+        let e = config(&[(var::POOL_NAME, "pool"), (var::NAMESPACE, "ns")]).err();
+        assert!(matches!(e, Some(ConfigError::Missing(ref n, _)) if n == "DYN_EPP_TOKENIZER_SERVICE_URL"));
+        let c = config(&[
+            (var::POOL_NAME, "pool"),
+            (var::NAMESPACE, "ns"),
+            ("DYN_EPP_TOKENIZER_SERVICE_URL", "http://render:8000"),
+            (var::KV_EVENT_REPLAY_PORT, "5558"),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        match c.discovery {
+            DiscoveryMode::Kubernetes(d) => {
+                assert_eq!((d.pool_name.as_str(), d.kv_event_replay_port), ("pool", Some(5558)))
+            }
+            other => panic!("expected kubernetes, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let e = config(&[(var::WORKERS_FILE, "w"), ("DYN_EPP_MAX_INFLIGHT_REQUESTS", "lots")]).err();
+        assert_eq!(
+            e.map(|e| e.to_string()).as_deref(),
+            Some("DYN_EPP_MAX_INFLIGHT_REQUESTS=\"lots\" is not valid: expected a whole number of at least 1")
+        );
+        let e = config(&[(var::WORKERS_FILE, "w"), (var::RUNTIME, "fibers")]).err();
+        assert_eq!(
+            e.map(|e| e.to_string()).as_deref(),
+            Some("KVPICK_RUNTIME=\"fibers\" is not valid: expected one of auto, glommio, threads")
+        );
+        let e = config(&[(var::WORKERS_FILE, "w"), ("DYN_EPP_TOKENIZER_SERVICE_URL", "ftp://x")]).err();
+        assert!(matches!(e, Some(ConfigError::Setting(ref s)) if s.name == "DYN_EPP_TOKENIZER_SERVICE_URL"));
+    }
+}

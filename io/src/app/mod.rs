@@ -1,0 +1,347 @@
+//! `kvpick serve` as a library: every part wired together, started in
+//! order and stopped in reverse, so the binary, the demo and the tests run
+//! the same thing.
+//!
+//! Start: shards (thread-per-core runtime) → KV-event ingest → tokenizer
+//! client → health (NOT_SERVING) → ext_proc server → metrics → discovery
+//! and the task applying its updates (workers into the shards and the
+//! ingest; readiness SERVING once a worker is schedulable) → the tick that
+//! expires queue deadlines. Stop: readiness NOT_SERVING, discovery stops,
+//! the ext_proc port stops accepting and open streams get a grace period
+//! (then are cut, which frees their bookings), then metrics, health, the
+//! ingest and the shards.
+//!
+//! [`App::start`] runs on the caller's tokio runtime (the I/O runtime); the
+//! shards and the ingest run on threads of their own.
+
+pub mod config;
+pub mod settings;
+pub mod workers_file;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kvpick_core::runtime::{Clock, RuntimeError, ShardedService, ThreadProducers};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+pub use config::{ConfigError, DiscoveryMode, LogFormat, ServeConfig};
+
+use crate::discovery::{Discovery, WorkerUpdate};
+use crate::ext_proc::{ExtProcMetrics, ExtProcServer, KvPicker, Picker, ServeError, ServerHandle};
+use crate::health::{Health, Readiness};
+use crate::kv_events::{IngestConfig, IngestError, KvEventIngest, ShardSink};
+use crate::metrics::MetricsServer;
+use crate::metrics::collect::{Sources, WorkerNames};
+use crate::tokenizer::{TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
+use workers_file::{Defaults, WorkersFile};
+
+/// Why kvpick could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("shard runtime: {0}")]
+    Runtime(#[from] RuntimeError),
+    #[error("KV-event ingest: {0}")]
+    Ingest(#[from] IngestError),
+    #[error("workers file {0}")]
+    WorkersFile(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("{what} port: {source}")]
+    Listen { what: &'static str, source: std::io::Error },
+    #[error("ext_proc server: {0}")]
+    Serve(#[from] ServeError),
+    #[error("Kubernetes: {0}")]
+    Kubernetes(String),
+}
+
+/// A running kvpick.
+pub struct App {
+    service: Arc<ShardedService>,
+    ingest: Arc<KvEventIngest>,
+    ext_proc: ServerHandle,
+    health_server: ServerHandle,
+    health: Health,
+    metrics: MetricsServer,
+    discovery: Option<Discovery>,
+    tasks: Vec<JoinHandle<()>>,
+    workers: WorkerNames,
+    ext_proc_metrics: Arc<ExtProcMetrics>,
+    grace: Duration,
+}
+
+impl App {
+    pub async fn start(config: ServeConfig) -> Result<App, StartError> {
+        let clock = Clock::system();
+        let service = Arc::new(ShardedService::start(
+            config.router.clone(),
+            config.block_size,
+            config.runtime.clone(),
+            clock.clone(),
+        )?);
+        let producers = ThreadProducers::new(service.clone());
+        let ingest = Arc::new(KvEventIngest::spawn(IngestConfig::default(), ShardSink::new(service.clone()))?);
+        let health = Health::start().await;
+        let workers = WorkerNames::default();
+        let applier = Applier {
+            producers: producers.clone(),
+            clock: clock.clone(),
+            ingest: ingest.clone(),
+            workers: workers.clone(),
+            readiness: health.readiness(),
+        };
+
+        // Discovery's first answer is needed before the tokenizer in static
+        // mode (its default URL is the first worker).
+        let (updates_tx, updates_rx) = mpsc::channel::<WorkerUpdate>(1024);
+        let mut tasks = Vec::new();
+        let mut discovery = None;
+        let mut pool = "static".to_owned();
+        let mut first_worker = None;
+        match &config.discovery {
+            DiscoveryMode::Static { file, poll } => {
+                let defaults = Defaults {
+                    block_size: config.block_size,
+                    model: config.model.clone(),
+                    max_num_batched_tokens: config.max_num_batched_tokens,
+                    total_kv_blocks: config.total_kv_blocks,
+                };
+                let (watcher, initial) = WorkersFile::open(file, defaults).map_err(StartError::WorkersFile)?;
+                first_worker = watcher.workers().next().map(|w| w.spec.endpoint);
+                tracing::info!(file = %file.display(), workers = initial.len(), poll_ms = poll.as_millis() as u64, "discovery: static workers file");
+                // Applied before the ports open: the first request and the
+                // first probe already see the file's workers.
+                for update in initial {
+                    applier.apply(update).await;
+                }
+                applier.report_readiness();
+                tasks.push(tokio::spawn(watcher.watch(*poll, updates_tx)));
+            }
+            DiscoveryMode::Kubernetes(cfg) => {
+                pool.clone_from(&cfg.pool_name);
+                let client = kube::Client::try_default().await.map_err(|e| StartError::Kubernetes(e.to_string()))?;
+                tracing::info!(namespace = %cfg.namespace, pool = %cfg.pool_name, "discovery: Kubernetes InferencePool");
+                let mut running =
+                    Discovery::spawn(client, (**cfg).clone()).map_err(|e| StartError::Kubernetes(e.to_string()))?;
+                // Forward discovery's channel into the one the applier reads.
+                let mut from_kube = std::mem::replace(&mut running.updates, mpsc::channel(1).1);
+                tasks.push(tokio::spawn(async move {
+                    while let Some(update) = from_kube.recv().await {
+                        if updates_tx.send(update).await.is_err() {
+                            return;
+                        }
+                    }
+                }));
+                discovery = Some(running);
+            }
+        }
+
+        let tokenizer_metrics = Arc::new(TokenizerMetrics::new());
+        let tokenizer_config = match (&config.tokenizer, first_worker) {
+            (Some(t), _) => t.clone(),
+            (None, Some(endpoint)) => {
+                let mut t = TokenizerConfig::new(TokenizerProtocol::VllmRender, format!("http://{endpoint}"));
+                t.fallback = config.ext_proc.fallback;
+                tracing::info!(url = %t.base_url, "tokenizer: DYN_EPP_TOKENIZER_SERVICE_URL unset, rendering with the first worker");
+                t
+            }
+            (None, None) => {
+                return Err(StartError::Tokenizer(
+                    "DYN_EPP_TOKENIZER_SERVICE_URL is unset and the workers file lists no worker to render with".into(),
+                ));
+            }
+        };
+        let tokenizer =
+            tokenizer_config.build(tokenizer_metrics.clone()).map_err(|e| StartError::Tokenizer(e.to_string()))?;
+        tracing::info!(protocol = tokenizer_config.protocol.as_str(), url = %tokenizer_config.base_url, "tokenizer");
+
+        let health_listener = bind("health", config.health_listen).await?;
+        let health_server = health.spawn_on(health_listener)?;
+
+        let ext_proc_metrics = Arc::new(ExtProcMetrics::new());
+        let picker =
+            KvPicker::new(service.clone(), clock.clone(), tokenizer, &config.ext_proc, ext_proc_metrics.clone());
+        let server = ExtProcServer::new(config.ext_proc.clone(), Picker::Kv(picker), ext_proc_metrics.clone())
+            .with_health(&health);
+        let ext_proc_listener = bind("ext_proc", config.ext_proc.listen).await?;
+        let ext_proc = server.spawn_on(ext_proc_listener)?;
+
+        let sources = Sources {
+            pool,
+            ext_proc: ext_proc_metrics.clone(),
+            tokenizer: Some(tokenizer_metrics),
+            ingest: Some(ingest.metrics().clone()),
+            service: Some(producers.clone()),
+            workers: workers.clone(),
+        };
+        let metrics_listener = bind("metrics", config.metrics_listen).await?;
+        let metrics = MetricsServer::spawn(metrics_listener, sources)
+            .map_err(|source| StartError::Listen { what: "metrics", source })?;
+        tracing::info!(
+            ext_proc = %ext_proc.local_addr(),
+            health = %health_server.local_addr(),
+            metrics = %metrics.local_addr(),
+            tls = ext_proc.certificate_pem().is_some(),
+            "listening"
+        );
+
+        tasks.push(tokio::spawn(applier.run(updates_rx)));
+        // Leases expire on the shards' own timers; queue deadlines and the
+        // admissions they unblock need a clock tick from here.
+        let ticker = producers.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                every.tick().await;
+                ticker.service().tick(&ticker, clock.now()).await;
+            }
+        }));
+
+        Ok(App {
+            service,
+            ingest,
+            ext_proc,
+            health_server,
+            health,
+            metrics,
+            discovery,
+            tasks,
+            workers,
+            ext_proc_metrics,
+            grace: config.shutdown_grace,
+        })
+    }
+
+    pub fn ext_proc_addr(&self) -> SocketAddr {
+        self.ext_proc.local_addr()
+    }
+
+    pub fn health_addr(&self) -> SocketAddr {
+        self.health_server.local_addr()
+    }
+
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics.local_addr()
+    }
+
+    /// The ext_proc port's certificate (PEM) when TLS is on.
+    pub fn certificate_pem(&self) -> Option<&str> {
+        self.ext_proc.certificate_pem()
+    }
+
+    pub fn service(&self) -> &Arc<ShardedService> {
+        &self.service
+    }
+
+    pub fn workers(&self) -> &WorkerNames {
+        &self.workers
+    }
+
+    pub fn ext_proc_metrics(&self) -> &Arc<ExtProcMetrics> {
+        &self.ext_proc_metrics
+    }
+
+    pub fn ingest(&self) -> &KvEventIngest {
+        &self.ingest
+    }
+
+    /// Stops in reverse order of start; see the module docs.
+    pub async fn shutdown(mut self) {
+        tracing::info!(grace_ms = self.grace.as_millis() as u64, "shutting down: draining open streams");
+        self.health.readiness().set_schedulable_workers(0);
+        if let Some(discovery) = self.discovery.take() {
+            discovery.shutdown().await;
+        }
+        for task in self.tasks.drain(..) {
+            task.abort();
+            let _ = task.await;
+        }
+        let open = self.ext_proc_metrics.snapshot().streams_open;
+        if let Err(error) = self.ext_proc.shutdown_within(self.grace).await {
+            tracing::warn!(%error, "ext_proc server ended with an error");
+        }
+        // Cut streams free their bookings from detached tasks: let them run.
+        for _ in 0..50 {
+            if self.service.active_reservations() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let left = self.service.active_reservations();
+        tracing::info!(streams_open_at_stop = open, bookings_left = left, "ext_proc server stopped");
+        self.metrics.shutdown().await;
+        if let Err(error) = self.health_server.shutdown().await {
+            tracing::warn!(%error, "health server ended with an error");
+        }
+        match Arc::try_unwrap(self.ingest) {
+            Ok(ingest) => {
+                if let Err(error) = ingest.shutdown() {
+                    tracing::warn!(%error, "KV-event ingest ended with an error");
+                }
+            }
+            Err(_) => tracing::warn!("KV-event ingest still shared at shutdown; its thread stops with the process"),
+        }
+        // Whatever is still booked goes with the shards.
+        self.service.shutdown();
+        tracing::info!("stopped");
+    }
+}
+
+async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr).await.map_err(|source| StartError::Listen { what, source })
+}
+
+/// Applies discovery's updates, in order, to the shards and the ingest,
+/// and reports readiness.
+struct Applier {
+    producers: ThreadProducers,
+    clock: Clock,
+    ingest: Arc<KvEventIngest>,
+    workers: WorkerNames,
+    readiness: Readiness,
+}
+
+impl Applier {
+    async fn run(self, mut updates: mpsc::Receiver<WorkerUpdate>) {
+        while let Some(update) = updates.recv().await {
+            self.apply(update).await;
+            self.report_readiness();
+        }
+    }
+
+    fn report_readiness(&self) {
+        self.readiness.set_schedulable_workers(self.workers.len());
+    }
+
+    async fn apply(&self, update: WorkerUpdate) {
+        let service = self.producers.service();
+        match update {
+            WorkerUpdate::Upsert(worker) => {
+                let (id, endpoint) = (worker.id(), worker.spec.endpoint);
+                match service.upsert_worker(&self.producers, worker.spec.clone(), self.clock.now()).await {
+                    Ok(()) => {
+                        if let Err(error) = self.ingest.add(worker.publisher.clone()) {
+                            tracing::error!(%endpoint, %error, "worker added without its KV events");
+                        }
+                        self.workers.insert(id, endpoint);
+                        tracing::info!(%endpoint, events = %worker.publisher.endpoint, replay = ?worker.publisher.replay_endpoint, "worker added");
+                    }
+                    Err(error) => tracing::error!(%endpoint, %error, "worker not added"),
+                }
+            }
+            WorkerUpdate::Delete(id) => {
+                let endpoint = self.workers.get(id);
+                self.workers.remove(id);
+                if let Err(error) = self.ingest.remove(id) {
+                    tracing::warn!(worker = id.0, %error, "could not unsubscribe a removed worker's KV events");
+                }
+                match service.delete_worker(&self.producers, id).await {
+                    Ok(freed) => tracing::info!(endpoint = ?endpoint, bookings_dropped = freed.len(), "worker removed"),
+                    Err(error) => tracing::warn!(endpoint = ?endpoint, %error, "worker removal"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,424 @@
+//! Every setting of `kvpick serve`: one environment variable and one flag
+//! each, read once at start-up and validated before anything starts.
+//!
+//! The variables keep the names of Dynamo's standalone EPP
+//! (`DYN_EPP_*`, `DYN_KV_CACHE_BLOCK_SIZE`, `DYN_ROUTER_*`), so a manifest
+//! written for it works unchanged; kvpick's own settings are `KVPICK_*`.
+//! A flag wins over its variable. A bad value stops start-up with one
+//! message naming where it came from (the variable or the flag), the value
+//! and what is allowed.
+//!
+//! The table ([`SETTINGS`]) is the single source of names, defaults and
+//! help text: the clap command, `--help` and the lookups are all built
+//! from it.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, ArgMatches, Command};
+
+/// One setting: its variable, its flag (without `--`), what it does and its
+/// default as shown in `--help`.
+#[derive(Clone, Copy, Debug)]
+pub struct Setting {
+    pub var: &'static str,
+    pub flag: &'static str,
+    pub help: &'static str,
+    pub default: Option<&'static str>,
+}
+
+const fn s(var: &'static str, flag: &'static str, default: Option<&'static str>, help: &'static str) -> Setting {
+    Setting { var, flag, help, default }
+}
+
+pub const DISCOVERY: &str = "KVPICK_DISCOVERY";
+pub const WORKERS_FILE: &str = "KVPICK_WORKERS_FILE";
+pub const WORKERS_FILE_POLL_MS: &str = "KVPICK_WORKERS_FILE_POLL_MS";
+pub const POOL_NAME: &str = "DYN_EPP_INFERENCE_POOL_NAME";
+pub const NAMESPACE: &str = "POD_NAMESPACE";
+pub const MODEL: &str = "DYN_MODEL_NAME";
+pub const BLOCK_SIZE: &str = "DYN_KV_CACHE_BLOCK_SIZE";
+pub const KV_EVENT_PORT: &str = "DYN_EPP_KV_EVENT_PORT";
+pub const KV_EVENT_REPLAY_PORT: &str = "DYN_EPP_KV_EVENT_REPLAY_PORT";
+pub const MAX_NUM_BATCHED_TOKENS: &str = "DYN_EPP_MAX_NUM_BATCHED_TOKENS";
+pub const TOTAL_KV_BLOCKS: &str = "DYN_EPP_TOTAL_KV_BLOCKS";
+pub const PEER_SERVICE: &str = "DYN_EPP_PEER_SERVICE";
+pub const POD_IP: &str = "POD_IP";
+pub const REPLICA_SYNC_PORT: &str = "DYN_EPP_REPLICA_SYNC_PORT";
+pub const EXT_PROC_PORT: &str = "KVPICK_EXT_PROC_PORT";
+pub const HEALTH_PORT: &str = "KVPICK_HEALTH_PORT";
+pub const METRICS_PORT: &str = "KVPICK_METRICS_PORT";
+pub const LISTEN_ADDRESS: &str = "KVPICK_LISTEN_ADDRESS";
+pub const PREFILL_LOAD_SCALE: &str = "DYN_ROUTER_PREFILL_LOAD_SCALE";
+pub const OVERLAP_SCORE_WEIGHT: &str = "DYN_ROUTER_OVERLAP_SCORE_WEIGHT";
+pub const TEMPERATURE: &str = "DYN_ROUTER_TEMPERATURE";
+pub const QUEUE_THRESHOLD: &str = "DYN_ROUTER_QUEUE_THRESHOLD";
+pub const QUEUE_CAPACITY: &str = "DYN_ROUTER_QUEUE_CAPACITY";
+pub const QUEUE_TIMEOUT_MS: &str = "DYN_ROUTER_QUEUE_TIMEOUT_MS";
+pub const LEASE_SECS: &str = "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS";
+pub const ROUTER_SEED: &str = "DYN_ROUTER_SEED";
+pub const SHARDS: &str = "KVPICK_SHARDS";
+pub const SHARD_CPUS: &str = "KVPICK_SHARD_CPUS";
+pub const RUNTIME: &str = "KVPICK_RUNTIME";
+pub const IO_THREADS: &str = "KVPICK_IO_THREADS";
+pub const SHUTDOWN_GRACE_MS: &str = "KVPICK_SHUTDOWN_GRACE_MS";
+pub const LOG_FORMAT: &str = "KVPICK_LOG_FORMAT";
+pub const LOG_LEVEL: &str = "KVPICK_LOG";
+pub const PROFILE: &str = "KVPICK_PROFILE";
+
+/// Every setting, in `--help` order. The ext_proc and tokenizer variables
+/// are the ones their modules read (`ext_proc::config`, `tokenizer::config`).
+pub const SETTINGS: &[Setting] = &[
+    s(
+        DISCOVERY,
+        "discovery",
+        None,
+        "Where workers come from: `kubernetes` (watch the InferencePool) or `static` (a workers file). Default: kubernetes when DYN_EPP_INFERENCE_POOL_NAME is set, else static",
+    ),
+    s(
+        WORKERS_FILE,
+        "workers-file",
+        None,
+        "Static mode: YAML or JSON list of {endpoint: \"ip:port\", kv_events: \"tcp://ip:port\", replay?: \"tcp://ip:port\", block_size?, model?}; re-read when it changes",
+    ),
+    s(
+        WORKERS_FILE_POLL_MS,
+        "workers-file-poll-ms",
+        Some("1000"),
+        "Static mode: how often the workers file is checked for changes, in ms",
+    ),
+    s(POOL_NAME, "pool-name", None, "Kubernetes mode: the InferencePool to serve"),
+    s(NAMESPACE, "namespace", None, "Kubernetes mode: the pool's namespace (from the downward API)"),
+    s(
+        MODEL,
+        "model",
+        None,
+        "The pool's base model; any other `model` in a request is a LoRA adapter (hashed with its own seed)",
+    ),
+    s(BLOCK_SIZE, "block-size", Some("16"), "Tokens per KV block: must equal every engine's --block-size"),
+    s(KV_EVENT_PORT, "kv-event-port", Some("5557"), "Kubernetes mode: rank 0's KV-event PUB port on each pod"),
+    s(
+        KV_EVENT_REPLAY_PORT,
+        "kv-event-replay-port",
+        None,
+        "Kubernetes mode: rank 0's KV-event replay port on each pod (none: gaps are counted as lost)",
+    ),
+    s(
+        MAX_NUM_BATCHED_TOKENS,
+        "max-num-batched-tokens",
+        None,
+        "Every engine's --max-num-batched-tokens; required when queueing is on",
+    ),
+    s(TOTAL_KV_BLOCKS, "total-kv-blocks", None, "Every engine's KV blocks (num_gpu_blocks), for load reporting"),
+    s(
+        PEER_SERVICE,
+        "peer-service",
+        None,
+        "The Service listing the kvpick replicas (their EndpointSlices are watched); requires POD_IP",
+    ),
+    s(POD_IP, "pod-ip", None, "This replica's own IP (from the downward API)"),
+    s(REPLICA_SYNC_PORT, "replica-sync-port", Some("9092"), "The peers' replica-sync port"),
+    s(LISTEN_ADDRESS, "listen-address", Some("0.0.0.0"), "Address the ext_proc, health and metrics ports bind to"),
+    s(EXT_PROC_PORT, "ext-proc-port", Some("9002"), "The ext_proc gRPC port (0: any free port)"),
+    s(HEALTH_PORT, "health-port", Some("9003"), "The gRPC health port (0: any free port)"),
+    s(METRICS_PORT, "metrics-port", Some("9090"), "The Prometheus /metrics port (0: any free port)"),
+    s(
+        "DYN_EPP_TOKENIZER_SERVICE_URL",
+        "tokenizer-url",
+        None,
+        "Tokenizer service, http://host[:port][/prefix]; static mode defaults to the first worker's endpoint (vllm serve renders itself)",
+    ),
+    s("DYN_EPP_TOKENIZER_PROTOCOL", "tokenizer-protocol", Some("vllm-render"), "`vllm-render` or `sglang-tokenize`"),
+    s(
+        "DYN_EPP_TOKENIZATION_TIMEOUT_MS",
+        "tokenization-timeout-ms",
+        Some("5000"),
+        "Bound on one tokenizer round trip, in ms",
+    ),
+    s(
+        "DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES",
+        "tokenizer-max-response-bytes",
+        Some("16777216"),
+        "Largest tokenizer answer read",
+    ),
+    s(
+        "DYN_EPP_TOKENIZER_FALLBACK",
+        "tokenizer-fallback",
+        Some("load-only"),
+        "When tokenizing fails: `load-only` (route by load, counted) or `fail` (answer with the error's status)",
+    ),
+    s(
+        "DYN_EPP_MAX_INFLIGHT_REQUESTS",
+        "max-inflight-requests",
+        Some("1024"),
+        "Requests between their headers and their pick at once; more get 429",
+    ),
+    s("KVPICK_MAX_REQUEST_BODY_BYTES", "max-request-body-bytes", Some("16777216"), "Larger request bodies get 413"),
+    s(
+        "DYN_SECURE_SERVING",
+        "secure-serving",
+        Some("false"),
+        "TLS on the ext_proc port with a self-signed certificate made at start",
+    ),
+    s(
+        "KVPICK_CONFORMANCE_HOOKS",
+        "conformance-hooks",
+        Some("false"),
+        "GAIE conformance hooks: test-epp-endpoint-selection and the served-endpoint echo",
+    ),
+    s(
+        PREFILL_LOAD_SCALE,
+        "prefill-load-scale",
+        Some("1.0"),
+        "Weight of prefill blocks against decode blocks in the cost",
+    ),
+    s(
+        OVERLAP_SCORE_WEIGHT,
+        "overlap-score-weight",
+        None,
+        "Older name of --prefill-load-scale (used when that is unset)",
+    ),
+    s(
+        TEMPERATURE,
+        "temperature",
+        Some("0"),
+        "0 picks the cheapest worker; above 0 samples a softmax over normalised costs",
+    ),
+    s(
+        QUEUE_THRESHOLD,
+        "queue-threshold",
+        None,
+        "Queue while every worker has more than this × max_num_batched_tokens in prefill (unset: never queue)",
+    ),
+    s(QUEUE_CAPACITY, "queue-capacity", Some("1024"), "Requests that may wait at once; more get 429"),
+    s(QUEUE_TIMEOUT_MS, "queue-timeout-ms", Some("30000"), "How long a request may wait in the queue, in ms; then 429"),
+    s(
+        LEASE_SECS,
+        "lease-secs",
+        Some("300"),
+        "A reservation frees itself this long after admission (a lost free cannot leak load)",
+    ),
+    s(ROUTER_SEED, "router-seed", None, "Seed of the tie-break and sampling generator (default: fixed)"),
+    s(SHARDS, "shards", None, "Shard threads (default: all cores but the I/O threads', at least 1)"),
+    s(
+        SHARD_CPUS,
+        "shard-cpus",
+        None,
+        "CPUs to pin the shards to, e.g. `1,2,3` (default: the highest-numbered cores; `none`: no pinning)",
+    ),
+    s(
+        RUNTIME,
+        "runtime",
+        Some("auto"),
+        "Shard executor: `auto` (glommio where io_uring works, else pinned threads), `glommio` or `threads`",
+    ),
+    s(
+        IO_THREADS,
+        "io-threads",
+        Some("1"),
+        "Threads of the I/O runtime (ext_proc, health, metrics, tokenizer, watchers)",
+    ),
+    s(
+        SHUTDOWN_GRACE_MS,
+        "shutdown-grace-ms",
+        Some("10000"),
+        "On SIGTERM, how long open streams may finish before the rest are freed, in ms",
+    ),
+    s(LOG_FORMAT, "log-format", Some("text"), "`text` or `json`"),
+    s(
+        LOG_LEVEL,
+        "log",
+        Some("info"),
+        "Log filter, e.g. `info` or `kvpick_io=debug,info` (per-request lines are at debug)",
+    ),
+    s(PROFILE, "profile", None, "Write a CPU flame graph (SVG) of the whole run to this file at exit"),
+];
+
+/// The flag's id in clap is the variable's name.
+pub fn command(name: &'static str, about: &'static str) -> Command {
+    let mut command = Command::new(name).about(about);
+    for setting in SETTINGS {
+        let mut help = setting.help.to_owned();
+        if let Some(default) = setting.default {
+            help.push_str(&format!(" [default: {default}]"));
+        }
+        command = command.arg(
+            Arg::new(setting.var)
+                .long(setting.flag)
+                .env(setting.var)
+                .value_name("VALUE")
+                .help(help)
+                .action(ArgAction::Set),
+        );
+    }
+    command
+}
+
+/// Where a value came from, for error messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Flag,
+    Env,
+}
+
+/// The values set, by variable name.
+#[derive(Clone, Debug, Default)]
+pub struct Values {
+    values: HashMap<&'static str, (String, Source)>,
+}
+
+/// A setting with a value kvpick cannot use.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{name}={value:?} is not valid: {allowed}")]
+pub struct SettingError {
+    /// `DYN_X` when it came from the environment, `--flag` from the
+    /// command line (or the variable when nothing set it).
+    pub name: String,
+    pub value: String,
+    pub allowed: String,
+}
+
+impl Values {
+    pub fn from_matches(matches: &ArgMatches) -> Self {
+        let mut values = HashMap::new();
+        for setting in SETTINGS {
+            let Some(value) = matches.get_one::<String>(setting.var) else { continue };
+            let source = match matches.value_source(setting.var) {
+                Some(ValueSource::CommandLine) => Source::Flag,
+                _ => Source::Env,
+            };
+            // An empty variable counts as unset (manifests often template
+            // `value: ""`).
+            if !value.trim().is_empty() {
+                values.insert(setting.var, (value.trim().to_owned(), source));
+            }
+        }
+        Values { values }
+    }
+
+    /// Parses `args` (the first is the program name) with the environment
+    /// as fallback.
+    pub fn parse_from<I, T>(command: Command, args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        command.try_get_matches_from(args).map(|m| Values::from_matches(&m))
+    }
+
+    /// For tests and the demo: values as if set in the environment.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'static str, &'a str)>) -> Self {
+        let values = pairs.into_iter().map(|(k, v)| (k, (v.to_owned(), Source::Env))).collect();
+        Values { values }
+    }
+
+    pub fn set(&mut self, var: &'static str, value: impl Into<String>) {
+        self.values.insert(var, (value.into(), Source::Flag));
+    }
+
+    pub fn get(&self, var: &str) -> Option<&str> {
+        self.values.get(var).map(|(v, _)| v.as_str())
+    }
+
+    /// How a setting is named in an error: its flag if the command line set
+    /// it, else its variable.
+    pub fn name_of(&self, var: &str) -> String {
+        match self.values.get(var) {
+            Some((_, Source::Flag)) => {
+                let flag = SETTINGS.iter().find(|s| s.var == var).map_or(var, |s| s.flag);
+                format!("--{flag}")
+            }
+            _ => var.to_owned(),
+        }
+    }
+
+    pub fn error(&self, var: &str, allowed: impl Into<String>) -> SettingError {
+        SettingError {
+            name: self.name_of(var),
+            value: self.get(var).unwrap_or_default().to_owned(),
+            allowed: allowed.into(),
+        }
+    }
+
+    /// A value parsed by `parse`, or `None` when unset; `allowed` says what
+    /// would have been accepted.
+    pub fn parse<T>(
+        &self,
+        var: &str,
+        allowed: &str,
+        parse: impl FnOnce(&str) -> Option<T>,
+    ) -> Result<Option<T>, SettingError> {
+        match self.get(var) {
+            None => Ok(None),
+            Some(text) => parse(text).map(Some).ok_or_else(|| self.error(var, allowed)),
+        }
+    }
+
+    pub fn whole<T>(&self, var: &str, min: T) -> Result<Option<T>, SettingError>
+    where
+        T: std::str::FromStr + PartialOrd + std::fmt::Display,
+    {
+        let allowed = format!("expected a whole number of at least {min}");
+        self.parse(var, &allowed, |t| t.replace('_', "").parse::<T>().ok().filter(|n| *n >= min))
+    }
+
+    pub fn number(&self, var: &str, min: f64) -> Result<Option<f64>, SettingError> {
+        let allowed = format!("expected a number of at least {min}");
+        self.parse(var, &allowed, |t| t.parse::<f64>().ok().filter(|n| n.is_finite() && *n >= min))
+    }
+
+    pub fn boolean(&self, var: &str) -> Result<Option<bool>, SettingError> {
+        self.parse(var, "expected true or false", |t| match t.to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Some(true),
+            "0" | "false" | "no" | "off" => Some(false),
+            _ => None,
+        })
+    }
+
+    pub fn one_of<'a>(&self, var: &str, choices: &[&'a str]) -> Result<Option<&'a str>, SettingError> {
+        let allowed = format!("expected one of {}", choices.join(", "));
+        self.parse(var, &allowed, |t| choices.iter().copied().find(|c| c.eq_ignore_ascii_case(t)))
+    }
+
+    /// A lookup for the modules that read their own variables
+    /// (`ExtProcConfig::from_lookup`, `TokenizerConfig::from_lookup`).
+    pub fn lookup(&self) -> impl Fn(&str) -> Option<String> + '_ {
+        move |var| self.get(var).map(str::to_owned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_win_and_errors_name_their_source() {
+        let values = Values::parse_from(command("kvpick", ""), ["kvpick", "--block-size", "0"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let error = values.whole::<u32>(BLOCK_SIZE, 1).err().map(|e| e.to_string());
+        assert_eq!(error.as_deref(), Some("--block-size=\"0\" is not valid: expected a whole number of at least 1"));
+
+        let values = Values::from_pairs([(BLOCK_SIZE, "sixteen")]);
+        let error = values.whole::<u32>(BLOCK_SIZE, 1).err().map(|e| e.to_string());
+        assert_eq!(
+            error.as_deref(),
+            Some("DYN_KV_CACHE_BLOCK_SIZE=\"sixteen\" is not valid: expected a whole number of at least 1")
+        );
+        assert_eq!(values.one_of(RUNTIME, &["auto", "threads"]), Ok(None));
+    }
+
+    #[test]
+    fn every_setting_has_a_unique_flag_and_variable() {
+        let mut vars: Vec<_> = SETTINGS.iter().map(|s| s.var).collect();
+        let mut flags: Vec<_> = SETTINGS.iter().map(|s| s.flag).collect();
+        vars.sort_unstable();
+        flags.sort_unstable();
+        let (nv, nf) = (vars.len(), flags.len());
+        vars.dedup();
+        flags.dedup();
+        assert_eq!((vars.len(), flags.len()), (nv, nf));
+        // clap itself checks the command is well formed.
+        command("kvpick", "").debug_assert();
+    }
+}

@@ -1,0 +1,272 @@
+//! Static discovery: the workers listed in a file, re-read when it changes.
+//!
+//! The file is YAML or JSON (JSON is YAML), a list of
+//! `{endpoint: "ip:port", kv_events: "tcp://ip:port", replay: "tcp://ip:port"?,
+//! block_size?, model?}` (or a map with that list under `workers`). Each
+//! change is diffed against what was handed out and sent as the same
+//! [`WorkerUpdate`]s Kubernetes discovery sends, with the same invariant: an
+//! id is upserted only when absent, deleted only when present, and a worker
+//! whose facts change is deleted and upserted again.
+//!
+//! A file that cannot be read or parsed leaves the workers as they were
+//! (logged once per distinct error): a half-written edit never empties the
+//! pool.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kvpick_core::{Lifecycle, WorkerId, WorkerSpec};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::discovery::{DiscoveredWorker, WorkerUpdate};
+use crate::kv_events::Publisher;
+
+/// Facts every worker shares unless its entry says otherwise.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Defaults {
+    pub block_size: u32,
+    pub model: Option<String>,
+    pub max_num_batched_tokens: Option<u64>,
+    pub total_kv_blocks: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Entry {
+    endpoint: String,
+    kv_events: String,
+    #[serde(default)]
+    replay: Option<String>,
+    #[serde(default)]
+    block_size: Option<u32>,
+    #[serde(default)]
+    model: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum FileShape {
+    List(Vec<Entry>),
+    Map { workers: Vec<Entry> },
+}
+
+/// The id of a static worker: xxh3-64 of `"static/ip:port"`, stable across
+/// restarts and edits that keep its endpoint.
+pub fn static_worker_id(endpoint: SocketAddr) -> WorkerId {
+    WorkerId(xxh3_64(format!("static/{endpoint}").as_bytes()))
+}
+
+/// Parses the file's text into workers, by id.
+pub fn parse(text: &str, defaults: &Defaults) -> Result<BTreeMap<WorkerId, DiscoveredWorker>, String> {
+    let shape: FileShape = serde_yaml::from_str(text)
+        .map_err(|e| format!("expected a list of {{endpoint, kv_events, replay?, block_size?, model?}}: {e}"))?;
+    let entries = match shape {
+        FileShape::List(entries) | FileShape::Map { workers: entries } => entries,
+    };
+    let mut workers = BTreeMap::new();
+    for (i, entry) in entries.into_iter().enumerate() {
+        let endpoint: SocketAddr = entry
+            .endpoint
+            .trim()
+            .parse()
+            .map_err(|_| format!("worker {i}: endpoint {:?} is not ip:port", entry.endpoint))?;
+        for (what, zmq) in [("kv_events", Some(&entry.kv_events)), ("replay", entry.replay.as_ref())] {
+            if let Some(zmq) = zmq {
+                if !zmq.starts_with("tcp://") && !zmq.starts_with("ipc://") && !zmq.starts_with("inproc://") {
+                    return Err(format!(
+                        "worker {i} ({endpoint}): {what} {zmq:?} is not a ZMQ endpoint like tcp://ip:port"
+                    ));
+                }
+            }
+        }
+        let block_size = entry.block_size.unwrap_or(defaults.block_size);
+        if block_size != defaults.block_size {
+            // Prompts are hashed once, with one block size, for every worker.
+            return Err(format!(
+                "worker {i} ({endpoint}): block_size {block_size} differs from DYN_KV_CACHE_BLOCK_SIZE {}; \
+                 one kvpick serves engines of one block size",
+                defaults.block_size
+            ));
+        }
+        let id = static_worker_id(endpoint);
+        let spec = WorkerSpec {
+            id,
+            endpoint,
+            model: entry.model.or_else(|| defaults.model.clone()),
+            block_size,
+            total_kv_blocks: defaults.total_kv_blocks,
+            max_num_batched_tokens: defaults.max_num_batched_tokens,
+            lifecycle: Lifecycle::Schedulable,
+        };
+        let publisher = Publisher {
+            worker: id,
+            endpoint: entry.kv_events.trim().to_owned(),
+            replay_endpoint: entry.replay.map(|r| r.trim().to_owned()),
+            topic: Vec::new(),
+        };
+        let worker = DiscoveredWorker { spec, publisher, pod: endpoint.to_string(), rank: 0 };
+        if workers.insert(id, worker).is_some() {
+            return Err(format!("worker {i}: endpoint {endpoint} is listed twice"));
+        }
+    }
+    Ok(workers)
+}
+
+/// The updates that turn `current` into `wanted`, deletes first.
+pub fn diff(
+    current: &BTreeMap<WorkerId, DiscoveredWorker>,
+    wanted: &BTreeMap<WorkerId, DiscoveredWorker>,
+) -> Vec<WorkerUpdate> {
+    let mut updates = Vec::new();
+    for (id, worker) in current {
+        if wanted.get(id) != Some(worker) {
+            updates.push(WorkerUpdate::Delete(*id));
+        }
+    }
+    for (id, worker) in wanted {
+        if current.get(id) != Some(worker) {
+            updates.push(WorkerUpdate::Upsert(Box::new(worker.clone())));
+        }
+    }
+    updates
+}
+
+/// Watches the file; the first read happens before this returns, so the
+/// caller knows the starting workers (or why there are none).
+pub struct WorkersFile {
+    path: PathBuf,
+    defaults: Defaults,
+    current: BTreeMap<WorkerId, DiscoveredWorker>,
+    last_text: Option<String>,
+    last_error: Option<String>,
+}
+
+impl WorkersFile {
+    /// Reads the file once; an unreadable or invalid file at start is an
+    /// error (the operator should hear of a typo at once).
+    pub fn open(path: &Path, defaults: Defaults) -> Result<(WorkersFile, Vec<WorkerUpdate>), String> {
+        let mut file = WorkersFile {
+            path: path.to_owned(),
+            defaults,
+            current: BTreeMap::new(),
+            last_text: None,
+            last_error: None,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let updates = file.apply_text(text).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok((file, updates))
+    }
+
+    pub fn workers(&self) -> impl Iterator<Item = &DiscoveredWorker> {
+        self.current.values()
+    }
+
+    fn apply_text(&mut self, text: String) -> Result<Vec<WorkerUpdate>, String> {
+        if self.last_text.as_deref() == Some(text.as_str()) {
+            return Ok(Vec::new());
+        }
+        let wanted = parse(&text, &self.defaults)?;
+        let updates = diff(&self.current, &wanted);
+        self.current = wanted;
+        self.last_text = Some(text);
+        Ok(updates)
+    }
+
+    /// Re-reads the file: the updates since the last good read; nothing
+    /// when it is unchanged, unreadable or invalid.
+    pub fn reload(&mut self) -> Vec<WorkerUpdate> {
+        let result =
+            std::fs::read_to_string(&self.path).map_err(|e| e.to_string()).and_then(|text| self.apply_text(text));
+        match result {
+            Ok(updates) => {
+                if !updates.is_empty() || self.last_error.is_some() {
+                    tracing::info!(file = %self.path.display(), changes = updates.len(), workers = self.current.len(), "workers file re-read");
+                }
+                self.last_error = None;
+                updates
+            }
+            Err(error) => {
+                if self.last_error.as_deref() != Some(error.as_str()) {
+                    tracing::error!(file = %self.path.display(), %error, "workers file not applied; keeping the previous workers");
+                    self.last_error = Some(error);
+                }
+                Vec::new()
+            }
+        }
+    }
+
+    /// Polls every `every` until `updates` closes; the first updates are
+    /// the caller's (from [`WorkersFile::open`]).
+    pub async fn watch(mut self, every: Duration, updates: mpsc::Sender<WorkerUpdate>) {
+        let mut ticker = tokio::time::interval(every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            for update in self.reload() {
+                if updates.send(update).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> Defaults {
+        Defaults { block_size: 16, model: Some("m".into()), max_num_batched_tokens: None, total_kv_blocks: None }
+    }
+
+    #[test]
+    fn yaml_and_json_lists_parse_alike() {
+        let yaml = "- endpoint: 127.0.0.1:8000\n  kv_events: tcp://127.0.0.1:5557\n  replay: tcp://127.0.0.1:5558\n";
+        let json = r#"{"workers": [{"endpoint": "127.0.0.1:8000", "kv_events": "tcp://127.0.0.1:5557",
+                       "replay": "tcp://127.0.0.1:5558"}]}"#;
+        let a = parse(yaml, &defaults()).unwrap_or_else(|e| panic!("{e}"));
+        let b = parse(json, &defaults()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(a, b);
+        let w = a.values().next().map(|w| (w.spec.model.clone(), w.publisher.replay_endpoint.clone()));
+        assert_eq!(w, Some((Some("m".into()), Some("tcp://127.0.0.1:5558".into()))));
+    }
+
+    #[test]
+    fn bad_entries_say_which_and_why() {
+        let e = parse("- endpoint: nowhere\n  kv_events: tcp://x:1\n", &defaults()).err().unwrap_or_default();
+        assert!(e.contains("worker 0") && e.contains("not ip:port"), "{e}");
+        let e = parse("- endpoint: 1.2.3.4:5\n  kv_events: tcp://x:1\n  block_size: 32\n", &defaults())
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("block_size 32"), "{e}");
+        let e = parse("- endpoint: 1.2.3.4:5\n  kv_event: tcp://x:1\n", &defaults()).err().unwrap_or_default();
+        assert!(e.contains("expected a list"), "{e}");
+        let twice =
+            "- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:1'}\n- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:2'}\n";
+        assert!(parse(twice, &defaults()).err().unwrap_or_default().contains("listed twice"));
+    }
+
+    #[test]
+    fn diff_deletes_before_upserting_and_replaces_changed_workers() {
+        let one = parse("- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:1'}\n", &defaults()).unwrap_or_default();
+        let changed = parse(
+            "- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:9'}\n- {endpoint: '1.2.3.4:6', kv_events: 'tcp://x:2'}\n",
+            &defaults(),
+        )
+        .unwrap_or_default();
+        let updates = diff(&one, &changed);
+        let kinds: Vec<_> = updates
+            .iter()
+            .map(|u| match u {
+                WorkerUpdate::Delete(id) => format!("-{}", one.get(id).map(|w| w.spec.endpoint.port()).unwrap_or(0)),
+                WorkerUpdate::Upsert(w) => format!("+{}", w.spec.endpoint.port()),
+            })
+            .collect();
+        assert_eq!(kinds, ["-5", "+5", "+6"]);
+        assert!(diff(&changed, &changed).is_empty());
+    }
+}

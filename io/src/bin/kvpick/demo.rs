@@ -1,0 +1,367 @@
+//! `kvpick demo`: the whole product on one machine, in under a minute.
+//!
+//! Starts a small simulated vLLM fleet (real HTTP, real ZMQ KV events, a
+//! prefix cache and a time model, from `kvpick-sim`), writes a static
+//! workers file, starts kvpick (`App`, the same code as `kvpick serve`) in
+//! front of it, and sends a multi-turn chat workload (conversations that
+//! share system prompts, each turn resending the whole history) through
+//! the real ext_proc server with a miniature gateway. Then it runs the same
+//! workload on a fresh, identical fleet with round-robin routing and
+//! compares the two on what the engines themselves report: prefix-cache
+//! hit rate (`usage.prompt_tokens_details.cached_tokens`) and simulated
+//! time to first token.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::ArgMatches;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use kvpick_io::app::settings::{self as var, Values};
+use kvpick_io::app::{App, ServeConfig};
+use kvpick_io::testing::gateway::Gateway;
+use kvpick_sim::{EngineConfig, Fleet, TimeModel};
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+const MODEL: &str = "sim-model";
+const SYSTEM_PROMPTS: usize = 3;
+const SYSTEM_WORDS: usize = 260;
+const USER_WORDS: usize = 64;
+const REPLY_TOKENS: u32 = 32;
+/// Virtual time runs this much faster than the wall clock.
+const TIME_SCALE: f64 = 10.0;
+
+struct Options {
+    engines: usize,
+    conversations: usize,
+    turns: usize,
+    concurrency: usize,
+    seed: u64,
+    quiet: bool,
+}
+
+fn options(m: &ArgMatches) -> Result<Options, String> {
+    let number = |name: &str| -> Result<u64, String> {
+        let text = m.get_one::<String>(name).map(String::as_str).unwrap_or_default();
+        text.parse::<u64>()
+            .ok()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| format!("--{name}={text:?}: expected a whole number of at least 1"))
+    };
+    Ok(Options {
+        engines: usize::try_from(number("engines")?).unwrap_or(3).min(16),
+        conversations: usize::try_from(number("conversations")?).unwrap_or(18).min(500),
+        turns: usize::try_from(number("turns")?).unwrap_or(4).min(20),
+        concurrency: usize::try_from(number("concurrency")?).unwrap_or(6).min(64),
+        seed: number("seed")?,
+        quiet: m.get_flag("quiet"),
+    })
+}
+
+pub fn run(m: &ArgMatches) -> ExitCode {
+    let options = match options(m) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("kvpick demo: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // kvpick's own logs would drown the table: warnings only.
+    let _ = crate::logging::init(kvpick_io::app::LogFormat::Text, "warn");
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("kvpick demo: could not start a runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(demo(&options)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kvpick demo: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// One policy's run, as the engines saw it.
+struct RunResult {
+    requests: usize,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+    ttft_ms: Vec<f64>,
+    per_engine: Vec<usize>,
+    wall: Duration,
+}
+
+impl RunResult {
+    fn hit_rate(&self) -> f64 {
+        if self.prompt_tokens == 0 { 0.0 } else { self.cached_tokens as f64 / self.prompt_tokens as f64 }
+    }
+
+    fn ttft(&self, q: f64) -> f64 {
+        let mut v = self.ttft_ms.clone();
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            return 0.0;
+        }
+        v[((v.len() - 1) as f64 * q).round() as usize]
+    }
+}
+
+async fn demo(o: &Options) -> Result<(), String> {
+    println!(
+        "kvpick demo: {} simulated vLLM engines, {} conversations × {} turns ({} at a time), {} shared system prompts",
+        o.engines, o.conversations, o.turns, o.concurrency, SYSTEM_PROMPTS
+    );
+    let kv = run_policy(o, true).await?;
+    let rr = run_policy(o, false).await?;
+    println!();
+    println!(
+        "{:<12} {:>8} {:>16} {:>14} {:>14} {:>14}  requests per engine",
+        "policy", "requests", "prefix hit rate", "TTFT p50 (ms)", "TTFT p90 (ms)", "TTFT p99 (ms)"
+    );
+    for (name, r) in [("kvpick", &kv), ("round-robin", &rr)] {
+        println!(
+            "{:<12} {:>8} {:>15.1}% {:>14.1} {:>14.1} {:>14.1}  {:?}",
+            name,
+            r.requests,
+            100.0 * r.hit_rate(),
+            r.ttft(0.5),
+            r.ttft(0.9),
+            r.ttft(0.99),
+            r.per_engine
+        );
+    }
+    let ratio = |a: f64, b: f64| if a > 0.0 { b / a } else { f64::NAN };
+    println!(
+        "\nkvpick served {:.2}× the cached prompt tokens of round-robin; TTFT p90 {:.2}× lower (simulated time; wall {:.1} s + {:.1} s)",
+        ratio(rr.hit_rate(), kv.hit_rate()),
+        ratio(kv.ttft(0.9), rr.ttft(0.9)),
+        kv.wall.as_secs_f64(),
+        rr.wall.as_secs_f64()
+    );
+    Ok(())
+}
+
+fn engine_config(seed: u64) -> EngineConfig {
+    EngineConfig {
+        model: MODEL.into(),
+        num_blocks: 480,
+        default_max_tokens: REPLY_TOKENS,
+        seed,
+        time: TimeModel { time_scale: TIME_SCALE, ..TimeModel::default() },
+        ..EngineConfig::default()
+    }
+}
+
+async fn run_policy(o: &Options, kvpick: bool) -> Result<RunResult, String> {
+    let fleet = Fleet::start(o.engines, &engine_config(o.seed)).await.map_err(|e| e.to_string())?;
+    let dir = std::env::temp_dir().join(format!("kvpick-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let workers_file = dir.join("workers.yaml");
+    let entries: Vec<Value> = fleet
+        .endpoints()
+        .iter()
+        .map(|e| json!({"endpoint": e.http.to_string(), "kv_events": e.events, "replay": e.replay}))
+        .collect();
+    std::fs::write(&workers_file, serde_json::to_string_pretty(&entries).unwrap_or_default())
+        .map_err(|e| format!("{}: {e}", workers_file.display()))?;
+
+    let (route, app) = if kvpick {
+        let mut values = Values::from_pairs([
+            (var::DISCOVERY, "static"),
+            (var::LISTEN_ADDRESS, "127.0.0.1"),
+            (var::EXT_PROC_PORT, "0"),
+            (var::HEALTH_PORT, "0"),
+            (var::METRICS_PORT, "0"),
+            (var::SHARDS, "1"),
+            (var::BLOCK_SIZE, "16"),
+            (var::MODEL, MODEL),
+        ]);
+        values.set(var::WORKERS_FILE, workers_file.display().to_string());
+        let config = ServeConfig::from_values(&values).map_err(|e| e.to_string())?;
+        let app = App::start(config).await.map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while app.workers().len() < o.engines {
+            if Instant::now() > deadline {
+                return Err("kvpick did not take on every worker within 10 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        println!(
+            "\nkvpick: ext_proc {}, metrics http://{}/metrics, workers file {}",
+            app.ext_proc_addr(),
+            app.metrics_addr(),
+            workers_file.display()
+        );
+        let gateway = Gateway::connect(app.ext_proc_addr()).await.map_err(|e| e.to_string())?;
+        (Route::Kvpick(gateway), Some(app))
+    } else {
+        println!("\nround-robin over a fresh, identical fleet:");
+        let targets = fleet.endpoints().iter().map(|e| e.http).collect();
+        (Route::RoundRobin { targets, next: AtomicUsize::new(0), http: http_client() }, None)
+    };
+    let started = Instant::now();
+    let shared = Arc::new(Shared { route, o_quiet: o.quiet, done: AtomicUsize::new(0), hits: Mutex::new((0, 0)) });
+    if !o.quiet {
+        println!(
+            "{:>5}  {:<10} {:>4}  {:<10} {:>7} {:>7} {:>6}  {:>9}",
+            "req", "conv", "turn", "worker", "prompt", "cached", "hit", "hit so far"
+        );
+    }
+    let gate = Arc::new(tokio::sync::Semaphore::new(o.concurrency));
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..o.conversations {
+        let (shared, gate) = (shared.clone(), gate.clone());
+        let (turns, seed) = (o.turns, o.seed);
+        tasks.spawn(async move {
+            let _permit = gate.acquire_owned().await.map_err(|e| e.to_string())?;
+            conversation(&shared, c, turns, seed).await
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        joined.map_err(|e| e.to_string())??;
+    }
+    let wall = started.elapsed();
+    let mut result = RunResult {
+        requests: 0,
+        prompt_tokens: 0,
+        cached_tokens: 0,
+        ttft_ms: Vec::new(),
+        per_engine: Vec::new(),
+        wall,
+    };
+    for engine in fleet.engines() {
+        let outcomes = engine.outcomes().await.map_err(|e| e.to_string())?;
+        result.per_engine.push(outcomes.len());
+        for out in outcomes {
+            result.requests += 1;
+            result.prompt_tokens += u64::from(out.prompt_tokens);
+            result.cached_tokens += u64::from(out.cached_tokens);
+            result.ttft_ms.push(out.ttft_ns() as f64 / 1e6);
+        }
+    }
+    if let Some(app) = app {
+        app.shutdown().await;
+    }
+    fleet.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(result)
+}
+
+enum Route {
+    Kvpick(Gateway),
+    RoundRobin { targets: Vec<SocketAddr>, next: AtomicUsize, http: Client<HttpConnector, Full<Bytes>> },
+}
+
+struct Shared {
+    route: Route,
+    o_quiet: bool,
+    done: AtomicUsize,
+    /// (prompt tokens, cached tokens) so far.
+    hits: Mutex<(u64, u64)>,
+}
+
+fn http_client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Deterministic words: `n` of them, from `seed`.
+fn words(seed: u64, n: usize) -> String {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..n).map(|_| format!("w{}", rng.u32(0..5000))).collect::<Vec<_>>().join(" ")
+}
+
+async fn conversation(shared: &Shared, c: usize, turns: usize, seed: u64) -> Result<(), String> {
+    let system = words(seed ^ (c % SYSTEM_PROMPTS) as u64 ^ 0x5157, SYSTEM_WORDS);
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    for turn in 0..turns {
+        let user = words(seed ^ ((c as u64) << 20) ^ turn as u64, USER_WORDS);
+        messages.push(json!({"role": "user", "content": user}));
+        let body = json!({
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": REPLY_TOKENS,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        })
+        .to_string();
+        let (worker, sse) = send(shared, body.into_bytes()).await?;
+        let (reply, prompt, cached) = read_sse(&sse);
+        messages.push(json!({"role": "assistant", "content": reply}));
+        let n = shared.done.fetch_add(1, Ordering::Relaxed) + 1;
+        let so_far = {
+            let mut hits = shared.hits.lock().await;
+            hits.0 += prompt;
+            hits.1 += cached;
+            if hits.0 == 0 { 0.0 } else { hits.1 as f64 / hits.0 as f64 }
+        };
+        if !shared.o_quiet {
+            let hit = if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 };
+            println!(
+                "{n:>5}  conv {c:<5} {turn:>4}  {worker:<10} {prompt:>7} {cached:>7} {:>5.0}%  {:>8.1}%",
+                100.0 * hit,
+                100.0 * so_far
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Sends a chat body by the run's policy: (engine name, SSE body).
+async fn send(shared: &Shared, body: Vec<u8>) -> Result<(String, Vec<u8>), String> {
+    match &shared.route {
+        Route::Kvpick(gateway) => {
+            let exchange = gateway.post("/v1/chat/completions", &body).await.map_err(|e| e.to_string())?;
+            if exchange.status != 200 {
+                return Err(format!(
+                    "kvpick answered {} ({})",
+                    exchange.status,
+                    String::from_utf8_lossy(&exchange.body)
+                ));
+            }
+            Ok((exchange.engine.unwrap_or_else(|| "?".into()), exchange.body))
+        }
+        Route::RoundRobin { targets, next, http } => {
+            let target = targets[next.fetch_add(1, Ordering::Relaxed) % targets.len()];
+            let request = hyper::Request::post(format!("http://{target}/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .map_err(|e| e.to_string())?;
+            let response = http.request(request).await.map_err(|e| format!("{target}: {e}"))?;
+            let engine = response.headers().get("x-sim-engine").and_then(|v| v.to_str().ok()).unwrap_or("?").to_owned();
+            let status = response.status();
+            let bytes = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
+            if !status.is_success() {
+                return Err(format!("{target} answered {status}: {}", String::from_utf8_lossy(&bytes)));
+            }
+            Ok((engine, bytes.to_vec()))
+        }
+    }
+}
+
+/// The reply text and (prompt, cached) tokens from an OpenAI SSE stream.
+fn read_sse(sse: &[u8]) -> (String, u64, u64) {
+    let text = String::from_utf8_lossy(sse);
+    let (mut reply, mut prompt, mut cached) = (String::new(), 0, 0);
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data:").map(str::trim) else { continue };
+        let Ok(chunk) = serde_json::from_str::<Value>(data) else { continue };
+        if let Some(piece) = chunk.pointer("/choices/0/delta/content").and_then(Value::as_str) {
+            reply.push_str(piece);
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
+            prompt = usage.get("prompt_tokens").and_then(Value::as_u64).unwrap_or(0);
+            cached = usage.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64).unwrap_or(0);
+        }
+    }
+    (reply, prompt, cached)
+}

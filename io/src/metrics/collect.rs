@@ -1,0 +1,355 @@
+//! One scrape: every subsystem's snapshot written as Prometheus text.
+//!
+//! GAIE's names where the reference EPP has them (`inference_objective_*`,
+//! `inference_pool_*`, `inference_extension_*`, labels as it uses them), so
+//! its dashboards work unchanged; `kvpick_*` for the rest.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use kvpick_core::WorkerId;
+use kvpick_core::runtime::ThreadProducers;
+
+use super::Exposition;
+use crate::ext_proc::ExtProcMetrics;
+use crate::ext_proc::metrics::{FALLBACK_CLASSES, STATUSES};
+use crate::kv_events::IngestMetrics;
+use crate::tokenizer::{ErrorClass, TokenizerMetrics};
+
+/// The workers in service now, by id: kept by whoever applies the
+/// discovery updates, read by the scrape for labels and `ready_pods`.
+#[derive(Clone, Debug, Default)]
+pub struct WorkerNames(Arc<RwLock<BTreeMap<WorkerId, SocketAddr>>>);
+
+impl WorkerNames {
+    pub fn insert(&self, id: WorkerId, endpoint: SocketAddr) {
+        self.0.write().unwrap_or_else(PoisonError::into_inner).insert(id, endpoint);
+    }
+
+    pub fn remove(&self, id: WorkerId) {
+        self.0.write().unwrap_or_else(PoisonError::into_inner).remove(&id);
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get(&self, id: WorkerId) -> Option<SocketAddr> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).get(&id).copied()
+    }
+
+    pub fn all(&self) -> Vec<(WorkerId, SocketAddr)> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).iter().map(|(k, v)| (*k, *v)).collect()
+    }
+}
+
+/// What a scrape reads.
+#[derive(Clone)]
+pub struct Sources {
+    /// The `name` label of the pool families (the InferencePool's name, or
+    /// `static`).
+    pub pool: String,
+    pub ext_proc: Arc<ExtProcMetrics>,
+    pub tokenizer: Option<Arc<TokenizerMetrics>>,
+    pub ingest: Option<Arc<IngestMetrics>>,
+    pub service: Option<ThreadProducers>,
+    pub workers: WorkerNames,
+}
+
+pub async fn render(sources: &Sources) -> String {
+    let mut e = Exposition::new();
+    ext_proc(&mut e, sources);
+    if let Some(tokenizer) = &sources.tokenizer {
+        tokenizer_families(&mut e, tokenizer);
+    }
+    if let Some(ingest) = &sources.ingest {
+        ingest_families(&mut e, ingest, &sources.workers);
+    }
+    if let Some(producers) = &sources.service {
+        shard_families(&mut e, producers, &sources.workers).await;
+    }
+    e.finish()
+}
+
+fn ext_proc(e: &mut Exposition, sources: &Sources) {
+    let m = sources.ext_proc.snapshot();
+    let x = sources.ext_proc.exported();
+    let pool = sources.pool.as_str();
+    for (model, counts) in &x.models {
+        let labels = [("model_name", model.as_str()), ("target_model_name", model.as_str())];
+        e.counter(
+            "inference_objective_request_total",
+            "Requests decided (picked or refused), by model.",
+            &labels,
+            counts.requests,
+        );
+    }
+    for (model, counts) in &x.models {
+        for (code, n) in &counts.errors {
+            let labels = [("model_name", model.as_str()), ("target_model_name", model.as_str()), ("error_code", code)];
+            e.counter("inference_objective_request_error_total", "Requests refused, by model and reason.", &labels, *n);
+        }
+    }
+    e.histogram(
+        "inference_objective_request_duration_seconds",
+        "A request's life at the gateway, from its headers to the end of its response.",
+        &[],
+        &x.request_duration,
+    );
+    e.histogram(
+        "inference_objective_input_tokens",
+        "Prompt tokens per response, as the engine reported them in usage.",
+        &[],
+        &x.input_tokens,
+    );
+    e.histogram(
+        "inference_objective_output_tokens",
+        "Completion tokens per response, from usage.",
+        &[],
+        &x.output_tokens,
+    );
+    e.gauge(
+        "inference_objective_running_requests",
+        "ext_proc streams open now (requests in flight at the gateway).",
+        &[],
+        m.streams_open as f64,
+    );
+    e.gauge(
+        "inference_pool_ready_pods",
+        "Workers (engine ranks) kvpick can route to now.",
+        &[("name", pool)],
+        sources.workers.len() as f64,
+    );
+    e.histogram(
+        "inference_extension_scheduler_e2e_duration_seconds",
+        "The pick: parse, tokenize, hash, shards and booking (queue wait included).",
+        &[],
+        &x.scheduler,
+    );
+    for (phase, h) in &x.phases {
+        e.histogram(
+            "kvpick_pick_phase_duration_seconds",
+            "Time in each phase of a pick.",
+            &[("phase", phase.as_str())],
+            h,
+        );
+    }
+    for status in STATUSES {
+        let code = if status == 0 { "other".to_owned() } else { status.to_string() };
+        e.counter(
+            "kvpick_requests_total",
+            "Requests by the status kvpick answered (200: picked).",
+            &[("code", &code)],
+            m.requests(status),
+        );
+    }
+    e.gauge("kvpick_requests_inflight", "Requests between their headers and their pick.", &[], m.inflight as f64);
+    e.counter("kvpick_header_only_picks_total", "Picks made without a body (GET and the like).", &[], m.header_only);
+    for class in FALLBACK_CLASSES {
+        e.counter(
+            "kvpick_load_only_picks_total",
+            "Picks made by load alone, by why the prompt was not tokenized.",
+            &[("reason", class)],
+            m.fallbacks(class),
+        );
+    }
+    e.counter(
+        "kvpick_prefill_completes_total",
+        "Bookings moved from prefill to decode (first response chunk).",
+        &[],
+        m.prefill_completes,
+    );
+    e.counter("kvpick_frees_total", "Bookings freed by their stream.", &[("found", "true")], m.frees);
+    e.counter("kvpick_frees_total", "Bookings freed by their stream.", &[("found", "false")], m.frees_not_found);
+    e.counter(
+        "kvpick_served_endpoint_mismatch_total",
+        "Responses served by another endpoint than the one picked.",
+        &[],
+        m.served_mismatches,
+    );
+    e.counter(
+        "kvpick_served_endpoint_missing_total",
+        "Responses without served-endpoint metadata.",
+        &[],
+        m.served_missing,
+    );
+    e.counter(
+        "kvpick_ext_proc_stream_errors_total",
+        "ext_proc streams that ended with a transport error.",
+        &[],
+        m.stream_errors,
+    );
+    e.counter(
+        "kvpick_prompt_cached_tokens_total",
+        "Cached prompt tokens the engines reported in usage.",
+        &[],
+        m.cached_tokens,
+    );
+    e.counter(
+        "kvpick_picked_prompt_tokens_total",
+        "Prompt tokens of the requests picked with a prompt.",
+        &[],
+        x.prompt_tokens_picked,
+    );
+    e.counter(
+        "kvpick_picked_overlap_tokens_total",
+        "Of those, tokens the picked worker already held in its KV cache.",
+        &[],
+        x.overlap_tokens,
+    );
+    let ratio = if x.prompt_tokens_picked == 0 { 0.0 } else { x.overlap_tokens as f64 / x.prompt_tokens_picked as f64 };
+    e.gauge("kvpick_overlap_hit_ratio", "Overlap tokens over prompt tokens of every pick since start.", &[], ratio);
+}
+
+fn tokenizer_families(e: &mut Exposition, tokenizer: &TokenizerMetrics) {
+    let t = tokenizer.snapshot();
+    e.counter("kvpick_tokenizer_calls_total", "Calls sent to the tokenizer service.", &[], t.calls);
+    for class in ErrorClass::ALL {
+        e.counter(
+            "kvpick_tokenizer_errors_total",
+            "Tokenizer calls that failed, by class.",
+            &[("class", class.as_str())],
+            t.errors(class),
+        );
+    }
+    e.counter(
+        "kvpick_tokenizer_retries_total",
+        "Tokenizer requests resent once after their connection closed unanswered.",
+        &[],
+        t.retries,
+    );
+}
+
+fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerNames) {
+    let c = ingest.snapshot();
+    let counters: [(&str, &str, u64); 12] = [
+        (
+            "kvpick_kv_event_batches_applied_total",
+            "KV-event batches decoded and applied, live or replayed.",
+            c.batches_applied,
+        ),
+        ("kvpick_kv_events_applied_total", "KV events handed to the shards.", c.events_applied),
+        ("kvpick_kv_event_blocks_applied_total", "Block hashes in those events.", c.blocks_applied),
+        (
+            "kvpick_kv_events_skipped_total",
+            "KV events not indexed by rule (other medium or group, unknown type).",
+            c.events_skipped,
+        ),
+        (
+            "kvpick_kv_events_malformed_total",
+            "KV events dropped for bad content (the rest of the batch kept).",
+            c.events_malformed,
+        ),
+        ("kvpick_kv_event_decode_errors_total", "Payloads that failed to decode as a batch.", c.decode_errors),
+        ("kvpick_kv_event_bad_frames_total", "ZMQ messages not framed as [topic, seq, payload].", c.bad_frames),
+        ("kvpick_kv_event_gaps_total", "Sequence gaps seen on live streams.", c.gaps),
+        ("kvpick_kv_event_replays_total", "Replays requested (gap or catch-up).", c.replays_started),
+        ("kvpick_kv_event_replays_failed_total", "Replays given up.", c.replays_failed),
+        ("kvpick_kv_event_batches_lost_total", "Batches known missed and never applied.", c.lost_batches),
+        (
+            "kvpick_kv_event_engine_restarts_total",
+            "Sequence numbers going back: engine restarts (index cleared).",
+            c.engine_restarts,
+        ),
+    ];
+    for (name, help, value) in counters {
+        e.counter(name, help, &[], value);
+    }
+    e.counter(
+        "kvpick_kv_event_orphan_blocks_total",
+        "Stored blocks whose parent the worker did not hold (not indexed).",
+        &[],
+        c.orphan_blocks,
+    );
+    for w in ingest.workers() {
+        let name = workers.get(w.worker).map_or_else(|| format!("{:016x}", w.worker.0), |a| a.to_string());
+        if let Some(lag) = w.lag_seconds {
+            e.gauge(
+                "kvpick_kv_event_lag_seconds",
+                "Now minus the timestamp of the worker's last applied batch.",
+                &[("worker", &name)],
+                lag,
+            );
+        }
+    }
+}
+
+async fn shard_families(e: &mut Exposition, producers: &ThreadProducers, workers: &WorkerNames) {
+    let service = producers.service();
+    let stats = service.shard_stats(producers).await;
+    e.gauge("kvpick_shards", "Shard threads.", &[], service.shard_count() as f64);
+    e.gauge("kvpick_index_entries", "(block, worker) entries in the KV index.", &[], stats.index_entries as f64);
+    e.gauge("kvpick_index_bytes", "Approximate heap bytes of the KV index.", &[], stats.index_bytes as f64);
+    e.counter("kvpick_index_blocks_stored_total", "Blocks stored into the index.", &[], stats.blocks_stored);
+    e.counter("kvpick_index_blocks_removed_total", "Blocks removed from the index.", &[], stats.blocks_removed);
+    e.counter("kvpick_index_events_rejected_total", "KV events the shards refused.", &[], stats.events_rejected);
+    e.counter(
+        "kvpick_reservations_expired_total",
+        "Bookings freed by their lease (a lost free).",
+        &[],
+        stats.leases_expired,
+    );
+    e.gauge("kvpick_reservations_active", "Bookings held now.", &[], service.active_reservations() as f64);
+    e.gauge("kvpick_queue_depth", "Requests waiting for capacity.", &[], service.queue_len() as f64);
+    let s = service.stats();
+    e.counter("kvpick_selections_total", "Bookings made.", &[], s.selections);
+    e.counter("kvpick_queue_refused_total", "Queued requests refused.", &[("reason", "full")], s.refused_queue_full);
+    e.counter(
+        "kvpick_queue_refused_total",
+        "Queued requests refused.",
+        &[("reason", "timeout")],
+        s.refused_queue_timeout,
+    );
+    let rings = service.counters();
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    e.counter(
+        "kvpick_ring_full_waits_total",
+        "Pushes that found a shard ring full and waited.",
+        &[],
+        rings.full_waits.load(relaxed),
+    );
+    e.counter(
+        "kvpick_ring_selections_refused_total",
+        "Selections refused because a ring stayed full past the bound.",
+        &[],
+        rings.selections_refused.load(relaxed),
+    );
+    let loads = service.loads(producers).await;
+    let mut named: Vec<(String, kvpick_core::LoadSnapshot)> = loads
+        .into_iter()
+        .map(|l| (workers.get(l.worker).map_or_else(|| format!("{:016x}", l.worker.0), |a| a.to_string()), l))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, l) in &named {
+        e.gauge(
+            "kvpick_worker_prefill_tokens",
+            "Prefill tokens booked on the worker.",
+            &[("worker", name)],
+            l.prefill_tokens as f64,
+        );
+    }
+    for (name, l) in &named {
+        e.gauge(
+            "kvpick_worker_active_blocks",
+            "Decode blocks booked on the worker.",
+            &[("worker", name)],
+            l.active_blocks as f64,
+        );
+    }
+    for (name, l) in &named {
+        e.gauge("kvpick_worker_requests", "Requests booked on the worker.", &[("worker", name)], f64::from(l.requests));
+    }
+    for (name, l) in &named {
+        e.gauge(
+            "kvpick_worker_cached_blocks",
+            "Blocks the worker holds, per the index.",
+            &[("worker", name)],
+            l.cached_blocks as f64,
+        );
+    }
+}

@@ -1,0 +1,20 @@
+//! Prometheus export: fixed-bucket histograms the request path records
+//! into, the text exposition format, and the `/metrics` HTTP endpoint.
+//!
+//! Every subsystem keeps its own counters (plain atomics, read as
+//! snapshots); [`collect`] reads them all at scrape time and writes one
+//! exposition. Nothing is registered globally and nothing on the request
+//! path formats text.
+//!
+//! Bucket bounds are constants ([`LATENCY_BUCKETS`], [`TOKEN_BUCKETS`]),
+//! so two runs, two replicas or two versions can be compared bucket by
+//! bucket.
+
+mod buckets;
+pub mod collect;
+mod exposition;
+mod server;
+
+pub use buckets::{BucketSnapshot, Buckets, LATENCY_BUCKETS, TOKEN_BUCKETS};
+pub use exposition::Exposition;
+pub use server::{MetricsServer, MetricsSource};

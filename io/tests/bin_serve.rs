@@ -1,0 +1,205 @@
+//! The `kvpick` binary as a user runs it: a child process in static mode
+//! in front of simulated vLLM engines (real HTTP render tokenizer, real
+//! ZMQ KV events), driven by a miniature gateway over ext_proc.
+
+mod bin_support;
+
+use std::time::{Duration, Instant};
+
+use bin_support::{TempDir, WAIT, binary, chat, fleet, scrape, serve, value, write_workers};
+use kvpick_io::testing::gateway::Gateway;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_requests_and_metrics_move() {
+    let fleet = fleet(2).await;
+    let dir = TempDir::new("serve");
+    let file = dir.path("workers.json");
+    write_workers(&file, &fleet, &[0, 1]);
+    let kvpick = serve(&file, &[]);
+    let before = scrape(kvpick.metrics).await;
+    assert_eq!(value(&before, "inference_pool_ready_pods", &[("name", "static")]), 2.0);
+    assert_eq!(value(&before, "inference_objective_request_total", &[]), 0.0);
+
+    let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
+    let endpoints: Vec<_> = fleet.endpoints().iter().map(|e| e.http).collect();
+    let shared = "the same long system prompt every turn of this conversation repeats ".repeat(12);
+    let mut picked = Vec::new();
+    for turn in 0..4 {
+        let text = format!("{shared} turn {turn}");
+        let exchange = gateway.post("/v1/chat/completions", &chat(&text)).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(exchange.status, 200, "{}", String::from_utf8_lossy(&exchange.body));
+        let endpoint = exchange.endpoint.unwrap_or_else(|| panic!("no pick"));
+        assert!(endpoints.contains(&endpoint), "picked {endpoint}, not an engine");
+        assert!(String::from_utf8_lossy(&exchange.body).contains("[DONE]"), "the client got the whole stream");
+        picked.push(endpoint);
+        // Let the engine's KV events reach kvpick before the next turn.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    // Same prefix every turn: after the first, kvpick keeps it where it is cached.
+    assert!(picked[1..].iter().all(|e| *e == picked[0]), "turns moved: {picked:?}");
+
+    let after = scrape(kvpick.metrics).await;
+    let model = [("model_name", "sim-model")];
+    assert_eq!(value(&after, "inference_objective_request_total", &model), 4.0);
+    assert_eq!(value(&after, "kvpick_requests_total", &[("code", "200")]), 4.0);
+    assert!(value(&after, "inference_objective_input_tokens_count", &[]) >= 4.0);
+    assert!(value(&after, "inference_extension_scheduler_e2e_duration_seconds_count", &[]) >= 4.0);
+    assert!(value(&after, "kvpick_kv_events_applied_total", &[]) > 0.0, "KV events reached the shards");
+    assert!(value(&after, "kvpick_index_entries", &[]) > 0.0);
+    assert!(value(&after, "kvpick_picked_overlap_tokens_total", &[]) > 0.0, "later turns overlapped");
+    assert!(value(&after, "kvpick_prompt_cached_tokens_total", &[]) > 0.0, "the engine reported cache hits");
+    // Every booking was freed when its response ended.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = scrape(kvpick.metrics).await;
+        if value(&now, "kvpick_reservations_active", &[]) == 0.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "bookings left after every response ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    fleet.shutdown().await;
+}
+
+#[test]
+fn a_bad_setting_stops_start_up_with_its_name() {
+    let output = binary()
+        .args(["serve", "--workers-file", "/nonexistent.yaml"])
+        .env("DYN_EPP_MAX_INFLIGHT_REQUESTS", "lots")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr.trim(),
+        "kvpick: DYN_EPP_MAX_INFLIGHT_REQUESTS=\"lots\" is not valid: expected a whole number of at least 1"
+    );
+
+    let output = binary().args(["serve", "--workers-file", "w.yaml", "--block-size", "0"]).output();
+    let output = output.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--block-size=\"0\" is not valid"));
+
+    let output = binary()
+        .args(["serve", "--workers-file", "w.yaml"])
+        .env("DYN_ROUTER_QUEUE_THRESHOLD", "4")
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("DYN_EPP_MAX_NUM_BATCHED_TOKENS is required"));
+
+    // A workers file that does not exist is a start-up failure (exit 1).
+    let output = binary()
+        .args(["serve", "--workers-file", "/nonexistent/kvpick-workers.yaml", "--log-format", "json"])
+        .args(["--ext-proc-port", "0", "--health-port", "0", "--metrics-port", "0", "--listen-address", "127.0.0.1"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("kvpick-workers.yaml"));
+}
+
+#[test]
+fn help_lists_every_variable_with_its_default() {
+    let output = binary().args(["serve", "--help"]).output().unwrap_or_else(|e| panic!("{e}"));
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for setting in kvpick_io::app::settings::SETTINGS {
+        assert!(help.contains(&format!("--{}", setting.flag)), "--{} missing from --help", setting.flag);
+        assert!(help.contains(setting.var), "{} missing from --help", setting.var);
+    }
+    assert!(help.contains("[default: 1024]"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_stream_drains_and_exits_zero() {
+    // Real time: the 300-token answer takes over a second.
+    let base = kvpick_sim::EngineConfig {
+        time: kvpick_sim::TimeModel { time_scale: 1.0, ..kvpick_sim::TimeModel::default() },
+        ..bin_support::engine_config()
+    };
+    let fleet = kvpick_sim::Fleet::start(1, &base).await.unwrap_or_else(|e| panic!("{e}"));
+    let dir = TempDir::new("sigterm");
+    let file = dir.path("workers.yaml");
+    write_workers(&file, &fleet, &[0]);
+    let mut kvpick = serve(&file, &["--shutdown-grace-ms", "10000"]);
+    let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
+    // A request in flight while the stop comes: it must still complete.
+    let request = tokio::spawn({
+        let gateway = gateway.clone();
+        async move {
+            let body = serde_json::json!({
+                "model": "sim-model", "max_tokens": 300, "stream": true,
+                "messages": [{"role": "user", "content": "a slow answer please"}],
+            });
+            gateway.post("/v1/chat/completions", body.to_string().as_bytes()).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    kvpick.signal("TERM");
+    let exchange = request.await.unwrap_or_else(|e| panic!("{e}")).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(exchange.status, 200);
+    assert!(String::from_utf8_lossy(&exchange.body).contains("[DONE]"), "the stream finished during the drain");
+    let status = tokio::task::spawn_blocking(move || {
+        let status = kvpick.wait_exit();
+        (status, kvpick.drain_log().join("\n"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status.0.code(), Some(0), "log:\n{}", status.1);
+    assert!(status.1.contains("stop requested") && status.1.contains("\"bookings_left\":0"), "log:\n{}", status.1);
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_the_workers_file_adds_and_removes_workers() {
+    let fleet = fleet(2).await;
+    let endpoints: Vec<_> = fleet.endpoints().iter().map(|e| e.http).collect();
+    let dir = TempDir::new("edit");
+    let file = dir.path("workers.yaml");
+    write_workers(&file, &fleet, &[0]);
+    let kvpick = serve(&file, &[]);
+    let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
+    let ready = |n: f64| {
+        let metrics = kvpick.metrics;
+        async move {
+            let deadline = Instant::now() + WAIT;
+            while value(&scrape(metrics).await, "inference_pool_ready_pods", &[]) != n {
+                assert!(Instant::now() < deadline, "ready pods never became {n}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    ready(1.0).await;
+    let picks = |n: usize| {
+        let gateway = gateway.clone();
+        async move {
+            let mut seen = Vec::new();
+            for i in 0..n {
+                let body = chat(&format!("distinct prompt number {i} {}", "x ".repeat(i * 7)));
+                let exchange = gateway.post("/v1/chat/completions", &body).await.unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(exchange.status, 200);
+                seen.extend(exchange.endpoint);
+            }
+            seen
+        }
+    };
+    assert!(picks(4).await.iter().all(|e| *e == endpoints[0]));
+
+    write_workers(&file, &fleet, &[0, 1]);
+    ready(2.0).await;
+    // Concurrent requests spread by load onto the newcomer.
+    let (a, b) = tokio::join!(picks(6), picks(6));
+    let all: Vec<_> = a.into_iter().chain(b).collect();
+    assert!(all.contains(&endpoints[1]), "the added worker got no traffic: {all:?}");
+
+    write_workers(&file, &fleet, &[1]);
+    ready(1.0).await;
+    assert!(picks(4).await.iter().all(|e| *e == endpoints[1]), "the removed worker still got traffic");
+
+    // A broken edit keeps the workers as they were.
+    std::fs::write(&file, "- endpoint: [this is not yaml").unwrap_or_else(|e| panic!("{e}"));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(value(&scrape(kvpick.metrics).await, "inference_pool_ready_pods", &[]), 1.0);
+    assert!(picks(1).await.iter().all(|e| *e == endpoints[1]));
+    fleet.shutdown().await;
+}
