@@ -27,6 +27,8 @@ pub struct RouterConfig {
     pub lease: Duration,
     /// Seed of the tie-break and sampling generator.
     pub seed: u64,
+    /// Fallback endpoints a selection carries after its pick (0: none).
+    pub fallbacks: usize,
 }
 
 impl Default for RouterConfig {
@@ -39,6 +41,7 @@ impl Default for RouterConfig {
             queue_timeout: Duration::from_secs(30),
             lease: Duration::from_secs(300),
             seed: 0x6b76_7069_636b,
+            fallbacks: 0,
         }
     }
 }

@@ -43,6 +43,10 @@ pub struct Selection {
     pub cost: f64,
     /// Eligible workers the pick was made among.
     pub candidates: usize,
+    /// The next-cheapest other workers, cheapest first, at most
+    /// `RouterConfig::fallbacks` of them: the ordered fallback list a
+    /// gateway may try when the pick fails. Empty by default (no cost).
+    pub fallbacks: Vec<SocketAddr>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -228,7 +232,7 @@ impl SelectionService {
     }
 
     fn selection(&self, request: &SelectRequest, chosen: usize) -> Selection {
-        selection(request, &self.candidates, &self.costs, chosen)
+        selection(request, &self.candidates, &self.costs, chosen, self.cfg.fallbacks)
     }
 
     /// Picks a worker and books the request on it, or queues the request
@@ -380,7 +384,13 @@ pub(crate) fn choose(
     pick(costs, cfg.temperature, rng)
 }
 
-pub(crate) fn selection(request: &SelectRequest, candidates: &[Candidate], costs: &[f64], chosen: usize) -> Selection {
+pub(crate) fn selection(
+    request: &SelectRequest,
+    candidates: &[Candidate],
+    costs: &[f64],
+    chosen: usize,
+    fallbacks: usize,
+) -> Selection {
     let c = &candidates[chosen];
     Selection {
         id: request.id,
@@ -391,7 +401,18 @@ pub(crate) fn selection(request: &SelectRequest, candidates: &[Candidate], costs
         isl_tokens: request.prompt.isl_tokens,
         cost: costs[chosen],
         candidates: candidates.len(),
+        fallbacks: ranked_others(candidates, costs, chosen, fallbacks),
     }
+}
+
+/// Up to `n` other candidates by cost, then by their (deterministic) order.
+fn ranked_others(candidates: &[Candidate], costs: &[f64], chosen: usize, n: usize) -> Vec<SocketAddr> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut others: Vec<usize> = (0..candidates.len()).filter(|i| *i != chosen).collect();
+    others.sort_by(|a, b| costs[*a].total_cmp(&costs[*b]).then(a.cmp(b)));
+    others.into_iter().take(n).map(|i| candidates[i].endpoint).collect()
 }
 
 pub(crate) fn booking(request: &SelectRequest, selection: &Selection, block_size: u32, lease_until: Millis) -> Booking {

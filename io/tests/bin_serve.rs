@@ -203,3 +203,25 @@ async fn editing_the_workers_file_adds_and_removes_workers() {
     assert!(picks(1).await.iter().all(|e| *e == endpoints[1]));
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profile_writes_a_flame_graph_at_exit() {
+    let fleet = fleet(1).await;
+    let dir = TempDir::new("profile");
+    let file = dir.path("workers.yaml");
+    write_workers(&file, &fleet, &[0]);
+    let svg = dir.path("run.svg");
+    let svg_arg = svg.display().to_string();
+    let mut kvpick = serve(&file, &["--profile", &svg_arg]);
+    let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
+    for i in 0..20 {
+        let exchange = gateway.post("/v1/chat/completions", &chat(&format!("profile me {i}"))).await;
+        assert_eq!(exchange.unwrap_or_else(|e| panic!("{e}")).status, 200);
+    }
+    kvpick.signal("INT");
+    let status = tokio::task::spawn_blocking(move || kvpick.wait_exit()).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status.code(), Some(0));
+    let text = std::fs::read_to_string(&svg).unwrap_or_else(|e| panic!("{}: {e}", svg.display()));
+    assert!(text.contains("<svg") && text.contains("</svg>"), "not an SVG: {}", &text[..text.len().min(200)]);
+    fleet.shutdown().await;
+}

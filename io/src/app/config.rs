@@ -127,6 +127,9 @@ impl ServeConfig {
     }
 }
 
+/// A longer list only makes the header longer: gateways try a few.
+const MAX_FALLBACK_ENDPOINTS: usize = 16;
+
 fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfig, ConfigError> {
     let mut router = RouterConfig::default();
     let scale = match v.number(var::PREFILL_LOAD_SCALE, 0.0)? {
@@ -158,6 +161,9 @@ fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfi
     }
     if let Some(seed) = v.whole::<u64>(var::ROUTER_SEED, 0)? {
         router.seed = seed;
+    }
+    if let Some(n) = v.whole::<usize>(var::FALLBACK_ENDPOINTS, 0)? {
+        router.fallbacks = n.min(MAX_FALLBACK_ENDPOINTS);
     }
     Ok(router)
 }

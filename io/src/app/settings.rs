@@ -58,6 +58,7 @@ pub const QUEUE_CAPACITY: &str = "DYN_ROUTER_QUEUE_CAPACITY";
 pub const QUEUE_TIMEOUT_MS: &str = "DYN_ROUTER_QUEUE_TIMEOUT_MS";
 pub const LEASE_SECS: &str = "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS";
 pub const ROUTER_SEED: &str = "DYN_ROUTER_SEED";
+pub const FALLBACK_ENDPOINTS: &str = "KVPICK_FALLBACK_ENDPOINTS";
 pub const SHARDS: &str = "KVPICK_SHARDS";
 pub const SHARD_CPUS: &str = "KVPICK_SHARD_CPUS";
 pub const RUNTIME: &str = "KVPICK_RUNTIME";
@@ -200,6 +201,12 @@ pub const SETTINGS: &[Setting] = &[
         "A reservation frees itself this long after admission (a lost free cannot leak load)",
     ),
     s(ROUTER_SEED, "router-seed", None, "Seed of the tie-break and sampling generator (default: fixed)"),
+    s(
+        FALLBACK_ENDPOINTS,
+        "fallback-endpoints",
+        Some("0"),
+        "Also send the next N cheapest endpoints, as `ip:port,ip:port,…`, for gateways that try them in order (Envoy); agentgateway rejects a list, so 0 sends the pick alone",
+    ),
     s(SHARDS, "shards", None, "Shard threads (default: all cores but the I/O threads', at least 1)"),
     s(
         SHARD_CPUS,

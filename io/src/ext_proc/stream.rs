@@ -71,7 +71,20 @@ enum End {
 
 struct Picked {
     endpoint: SocketAddr,
+    fallbacks: Vec<SocketAddr>,
     reservation: Option<Reservation>,
+}
+
+impl Picked {
+    /// `ip:port`, or `ip:port,ip:port,…` with the ordered fallbacks.
+    fn destination(&self) -> String {
+        let mut destination = self.endpoint.to_string();
+        for fallback in &self.fallbacks {
+            destination.push(',');
+            destination.push_str(&fallback.to_string());
+        }
+        destination
+    }
 }
 
 pub(crate) struct ExtProcStream {
@@ -282,7 +295,7 @@ impl ExtProcStream {
             Some(BodyInput { bytes: body.clone(), parsed })
         };
         let pick = self.shared.picker.pick(PickInput { body, allowed }).await?;
-        Ok(Picked { endpoint: pick.endpoint, reservation: pick.reservation })
+        Ok(Picked { endpoint: pick.endpoint, fallbacks: pick.fallbacks, reservation: pick.reservation })
     }
 
     async fn finish_request(&mut self, end: End) {
@@ -297,7 +310,7 @@ impl ExtProcStream {
         };
         self.shared.metrics.record_status(200);
         self.shared.metrics.record_model_decision(&self.model, None);
-        let destination = picked.endpoint.to_string();
+        let destination = picked.destination();
         let mutation = self.headers.pick_mutation(&destination);
         let metadata = Some(destination_metadata(&destination));
         if !self.headers_answered {

@@ -325,31 +325,16 @@ async fn shard_families(e: &mut Exposition, producers: &ThreadProducers, workers
         .map(|l| (workers.get(l.worker).map_or_else(|| format!("{:016x}", l.worker.0), |a| a.to_string()), l))
         .collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
-    for (name, l) in &named {
-        e.gauge(
-            "kvpick_worker_prefill_tokens",
-            "Prefill tokens booked on the worker.",
-            &[("worker", name)],
-            l.prefill_tokens as f64,
-        );
-    }
-    for (name, l) in &named {
-        e.gauge(
-            "kvpick_worker_active_blocks",
-            "Decode blocks booked on the worker.",
-            &[("worker", name)],
-            l.active_blocks as f64,
-        );
-    }
-    for (name, l) in &named {
-        e.gauge("kvpick_worker_requests", "Requests booked on the worker.", &[("worker", name)], f64::from(l.requests));
-    }
-    for (name, l) in &named {
-        e.gauge(
-            "kvpick_worker_cached_blocks",
-            "Blocks the worker holds, per the index.",
-            &[("worker", name)],
-            l.cached_blocks as f64,
-        );
+    type Field = fn(&kvpick_core::LoadSnapshot) -> f64;
+    let families: [(&str, &str, Field); 4] = [
+        ("kvpick_worker_prefill_tokens", "Prefill tokens booked on the worker.", |l| l.prefill_tokens as f64),
+        ("kvpick_worker_active_blocks", "Decode blocks booked on the worker.", |l| l.active_blocks as f64),
+        ("kvpick_worker_requests", "Requests booked on the worker.", |l| f64::from(l.requests)),
+        ("kvpick_worker_cached_blocks", "Blocks the worker holds, per the index.", |l| l.cached_blocks as f64),
+    ];
+    for (family, help, field) in families {
+        for (name, load) in &named {
+            e.gauge(family, help, &[("worker", name)], field(load));
+        }
     }
 }
