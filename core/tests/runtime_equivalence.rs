@@ -375,3 +375,48 @@ fn a_queued_request_is_awaited_until_capacity_frees() {
     assert_eq!(late.join().expect("no panic"), Err(kvpick_core::SelectError::QueueTimeout));
     service.shutdown();
 }
+
+/// `prefill_complete` and `free_reservation` are posted, not awaited: a
+/// free sent through another thread's ring may overtake a posted
+/// `prefill_complete`, and the shard must end in the same state either
+/// way (nothing booked, nothing in prefill), with every answer decided as
+/// the facade decides it.
+#[test]
+fn posted_booking_changes_from_different_rings_leave_nothing_behind() {
+    let _turn = serial();
+    for kind in [RuntimeKind::StdThreads, RuntimeKind::Glommio] {
+        let cfg = RouterConfig { lease: Duration::from_secs(600), ..RouterConfig::default() };
+        let service = ShardedService::start(cfg, BS, runtime(1, kind), Clock::system()).expect("starts");
+        // Registered first, so the shard drains the free's ring before the
+        // prefill's whenever both wait in the same pass.
+        let frees = RefCell::new(service.producer());
+        let books = RefCell::new(service.producer());
+        for w in 1..=3 {
+            block_on(service.upsert_worker(&books, WorkerSpec::new(WorkerId(w), addr(w), BS), Millis(0)))
+                .expect("upsert");
+        }
+        for i in 0..300u64 {
+            let id = ReservationId(i);
+            let tokens: Vec<u32> = (0..BS * 6).map(|x| (x + i as u32) % 7).collect();
+            let request = SelectRequest {
+                id,
+                prompt: Prompt::from_tokens(&tokens, BS, HashSeed::default()),
+                model: None,
+                allowed: None,
+                priority: 0,
+            };
+            block_on(service.select_and_reserve(&books, request, Millis(0))).expect("admitted");
+            assert_eq!(service.post_prefill_complete(&books, id), Ok(()));
+            assert_eq!(service.post_free(&frees, id), Ok(()));
+            assert_eq!(service.post_free(&frees, id), Err(kvpick_core::BookingError::NotFound(id)));
+            assert_eq!(service.post_prefill_complete(&books, id), Err(kvpick_core::BookingError::NotFound(id)));
+        }
+        // Each ring's earlier commands are applied before its own query.
+        let _ = block_on(service.loads(&books));
+        let loads = block_on(service.loads(&frees));
+        assert!(loads.iter().all(|l| l.requests == 0 && l.prefill_tokens == 0 && l.active_blocks == 0), "{loads:?}");
+        assert_eq!(service.active_reservations(), 0);
+        service.shutdown();
+    }
+    assert_eq!(shard_threads(), 0, "shard threads leaked");
+}

@@ -1,12 +1,13 @@
 //! What producers ask of a shard thread, and how it answers.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::booking::{BookingEvent, ReservationId};
 use crate::clock::Millis;
-use crate::cost::Candidate;
+use crate::cost::{Candidate, RouterConfig};
 use crate::event::KvEvent;
 use crate::hashing::SequenceHash;
+use crate::service::{SelectError, SelectRequest, Selection};
 use crate::shard::{BookingError, LoadSnapshot, ShardStats};
 use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
 
@@ -22,13 +23,42 @@ pub(crate) struct Query {
     pub allowed: Option<EndpointFilter>,
 }
 
+/// What picking needs besides the candidates; shared by the service and,
+/// for one-visit picks, the shard thread (same rng, so the same seed gives
+/// the same picks either way).
+pub(crate) struct Picking {
+    pub cfg: RouterConfig,
+    pub block_size: u32,
+    pub rng: Mutex<fastrand::Rng>,
+}
+
+/// A whole selection for a shard that owns every worker: candidates,
+/// pick and booking in one visit instead of two.
+pub(crate) struct PickJob {
+    pub request: SelectRequest,
+    pub lease_until: Millis,
+    pub picking: Arc<Picking>,
+}
+
+pub(crate) enum Picked {
+    Booked(Selection),
+    /// Every candidate is saturated: the caller queues the request.
+    Saturated(SelectRequest),
+    Failed(SelectError),
+}
+
 pub(crate) enum Command {
     Upsert(WorkerSpec, Reply<()>),
     Delete(WorkerId, Reply<Option<Vec<ReservationId>>>),
     /// No reply: events are fire-and-forget, ordered per producer ring.
     Event(WorkerId, KvEvent),
     Candidates(Arc<Query>, Reply<Vec<Candidate>>),
+    /// Boxed: a request is several times the size of the other commands.
+    Pick(Box<PickJob>, Reply<Picked>),
     Booking(BookingEvent, Reply<Result<(), BookingError>>),
+    /// A booking change nobody waits for (`prefill_complete`, `free`): see
+    /// `ShardedService` for why it cannot be overtaken by what it follows.
+    Posted(BookingEvent),
     Expire(Millis, Reply<Vec<ReservationId>>),
     Loads(Reply<Vec<LoadSnapshot>>),
     Overlaps(Arc<[SequenceHash]>, Reply<Vec<(WorkerId, u32)>>),

@@ -35,12 +35,17 @@ impl Wake for Unpark {
 }
 
 impl Doorbell {
-    /// Producer side, after a push.
-    pub(crate) fn ring(&self) {
+    /// Producer side, after a push. Returns whether the shard had said it
+    /// was going to sleep: then its answer is a wake-up away (tens of µs),
+    /// otherwise it is polling its rings and answers within microseconds.
+    pub(crate) fn ring(&self) -> bool {
         fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::Relaxed) {
             self.rung.store(true, Ordering::Release);
             self.waker.wake();
+            true
+        } else {
+            false
         }
     }
 

@@ -52,7 +52,9 @@ pub struct RuntimeConfig {
     pub selection_wait: Duration,
     /// How long an idle shard polls its rings before parking: a parked
     /// shard costs a futex wake-up (tens of µs on a busy VM) per request,
-    /// a spinning one a core. Zero parks at once.
+    /// a spinning one a core. Zero parks at once. Also how long a caller
+    /// polls for the answer of a shard that was awake when asked, before
+    /// awaiting it. Both are off when shards outnumber the cores.
     pub spin_before_park: Duration,
 }
 
@@ -106,6 +108,35 @@ pub(crate) fn choose_kind(config: &RuntimeConfig) -> Result<(RuntimeKind, String
             Ok(()) => Ok((RuntimeKind::Glommio, "io_uring is available".into())),
             Err(why) => Ok((RuntimeKind::StdThreads, format!("glommio cannot start here ({why})"))),
         },
+    }
+}
+
+/// Polls before a thread parks for less.
+const PURE_SPIN: Duration = Duration::from_micros(5);
+
+/// Polls `ready` until it holds (true) or `budget` has passed (false).
+/// After the first few µs the core is yielded between polls: on a machine
+/// with more runnable threads than cores, the thread being waited for may
+/// be queued behind this one on the same core, and a pure spin would hold
+/// it off until the scheduler preempts (milliseconds).
+pub(crate) fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    if budget.is_zero() {
+        return false;
+    }
+    let start = std::time::Instant::now();
+    loop {
+        if ready() {
+            return true;
+        }
+        let spent = start.elapsed();
+        if spent >= budget {
+            return false;
+        }
+        if spent < PURE_SPIN {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
     }
 }
 

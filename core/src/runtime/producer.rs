@@ -58,7 +58,9 @@ impl Producer {
         self.rings.len()
     }
 
-    fn try_push(&mut self, shard: usize, command: Command) -> Result<(), PushFail> {
+    /// On success: whether the shard was awake (polling its rings) when
+    /// the command went in, so its answer is worth spinning for.
+    fn try_push(&mut self, shard: usize, command: Command) -> Result<bool, PushFail> {
         let target = &self.shards[shard];
         if target.exited() {
             return Err(PushFail::Gone);
@@ -66,8 +68,8 @@ impl Producer {
         match self.rings[shard].push(command) {
             Ok(()) => {
                 // `ring` fences, so this load is ordered after the push.
-                target.doorbell.ring();
-                if target.exited() { Err(PushFail::Gone) } else { Ok(()) }
+                let woken = target.doorbell.ring();
+                if target.exited() { Err(PushFail::Gone) } else { Ok(!woken) }
             }
             Err(PushError::Full(command)) => Err(PushFail::Full(command)),
         }
@@ -75,9 +77,10 @@ impl Producer {
 
     /// Pushes, waiting as long as the shard needs: for messages that must
     /// not be lost (KV events, booking changes). Each wait is counted.
-    pub(crate) fn push_waiting(&mut self, shard: usize, command: Command) -> Result<(), ShardGone> {
+    /// Returns whether the shard was awake (see `try_push`).
+    pub(crate) fn push_waiting(&mut self, shard: usize, command: Command) -> Result<bool, ShardGone> {
         let mut command = match self.try_push(shard, command) {
-            Ok(()) => return Ok(()),
+            Ok(awake) => return Ok(awake),
             Err(PushFail::Gone) => return Err(ShardGone),
             Err(PushFail::Full(command)) => command,
         };
@@ -85,7 +88,7 @@ impl Producer {
         let mut spins = 0u32;
         loop {
             command = match self.try_push(shard, command) {
-                Ok(()) => return Ok(()),
+                Ok(awake) => return Ok(awake),
                 Err(PushFail::Gone) => return Err(ShardGone),
                 Err(PushFail::Full(command)) => command,
             };
@@ -100,7 +103,8 @@ impl Producer {
 
     /// Pushes, or gives the command back once `bound` has passed with the
     /// ring still full: selections fail fast rather than queue unseen.
-    pub(crate) fn push_bounded(&mut self, shard: usize, command: Command, bound: Duration) -> Result<(), PushFail> {
+    /// Returns whether the shard was awake (see `try_push`).
+    pub(crate) fn push_bounded(&mut self, shard: usize, command: Command, bound: Duration) -> Result<bool, PushFail> {
         let mut command = match self.try_push(shard, command) {
             Err(PushFail::Full(command)) => command,
             done => return done,

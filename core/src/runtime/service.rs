@@ -3,16 +3,34 @@
 //! Scatter–gather: the prompt is hashed once by the caller; the same
 //! `Arc` of sequence hashes goes to every shard, each answers with its
 //! candidates, the caller's task picks with the same code as the facade and
-//! books on the owning shard. Every booking change is acknowledged before
-//! the call returns, so a later change (maybe pushed from another thread's
-//! ring) can never overtake it.
+//! books on the owning shard. With a single shard the shard does all of it
+//! in one visit (same code, same rng): one round trip instead of two.
+//!
+//! A reservation is acknowledged before its id is handed back, so nothing
+//! pushed later, from any thread's ring, can overtake it. `prefill_complete`
+//! and `free_reservation` are then posted without waiting for the shard
+//! (their outcome is decided by the owner map, as the facade decides it):
+//! - what the same producer pushes after them (the queue's re-gather, a
+//!   `loads` query) comes later in the same ring, so it sees them;
+//! - a free pushed from another thread's ring may overtake a posted
+//!   `prefill_complete`: the free releases whatever prefill is left and
+//!   the late `prefill_complete` finds nothing, the same end state;
+//! - nothing follows a free (ids are never reused).
+//!
+//! A caller whose command found the shard awake (polling its rings) spins
+//! on the reply slot for up to `RuntimeConfig::spin_before_park` before
+//! awaiting it: such a shard answers within microseconds, while parking
+//! and waking the caller's thread costs tens of µs on a busy VM. Against a
+//! sleeping shard the caller awaits at once, and nobody spins when shards
+//! do not (no core is left for them).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use super::clock::Clock;
-use super::command::{Command, Query, Reply};
+use super::command::{Command, PickJob, Picked, Picking, Query, Reply};
 use super::producer::{Producer, ProducerSource, PushFail, RingCounters, ShardGone};
 use super::shard_loop::{Owners, ShardLoop, ShardShared};
 use super::{RuntimeConfig, RuntimeError, RuntimeKind, SharedShards, choose_kind, pin_current_thread};
@@ -30,6 +48,13 @@ use crate::service::{
 };
 use crate::shard::{BookingError, LoadSnapshot, ShardStats};
 use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
+
+/// What a free released: a queued request frees no capacity, a booking does.
+#[derive(PartialEq, Eq)]
+enum Freed {
+    Withdrawn,
+    Booking,
+}
 
 enum ShardThread {
     Glommio(glommio::ExecutorJoinHandle<()>),
@@ -69,10 +94,14 @@ pub struct ShardedService {
     directory: RwLock<Directory>,
     owners: Owners,
     waiting: Mutex<Waiting>,
-    rng: Mutex<fastrand::Rng>,
+    /// The config and the rng every pick uses, wherever it is made.
+    picking: Arc<Picking>,
     stats: Mutex<ServiceStats>,
     counters: Arc<RingCounters>,
     id: u64,
+    /// How long shards poll before parking, and callers poll a reply slot
+    /// before awaiting it; zero when shards outnumber the cores.
+    spin: Duration,
 }
 
 static NEXT_SERVICE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -97,7 +126,7 @@ impl ShardedService {
         // Spinning shards that outnumber the cores would starve the very
         // threads that feed them.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let spin = if count < cores { runtime.spin_before_park } else { std::time::Duration::ZERO };
+        let spin = if count < cores { runtime.spin_before_park } else { Duration::ZERO };
         if spin != runtime.spin_before_park {
             tracing::info!(
                 shards = count,
@@ -142,7 +171,11 @@ impl ShardedService {
             }
         }
         Ok(ShardedService {
-            rng: Mutex::new(fastrand::Rng::with_seed(cfg.seed)),
+            picking: Arc::new(Picking {
+                cfg: cfg.clone(),
+                block_size,
+                rng: Mutex::new(fastrand::Rng::with_seed(cfg.seed)),
+            }),
             waiting: Mutex::new(Waiting {
                 queue: AdmissionQueue::new(cfg.queue_capacity),
                 admissions: Vec::new(),
@@ -159,6 +192,7 @@ impl ShardedService {
             owners,
             stats: Mutex::default(),
             counters: Arc::default(),
+            spin,
         })
     }
 
@@ -205,6 +239,16 @@ impl ShardedService {
         self.directory.read().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The shard's answer. One that was awake when the command went in
+    /// is polled for first (see the module docs); the spin is bounded, so
+    /// a shard that is slow to answer costs at most `spin` extra CPU.
+    async fn reply<T>(&self, rx: oneshot::Receiver<T>, shard_awake: bool) -> Result<T, ShardGone> {
+        if shard_awake {
+            super::spin_until(self.spin, || rx.has_message() || rx.is_closed());
+        }
+        rx.await.map_err(|_| ShardGone)
+    }
+
     async fn ask<T>(
         &self,
         source: &impl ProducerSource,
@@ -212,8 +256,8 @@ impl ShardedService {
         command: impl FnOnce(Reply<T>) -> Command,
     ) -> Result<T, ShardGone> {
         let (tx, rx) = oneshot::channel();
-        source.with_producer(|p| p.push_waiting(shard, command(tx)))?;
-        rx.await.map_err(|_| ShardGone)
+        let awake = source.with_producer(|p| p.push_waiting(shard, command(tx)))?;
+        self.reply(rx, awake).await
     }
 
     async fn ask_all<T>(
@@ -225,13 +269,13 @@ impl ShardedService {
             (0..p.shard_count())
                 .map(|shard| {
                     let (tx, rx) = oneshot::channel();
-                    p.push_waiting(shard, command(tx)).map(|()| rx)
+                    p.push_waiting(shard, command(tx)).map(|awake| (rx, awake))
                 })
                 .collect::<Result<Vec<_>, _>>()
         })?;
         let mut out = Vec::with_capacity(receivers.len());
-        for rx in receivers {
-            out.push(rx.await.map_err(|_| ShardGone)?);
+        for (rx, awake) in receivers {
+            out.push(self.reply(rx, awake).await?);
         }
         Ok(out)
     }
@@ -277,7 +321,7 @@ impl ShardedService {
     /// earlier events; waits while the ring is full.
     pub fn apply_kv_event(&self, producer: &mut Producer, worker: WorkerId, event: KvEvent) -> Result<(), EventError> {
         let shard = self.directory().shard_of(worker).ok_or(EventError::UnknownWorker)?;
-        producer.push_waiting(shard, Command::Event(worker, event)).map_err(|_| EventError::UnknownWorker)
+        producer.push_waiting(shard, Command::Event(worker, event)).map(drop).map_err(|_| EventError::UnknownWorker)
     }
 
     async fn gather(
@@ -298,17 +342,20 @@ impl ShardedService {
             let mut receivers = Vec::with_capacity(p.shard_count());
             for shard in 0..p.shard_count() {
                 let (tx, rx) = oneshot::channel();
-                p.push_bounded(shard, Command::Candidates(query.clone(), tx), bound).map_err(|fail| match fail {
-                    PushFail::Full(_) => SelectError::Overloaded,
-                    PushFail::Gone => SelectError::ShuttingDown,
-                })?;
-                receivers.push(rx);
+                let awake =
+                    p.push_bounded(shard, Command::Candidates(query.clone(), tx), bound).map_err(
+                        |fail| match fail {
+                            PushFail::Full(_) => SelectError::Overloaded,
+                            PushFail::Gone => SelectError::ShuttingDown,
+                        },
+                    )?;
+                receivers.push((rx, awake));
             }
             Ok::<_, SelectError>(receivers)
         })?;
         let mut candidates = Vec::new();
-        for rx in receivers {
-            candidates.extend(rx.await.map_err(|_| SelectError::ShuttingDown)?);
+        for (rx, awake) in receivers {
+            candidates.extend(self.reply(rx, awake).await.map_err(|_| SelectError::ShuttingDown)?);
         }
         if candidates.is_empty() {
             return Err(SelectError::NoEligibleWorkers);
@@ -363,31 +410,91 @@ impl ShardedService {
         if lock(&self.owners).contains_key(&request.id) || lock(&self.waiting).queue.contains(request.id) {
             return Err(SelectError::DuplicateReservation(request.id));
         }
+        if self.shards.len() == 1 {
+            return match self.pick_in_one_visit(source, request, now).await? {
+                Picked::Booked(selection) => Ok(Admission::Reserved(selection)),
+                Picked::Saturated(request) => self.enqueue(request, now, waiter),
+                Picked::Failed(error) => Err(error),
+            };
+        }
         let candidates =
             self.gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref()).await?;
         if let Some(threshold) = self.cfg.queue_threshold {
             if candidates.iter().all(|c| c.saturated(threshold)) {
-                let deadline = now.after(self.cfg.queue_timeout);
-                let id = request.id;
-                let queued = {
-                    let mut waiting = lock(&self.waiting);
-                    let queued = waiting.queue.push(request, deadline).is_ok();
-                    if let (true, Some(waiter)) = (queued, waiter) {
-                        waiting.waiters.insert(id, waiter);
-                    }
-                    queued
-                };
-                let mut stats = lock(&self.stats);
-                return if queued {
-                    stats.queued += 1;
-                    Ok(Admission::Queued)
-                } else {
-                    stats.refused_queue_full += 1;
-                    Err(SelectError::QueueFull)
-                };
+                return self.enqueue(request, now, waiter);
             }
         }
         self.reserve(source, &request, &candidates, now).await.map(Admission::Reserved)
+    }
+
+    /// Queues a request every eligible worker is too busy for.
+    fn enqueue(
+        &self,
+        request: SelectRequest,
+        now: Millis,
+        waiter: Option<oneshot::Sender<AdmissionEvent>>,
+    ) -> Result<Admission, SelectError> {
+        let deadline = now.after(self.cfg.queue_timeout);
+        let id = request.id;
+        let queued = {
+            let mut waiting = lock(&self.waiting);
+            let queued = waiting.queue.push(request, deadline).is_ok();
+            if let (true, Some(waiter)) = (queued, waiter) {
+                waiting.waiters.insert(id, waiter);
+            }
+            queued
+        };
+        let mut stats = lock(&self.stats);
+        if queued {
+            stats.queued += 1;
+            Ok(Admission::Queued)
+        } else {
+            stats.refused_queue_full += 1;
+            Err(SelectError::QueueFull)
+        }
+    }
+
+    /// With one shard, candidates, pick and booking in one round trip
+    /// (the shard runs the facade's code with the service's rng), not two.
+    async fn pick_in_one_visit(
+        &self,
+        source: &impl ProducerSource,
+        request: SelectRequest,
+        now: Millis,
+    ) -> Result<Picked, SelectError> {
+        self.directory().check(request.model.as_deref())?;
+        let id = request.id;
+        // Taken before the shard books, as `reserve` does; the shard gives
+        // it back when it books nothing.
+        match lock(&self.owners).entry(id) {
+            Entry::Occupied(_) => return Err(SelectError::DuplicateReservation(id)),
+            Entry::Vacant(slot) => slot.insert(0),
+        };
+        let job = Box::new(PickJob { request, lease_until: now.after(self.cfg.lease), picking: self.picking.clone() });
+        let (tx, rx) = oneshot::channel();
+        let pushed = source.with_producer(|p| p.push_bounded(0, Command::Pick(job, tx), self.runtime.selection_wait));
+        let awake = match pushed {
+            Ok(awake) => awake,
+            Err(fail) => {
+                lock(&self.owners).remove(&id);
+                return Err(match fail {
+                    PushFail::Full(_) => SelectError::Overloaded,
+                    PushFail::Gone => SelectError::ShuttingDown,
+                });
+            }
+        };
+        match self.reply(rx, awake).await {
+            Ok(picked) => {
+                if matches!(picked, Picked::Booked(_)) {
+                    lock(&self.stats).selections += 1;
+                }
+                Ok(picked)
+            }
+            Err(ShardGone) => {
+                lock(&self.owners).remove(&id);
+                Err(SelectError::ShuttingDown)
+            }
+        }
     }
 
     async fn reserve(
@@ -398,8 +505,9 @@ impl ShardedService {
         now: Millis,
     ) -> Result<Selection, SelectError> {
         let mut costs = Vec::with_capacity(candidates.len());
-        let chosen = choose(candidates, &request.prompt, self.block_size, &self.cfg, &mut lock(&self.rng), &mut costs);
-        let selection = selection(request, candidates, &costs, chosen);
+        let chosen =
+            choose(candidates, &request.prompt, self.block_size, &self.cfg, &mut lock(&self.picking.rng), &mut costs);
+        let selection = selection(request, candidates, &costs, chosen, self.cfg.fallbacks);
         // The worker may have left since the shards answered.
         let shard = self.directory().shard_of(selection.worker).ok_or(SelectError::NoEligibleWorkers)?;
         let booking = booking(request, &selection, self.block_size, now.after(self.cfg.lease));
@@ -421,41 +529,72 @@ impl ShardedService {
         Err(error)
     }
 
-    /// See `SelectionService::prefill_complete`.
+    /// See `SelectionService::prefill_complete`. Posted (see the module
+    /// docs); then admits queued requests that now fit.
     pub async fn prefill_complete(
         &self,
         source: &impl ProducerSource,
         id: ReservationId,
         now: Millis,
     ) -> Result<(), BookingError> {
-        let shard = *lock(&self.owners).get(&id).ok_or(BookingError::NotFound(id))?;
-        self.ask(source, shard, |r| Command::Booking(BookingEvent::PrefillComplete(id), r))
-            .await
-            .map_err(|_| BookingError::ShuttingDown)??;
+        self.post_prefill_complete(source, id)?;
         self.admit_waiting(source, now).await;
         Ok(())
     }
 
-    /// See `SelectionService::free_reservation`.
+    /// See `SelectionService::free_reservation`. Posted (see the module
+    /// docs); then admits queued requests that now fit.
     pub async fn free_reservation(
         &self,
         source: &impl ProducerSource,
         id: ReservationId,
         now: Millis,
     ) -> Result<(), BookingError> {
+        if self.free_now(source, id)? == Freed::Booking {
+            self.admit_waiting(source, now).await;
+        }
+        Ok(())
+    }
+
+    /// `prefill_complete` without waiting for anything: the change goes
+    /// into the owning shard's ring and the answer comes from the owner
+    /// map. Does not admit queued requests: when `has_waiting()`, follow
+    /// it with `admit_waiting`.
+    pub fn post_prefill_complete(&self, source: &impl ProducerSource, id: ReservationId) -> Result<(), BookingError> {
+        let shard = *lock(&self.owners).get(&id).ok_or(BookingError::NotFound(id))?;
+        self.post(source, shard, BookingEvent::PrefillComplete(id))
+    }
+
+    /// `free_reservation` without waiting for anything (a queued request
+    /// is withdrawn on the spot). Does not admit queued requests: when
+    /// `has_waiting()`, follow it with `admit_waiting`.
+    pub fn post_free(&self, source: &impl ProducerSource, id: ReservationId) -> Result<(), BookingError> {
+        self.free_now(source, id).map(drop)
+    }
+
+    fn free_now(&self, source: &impl ProducerSource, id: ReservationId) -> Result<Freed, BookingError> {
         {
             let mut waiting = lock(&self.waiting);
             if waiting.queue.remove(id).is_some() {
                 waiting.waiters.remove(&id);
-                return Ok(());
+                return Ok(Freed::Withdrawn);
             }
         }
         let shard = lock(&self.owners).remove(&id).ok_or(BookingError::NotFound(id))?;
-        self.ask(source, shard, |r| Command::Booking(BookingEvent::Freed(id), r))
-            .await
-            .map_err(|_| BookingError::ShuttingDown)??;
-        self.admit_waiting(source, now).await;
+        self.post(source, shard, BookingEvent::Freed(id))?;
+        Ok(Freed::Booking)
+    }
+
+    fn post(&self, source: &impl ProducerSource, shard: usize, event: BookingEvent) -> Result<(), BookingError> {
+        source
+            .with_producer(|p| p.push_waiting(shard, Command::Posted(event)))
+            .map_err(|_| BookingError::ShuttingDown)?;
         Ok(())
+    }
+
+    /// Whether requests wait in the queue for capacity.
+    pub fn has_waiting(&self) -> bool {
+        self.cfg.queue_threshold.is_some() && !lock(&self.waiting).queue.is_empty()
     }
 
     /// Expires leases (shards also do on their own timers) and queue
@@ -484,7 +623,9 @@ impl ShardedService {
         std::mem::take(&mut lock(&self.waiting).admissions)
     }
 
-    async fn admit_waiting(&self, source: &impl ProducerSource, now: Millis) {
+    /// Admits queued requests that now fit, in queue order; what
+    /// `prefill_complete`, `free_reservation` and `tick` end with.
+    pub async fn admit_waiting(&self, source: &impl ProducerSource, now: Millis) {
         let Some(threshold) = self.cfg.queue_threshold else { return };
         let ids = {
             let waiting = lock(&self.waiting);

@@ -10,9 +10,11 @@ use std::time::{Duration, Instant};
 use rtrb::Consumer;
 
 use super::clock::Clock;
-use super::command::Command;
+use super::command::{Command, PickJob, Picked};
 use super::doorbell::Doorbell;
+use crate::booking::BookingEvent;
 use crate::booking::ReservationId;
+use crate::service::{SelectError, booking, choose, selection, sort_candidates};
 use crate::shard::{CandidateQuery, Shard};
 
 /// Commands taken from one ring before moving to the next, so one busy
@@ -72,17 +74,7 @@ impl ShardLoop {
 
     /// Polls for work for up to `spin` before the caller parks.
     fn spin_for_work(&self) -> bool {
-        if self.spin.is_zero() {
-            return false;
-        }
-        let until = Instant::now() + self.spin;
-        while Instant::now() < until {
-            if self.has_work() || self.shared.stopping() {
-                return true;
-            }
-            std::hint::spin_loop();
-        }
-        false
+        super::spin_until(self.spin, || self.has_work() || self.shared.stopping())
     }
 
     fn take_new_rings(&mut self) {
@@ -100,7 +92,7 @@ impl ShardLoop {
             for _ in 0..FAIR_SHARE {
                 match self.rings[i].pop() {
                     Ok(command) => {
-                        handle(&mut self.shard, command);
+                        handle(&mut self.shard, &self.owners, command);
                         handled += 1;
                     }
                     Err(_) => break,
@@ -207,7 +199,7 @@ enum Idle {
 
 /// Runs one command. A dropped reply means the asker gave up (its request
 /// was cancelled): the work is done all the same, so state stays exact.
-fn handle(shard: &mut Shard, command: Command) {
+fn handle(shard: &mut Shard, owners: &Owners, command: Command) {
     match command {
         Command::Upsert(spec, reply) => {
             shard.upsert_worker(spec);
@@ -230,8 +222,19 @@ fn handle(shard: &mut Shard, command: Command) {
             shard.candidates(&query, &mut out);
             let _ = reply.send(out);
         }
+        Command::Pick(job, reply) => {
+            let _ = reply.send(pick_and_book(shard, owners, *job));
+        }
         Command::Booking(event, reply) => {
             let _ = reply.send(shard.apply_booking(event));
+        }
+        Command::Posted(event) => {
+            // The poster already answered from the owner map; a miss here
+            // means the lease expired or the worker left in between, and
+            // then there is nothing left to change.
+            if let Err(error) = shard.apply_booking(event) {
+                tracing::debug!(%error, "posted booking change found nothing to change");
+            }
         }
         Command::Expire(now, reply) => {
             let _ = reply.send(shard.expire(now));
@@ -246,4 +249,44 @@ fn handle(shard: &mut Shard, command: Command) {
             let _ = reply.send(shard.stats());
         }
     }
+}
+
+/// The facade's gather, pick and booking, on the shard that owns every
+/// worker. The caller put the id in the owner map before sending; an
+/// outcome that books nothing takes it out here, so the map stays exact
+/// even when the caller has stopped waiting.
+fn pick_and_book(shard: &mut Shard, owners: &Owners, job: PickJob) -> Picked {
+    let PickJob { request, lease_until, picking } = job;
+    let id = request.id;
+    let mut candidates = Vec::new();
+    let query = CandidateQuery {
+        seq_hashes: &request.prompt.seq_hashes,
+        model: request.model.as_deref(),
+        allowed: request.allowed.as_ref(),
+    };
+    shard.candidates(&query, &mut candidates);
+    let outcome = if candidates.is_empty() {
+        Picked::Failed(SelectError::NoEligibleWorkers)
+    } else if picking.cfg.queue_threshold.is_some_and(|t| candidates.iter().all(|c| c.saturated(t))) {
+        Picked::Saturated(request)
+    } else {
+        sort_candidates(&mut candidates);
+        let mut costs = Vec::with_capacity(candidates.len());
+        let chosen = {
+            let mut rng = picking.rng.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            choose(&candidates, &request.prompt, picking.block_size, &picking.cfg, &mut rng, &mut costs)
+        };
+        let selection = selection(&request, &candidates, &costs, chosen, picking.cfg.fallbacks);
+        let booking = booking(&request, &selection, picking.block_size, lease_until);
+        match shard.apply_booking(BookingEvent::Reserved(booking)) {
+            Ok(()) => Picked::Booked(selection),
+            // A booking of this id already here: the owner map would have
+            // refused it first, so only a caller bypassing it gets here.
+            Err(_) => Picked::Failed(SelectError::NoEligibleWorkers),
+        }
+    };
+    if !matches!(outcome, Picked::Booked(_)) {
+        owners.lock().expect("owner map never panics").remove(&id);
+    }
+    outcome
 }
