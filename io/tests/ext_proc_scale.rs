@@ -56,9 +56,6 @@ async fn served_then_cancelled(raw: &RawConnection, i: usize) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "hangs about half the time: a std-thread shard can park for good after a lost doorbell wake-up \
-            (kvpick-core runtime/doorbell.rs, sleep_blocking registers its waker once); issue 4 stays open until \
-            it passes reliably"]
 async fn five_thousand_cancelled_streams_on_one_connection() {
     // A short lease bounds how long a shard may park (it wakes for the next
     // lease end): should one miss its doorbell, the test fails in seconds

@@ -188,23 +188,49 @@ impl KvPicker {
         }
     }
 
-    pub(crate) async fn prefill_complete(&self, id: ReservationId) {
+    /// Posted to the owning shard, not awaited (see `ShardedService`).
+    pub(crate) fn prefill_complete(&self, id: ReservationId) {
         let inner = &*self.0;
-        match self.service().prefill_complete(&inner.producers, id, inner.clock.now()).await {
-            Ok(()) => inner.metrics.record_prefill_complete(),
+        match self.service().post_prefill_complete(&inner.producers, id) {
+            Ok(()) => {
+                inner.metrics.record_prefill_complete();
+                self.admit_queued();
+            }
             Err(error) => tracing::debug!(reservation = id.0, %error, "prefill_complete on a booking already gone"),
         }
     }
 
-    pub(crate) async fn free(&self, id: ReservationId) {
+    /// Posted to the owning shard, not awaited (see `ShardedService`).
+    pub(crate) fn free(&self, id: ReservationId) {
         let inner = &*self.0;
-        match self.service().free_reservation(&inner.producers, id, inner.clock.now()).await {
-            Ok(()) => inner.metrics.record_free(true),
+        match self.service().post_free(&inner.producers, id) {
+            Ok(()) => {
+                inner.metrics.record_free(true);
+                self.admit_queued();
+            }
             Err(BookingError::NotFound(_)) => inner.metrics.record_free(false),
             Err(error) => {
                 inner.metrics.record_free(false);
                 tracing::warn!(reservation = id.0, %error, "could not free a booking; its lease will");
             }
         }
+    }
+
+    /// Capacity was released: requests queued for it are admitted on a
+    /// task of their own, so the stream that released it never waits for
+    /// them. Without a tokio runtime here, the next release does it.
+    fn admit_queued(&self) {
+        if !self.service().has_waiting() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!("no tokio runtime here; queued requests are admitted at the next release");
+            return;
+        };
+        let picker = self.clone();
+        runtime.spawn(async move {
+            let inner = &*picker.0;
+            picker.service().admit_waiting(&inner.producers, inner.clock.now()).await;
+        });
     }
 }

@@ -4,15 +4,14 @@
 //!
 //! The guard frees on drop, so every way a stream can end (the response
 //! finished, the gateway cancelled, the connection broke, the task was
-//! dropped mid-selection while queued) releases the load it booked. The
-//! free is async (it asks the owning shard), so drop spawns it on the
-//! current tokio runtime; without one, the booking's lease frees it.
+//! dropped mid-selection while queued) releases the load it booked. Frees
+//! and `prefill_complete` are posted to the owning shard without waiting
+//! for it, so they run right there, on whatever thread drops the guard.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use kvpick_core::ReservationId;
-use tokio::task::JoinHandle;
 
 use super::picker::KvPicker;
 
@@ -51,9 +50,7 @@ pub struct Reservation {
     picker: KvPicker,
     /// Nothing to free: the selection failed, so nothing was booked.
     disarmed: bool,
-    /// The detached `prefill_complete`, which the free waits for so the
-    /// shard (and any replica) sees the two in order.
-    prefill: Option<JoinHandle<()>>,
+    prefill_completed: bool,
 }
 
 impl std::fmt::Debug for Reservation {
@@ -66,7 +63,7 @@ impl Reservation {
     /// Armed before the selection starts, so a selection dropped while
     /// queued is withdrawn too.
     pub(crate) fn new(id: ReservationId, picker: KvPicker) -> Self {
-        Reservation { id, picker, disarmed: false, prefill: None }
+        Reservation { id, picker, disarmed: false, prefill_completed: false }
     }
 
     pub fn id(&self) -> ReservationId {
@@ -79,43 +76,21 @@ impl Reservation {
     }
 
     /// The engine started answering: its prompt is no longer prefill
-    /// load. Detached, so it never delays the echo of the first token;
-    /// only the first call does anything.
+    /// load. Posted, so it never delays the echo of the first token; only
+    /// the first call does anything. The free that follows comes after it
+    /// in the same ring when the same thread sends both; if another thread
+    /// sends the free and it overtakes, the end state is the same.
     pub fn prefill_complete(&mut self) {
-        if self.prefill.is_some() {
-            return;
+        if !std::mem::replace(&mut self.prefill_completed, true) {
+            self.picker.prefill_complete(self.id);
         }
-        let (picker, id) = (self.picker.clone(), self.id);
-        self.prefill = spawn_or_log(id, "prefill_complete", async move { picker.prefill_complete(id).await });
     }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if self.disarmed {
-            return;
-        }
-        let (picker, id, prefill) = (self.picker.clone(), self.id, self.prefill.take());
-        spawn_or_log(id, "free", async move {
-            if let Some(prefill) = prefill {
-                // Its outcome is logged where it runs.
-                let _ = prefill.await;
-            }
-            picker.free(id).await;
-        });
-    }
-}
-
-fn spawn_or_log(
-    id: ReservationId,
-    what: &'static str,
-    work: impl Future<Output = ()> + Send + 'static,
-) -> Option<JoinHandle<()>> {
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => Some(runtime.spawn(work)),
-        Err(_) => {
-            tracing::warn!(reservation = id.0, what, "no tokio runtime here; the booking's lease will free it");
-            None
+        if !self.disarmed {
+            self.picker.free(self.id);
         }
     }
 }
