@@ -1,0 +1,215 @@
+//! The simulator's flags.
+
+use std::path::PathBuf;
+
+pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
+
+  --quick               2,000 requests per workload, nothing written (smoke test)
+  --requests N          requests per synthetic workload (default 10,000); caps the trace when given
+  --engines N           simulated engines (default 8)
+  --load F              offered load, a fraction of the fleet's capacity with nothing cached (default 0.8)
+  --kv-blocks N         KV blocks of 16 tokens per engine (default 16,384)
+  --seed N              seed of the workloads, engines and policies (default 42)
+  --workloads LIST      of chat, agentic, random, trace (default: all)
+  --policies LIST       of random, round-robin, least-loaded, approx-prefix, kvpick, oracle (default: all)
+  --prefill-load-scale F  kvpick's (and the oracle's) prefill_load_scale (default 1, kvpick's default)
+  --trace FILE          Mooncake-format JSONL trace (default perf/data/mooncake-sample.jsonl)
+  --out DIR             write results.md and SVG plots there (full runs default to perf/results/routing)
+  --no-write            write nothing
+  --write-sample-trace FILE [--sample-lines N]
+                        write a generated Mooncake-format trace (default 1,000 lines) and exit
+";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PolicyName {
+    Random,
+    RoundRobin,
+    LeastLoaded,
+    ApproxPrefix,
+    Kvpick,
+    Oracle,
+}
+
+impl PolicyName {
+    pub const ALL: [PolicyName; 6] = [
+        PolicyName::Random,
+        PolicyName::RoundRobin,
+        PolicyName::LeastLoaded,
+        PolicyName::ApproxPrefix,
+        PolicyName::Kvpick,
+        PolicyName::Oracle,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyName::Random => "random",
+            PolicyName::RoundRobin => "round-robin",
+            PolicyName::LeastLoaded => "least-loaded",
+            PolicyName::ApproxPrefix => "approx-prefix",
+            PolicyName::Kvpick => "kvpick",
+            PolicyName::Oracle => "oracle",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkloadName {
+    Chat,
+    Agentic,
+    Random,
+    Trace,
+}
+
+impl WorkloadName {
+    pub const ALL: [WorkloadName; 4] =
+        [WorkloadName::Chat, WorkloadName::Agentic, WorkloadName::Random, WorkloadName::Trace];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkloadName::Chat => "chat",
+            WorkloadName::Agentic => "agentic",
+            WorkloadName::Random => "random",
+            WorkloadName::Trace => "trace",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Args {
+    pub quick: bool,
+    pub requests: usize,
+    /// `--requests` was given (it then also caps the trace).
+    pub requests_given: bool,
+    pub engines: usize,
+    pub load: f64,
+    pub kv_blocks: usize,
+    pub seed: u64,
+    pub prefill_load_scale: f64,
+    pub workloads: Vec<WorkloadName>,
+    pub policies: Vec<PolicyName>,
+    pub trace: PathBuf,
+    pub out: Option<PathBuf>,
+    pub write_sample_trace: Option<PathBuf>,
+    pub sample_lines: usize,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            quick: false,
+            requests: 10_000,
+            requests_given: false,
+            engines: 8,
+            load: 0.8,
+            kv_blocks: 16_384,
+            seed: 42,
+            prefill_load_scale: kvpick_core::RouterConfig::default().prefill_load_scale,
+            workloads: WorkloadName::ALL.to_vec(),
+            policies: PolicyName::ALL.to_vec(),
+            trace: super::crate_dir().join("data/mooncake-sample.jsonl"),
+            out: None,
+            write_sample_trace: None,
+            sample_lines: 1_000,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArgsError {
+    Help,
+    Invalid(String),
+}
+
+fn invalid(text: String) -> ArgsError {
+    ArgsError::Invalid(text)
+}
+
+impl Args {
+    /// Parses flags (without the program name); `--name value` and
+    /// `--name=value` both work.
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, ArgsError> {
+        let mut out = Args::default();
+        let (mut out_dir, mut no_write) = (None, false);
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            let (name, inline) = match arg.split_once('=') {
+                Some((n, v)) => (n.to_owned(), Some(v.to_owned())),
+                None => (arg, None),
+            };
+            let mut value =
+                || inline.clone().or_else(|| args.next()).ok_or_else(|| invalid(format!("{name} needs a value")));
+            match name.as_str() {
+                "-h" | "--help" => return Err(ArgsError::Help),
+                "--quick" => out.quick = true,
+                "--requests" => {
+                    out.requests = count(&name, &value()?)?;
+                    out.requests_given = true;
+                }
+                "--engines" => out.engines = count(&name, &value()?)?,
+                "--kv-blocks" => out.kv_blocks = count(&name, &value()?)?,
+                "--sample-lines" => out.sample_lines = count(&name, &value()?)?,
+                "--seed" => out.seed = count(&name, &value()?)? as u64,
+                "--load" => out.load = positive(&name, &value()?)?,
+                "--prefill-load-scale" => out.prefill_load_scale = positive(&name, &value()?)?,
+                "--workloads" => out.workloads = list(&name, &value()?, &WorkloadName::ALL, |w| w.as_str())?,
+                "--policies" => out.policies = list(&name, &value()?, &PolicyName::ALL, |p| p.as_str())?,
+                "--trace" => out.trace = PathBuf::from(value()?),
+                "--out" => out_dir = Some(PathBuf::from(value()?)),
+                "--no-write" => no_write = true,
+                "--write-sample-trace" => out.write_sample_trace = Some(PathBuf::from(value()?)),
+                // `cargo bench` passes this to every bench binary.
+                "--bench" => {}
+                other => return Err(invalid(format!("unknown flag {other}"))),
+            }
+        }
+        if out.quick && !out.requests_given {
+            out.requests = 2_000;
+        }
+        out.out = match (no_write, out_dir) {
+            (true, _) => None,
+            (false, Some(dir)) => Some(dir),
+            (false, None) if !out.quick => Some(super::crate_dir().join("results/routing")),
+            (false, None) => None,
+        };
+        Ok(out)
+    }
+}
+
+fn positive(name: &str, text: &str) -> Result<f64, ArgsError> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .ok_or_else(|| invalid(format!("{name}: {text:?} is not a positive number")))
+}
+
+/// A positive count, `_` separators and a `k` suffix allowed.
+fn count(name: &str, text: &str) -> Result<usize, ArgsError> {
+    let clean = text.replace('_', "");
+    let (digits, scale) = match clean.strip_suffix(['k', 'K']) {
+        Some(d) => (d, 1_000),
+        None => (clean.as_str(), 1),
+    };
+    digits
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .filter(|n| *n > 0)
+        .ok_or_else(|| invalid(format!("{name}: {text:?} is not a positive count")))
+}
+
+fn list<T: Copy>(name: &str, text: &str, all: &[T], label: fn(T) -> &'static str) -> Result<Vec<T>, ArgsError> {
+    let picked = text
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            all.iter().copied().find(|t| label(*t) == s).ok_or_else(|| {
+                let names: Vec<&str> = all.iter().map(|t| label(*t)).collect();
+                invalid(format!("{name}: unknown {s:?} (one of {})", names.join(", ")))
+            })
+        })
+        .collect::<Result<Vec<T>, ArgsError>>()?;
+    if picked.is_empty() {
+        return Err(invalid(format!("{name} needs at least one name")));
+    }
+    Ok(picked)
+}

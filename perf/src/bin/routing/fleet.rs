@@ -1,0 +1,255 @@
+//! The discrete-event loop: a fleet of simulated engines (kvpick-sim's
+//! `Scheduler`: its time model, prefix cache and KV events) fed a workload
+//! through a routing policy, in virtual time, with no sockets and no clock.
+//!
+//! An engine step is computed when it starts, from the state at that
+//! instant, but what it produced (KV events, first tokens, finished
+//! requests) is delivered to the policy only when the step ends, as a real
+//! engine publishes after its step. Requests arriving during a step wait
+//! for the next one, exactly as in vLLM. At equal times, step ends are
+//! delivered before arrivals, so a policy always knows everything that
+//! had happened by the time it routes.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use kvpick_perf::sim::scheduler::RequestId;
+use kvpick_perf::sim::{CacheEvent, EngineConfig, EngineHasher, RequestSpec, Scheduler, StepReport, Update};
+
+use super::workload::Request;
+
+/// The fleet: `engines` copies of `engine`, each hashing blocks with a
+/// seed of its own (as vLLM engines with random `NONE_HASH` do), so a
+/// router can only learn their hashes from their events.
+#[derive(Clone, Debug)]
+pub struct FleetConfig {
+    pub engines: usize,
+    pub engine: EngineConfig,
+}
+
+impl FleetConfig {
+    pub fn engine_config(&self, k: usize) -> EngineConfig {
+        EngineConfig {
+            name: format!("engine-{k}"),
+            seed: self.engine.seed.wrapping_add(k as u64 * 0x9e37_79b9),
+            hash_seed: None,
+            ..self.engine.clone()
+        }
+    }
+}
+
+/// A request about to be routed.
+pub struct Arrival<'a> {
+    /// Index of the request in the workload.
+    pub id: usize,
+    pub tokens: &'a [u32],
+    pub output_tokens: u32,
+    pub now_ns: u64,
+}
+
+/// A routing policy. Callbacks come in virtual-time order; every routed
+/// request gets exactly one `on_finished` (also when the engine refused it).
+pub trait Policy {
+    /// Index of the engine that serves the request.
+    fn route(&mut self, arrival: &Arrival<'_>, fleet: &FleetView<'_>) -> usize;
+    /// An engine's KV events, at the end of the step that caused them.
+    fn on_events(&mut self, _engine: usize, _events: &[CacheEvent], _now_ns: u64) {}
+    /// The request's first token came out: its prefill is done.
+    fn on_first_token(&mut self, _id: usize, _now_ns: u64) {}
+    fn on_finished(&mut self, _id: usize, _now_ns: u64) {}
+    /// Anything the report should say about this policy's run.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+struct EngineSlot {
+    sched: Scheduler,
+    hasher: EngineHasher,
+    block_size: usize,
+    /// The step in flight, delivered at its `ended_ns`.
+    pending: Option<StepReport>,
+    /// Engine-local id → workload index, while the request runs.
+    requests: HashMap<RequestId, usize>,
+    /// Uncached prompt tokens and output tokens computed.
+    computed_tokens: u64,
+}
+
+/// What a policy may inspect of the fleet. Only the oracle reads the
+/// engines' true caches; the approximate-prefix policy reads what an
+/// engine's metrics endpoint would show.
+pub struct FleetView<'a> {
+    slots: &'a [EngineSlot],
+}
+
+impl FleetView<'_> {
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// vLLM's `num_requests_waiting`.
+    pub fn waiting(&self, k: usize) -> usize {
+        self.slots[k].sched.waiting()
+    }
+
+    /// vLLM's `kv_cache_usage_perc` (0 to 1).
+    pub fn kv_usage(&self, k: usize) -> f64 {
+        self.slots[k].sched.cache().usage()
+    }
+
+    /// KV blocks held by running requests (cached blocks nobody references
+    /// are free to evict, so they do not count).
+    pub fn blocks_in_use(&self, k: usize) -> u64 {
+        let cache = self.slots[k].sched.cache();
+        (cache.used() - cache.evictable()) as u64
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.slots.first().map_or(16, |s| s.block_size)
+    }
+
+    /// Leading prompt blocks engine `k` holds right now, capped as the
+    /// engine caps hits (the last prompt token is always computed).
+    pub fn cached_prefix_blocks(&self, k: usize, tokens: &[u32]) -> usize {
+        let slot = &self.slots[k];
+        let cap = tokens.len().saturating_sub(1) / slot.block_size;
+        let mut parent = None;
+        let mut held = 0;
+        for block in tokens.chunks_exact(slot.block_size).take(cap) {
+            let digest = slot.hasher.block(parent, block);
+            if slot.sched.cache().match_len(std::slice::from_ref(&digest)) == 0 {
+                break;
+            }
+            held += 1;
+            parent = Some(digest);
+        }
+        held
+    }
+}
+
+/// One request's fate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Record {
+    pub engine: usize,
+    pub arrival_ns: u64,
+    pub first_token_ns: Option<u64>,
+    pub finished_ns: Option<u64>,
+    pub prompt_tokens: u32,
+    /// Prompt tokens the engine served from its prefix cache.
+    pub cached_tokens: u32,
+    pub output_tokens: u32,
+    /// The engine refused it (too long for its context or cache).
+    pub rejected: bool,
+}
+
+/// Everything a run measured.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    pub records: Vec<Record>,
+    pub engine_tokens: Vec<u64>,
+    pub steps: u64,
+    pub wall: Duration,
+    pub notes: Vec<String>,
+}
+
+/// Runs `requests` (in arrival order) through `policy` on a fresh fleet.
+pub fn run(requests: &[Request], fleet: &FleetConfig, policy: &mut dyn Policy) -> RunResult {
+    let started = Instant::now();
+    let mut slots: Vec<EngineSlot> = (0..fleet.engines)
+        .map(|k| {
+            let cfg = fleet.engine_config(k);
+            EngineSlot {
+                hasher: EngineHasher::new(cfg.effective_hash_seed()),
+                block_size: cfg.block_size as usize,
+                sched: Scheduler::new(&cfg),
+                pending: None,
+                requests: HashMap::new(),
+                computed_tokens: 0,
+            }
+        })
+        .collect();
+    let mut records = vec![Record::default(); requests.len()];
+    let mut next = 0;
+    let mut steps = 0;
+    loop {
+        let step_end = slots.iter().enumerate().filter_map(|(k, s)| s.pending.as_ref().map(|r| (r.ended_ns, k))).min();
+        let arrival = requests.get(next).map(|r| r.arrival_ns);
+        match (step_end, arrival) {
+            (None, None) => break,
+            (Some((end, k)), Some(at)) if end <= at => deliver(&mut slots[k], k, &mut records, policy, &mut steps),
+            (Some((_, k)), None) => deliver(&mut slots[k], k, &mut records, policy, &mut steps),
+            (_, Some(_)) => {
+                arrive(&mut slots, next, &requests[next], &mut records[next], policy);
+                next += 1;
+            }
+        }
+    }
+    RunResult {
+        records,
+        engine_tokens: slots.iter().map(|s| s.computed_tokens).collect(),
+        steps,
+        wall: started.elapsed(),
+        notes: policy.notes(),
+    }
+}
+
+fn arrive(slots: &mut [EngineSlot], id: usize, request: &Request, record: &mut Record, policy: &mut dyn Policy) {
+    let now = request.arrival_ns;
+    let tokens = request.tokens.materialise();
+    let arrival = Arrival { id, tokens: &tokens, output_tokens: request.output_tokens, now_ns: now };
+    let k = policy.route(&arrival, &FleetView { slots });
+    *record = Record {
+        engine: k,
+        arrival_ns: now,
+        prompt_tokens: tokens.len() as u32,
+        output_tokens: request.output_tokens,
+        ..Record::default()
+    };
+    let slot = &mut slots[k];
+    let idle = slot.pending.is_none();
+    if idle {
+        slot.sched.advance_to(now);
+    }
+    match slot.sched.submit(RequestSpec { prompt: tokens, max_tokens: request.output_tokens, seed: None }) {
+        Ok(local) => {
+            slot.requests.insert(local, id);
+        }
+        Err(_) => {
+            record.rejected = true;
+            policy.on_finished(id, now);
+        }
+    }
+    if idle {
+        slot.pending = slot.sched.step();
+    }
+}
+
+fn deliver(slot: &mut EngineSlot, k: usize, records: &mut [Record], policy: &mut dyn Policy, steps: &mut u64) {
+    let Some(report) = slot.pending.take() else { return };
+    let now = report.ended_ns;
+    *steps += 1;
+    if !report.events.is_empty() {
+        policy.on_events(k, &report.events, now);
+    }
+    for update in &report.updates {
+        match update {
+            Update::Token { id, .. } => {
+                let Some(&g) = slot.requests.get(id) else { continue };
+                if records[g].first_token_ns.is_none() {
+                    records[g].first_token_ns = Some(now);
+                    policy.on_first_token(g, now);
+                }
+            }
+            Update::Finished(outcome) => {
+                let Some(g) = slot.requests.remove(&outcome.id) else { continue };
+                let record = &mut records[g];
+                record.finished_ns = Some(outcome.finished_ns);
+                record.cached_tokens = outcome.cached_tokens;
+                slot.computed_tokens +=
+                    u64::from(outcome.prompt_tokens - outcome.cached_tokens) + u64::from(outcome.completion_tokens);
+                policy.on_finished(g, now);
+            }
+        }
+    }
+    slot.pending = slot.sched.step();
+}

@@ -1,0 +1,312 @@
+//! `kvpick-bench-routing`: the routing-quality simulator.
+//!
+//! A discrete-event simulation in virtual time (no sockets, no clock,
+//! deterministic for a seed): a fleet of simulated vLLM engines (kvpick-sim's
+//! scheduler, time model and prefix cache, whose KV events carry the engine's
+//! own opaque hashes) serves a workload routed by each policy in turn, on
+//! the same requests at the same arrival times:
+//!
+//! - random, round-robin, least-loaded (fewest requests in flight);
+//! - approx-prefix: the GAIE reference EPP's default scorers, with its
+//!   router-side guess of each server's cache (no engine events);
+//! - kvpick: the real selection core, fed the engines' KV events;
+//! - oracle: kvpick's cost on the engines' true caches, plus an upper bound
+//!   on any policy's hit rate (see `oracle.rs` for what each bounds).
+//!
+//! Workloads: multi-turn chat, agentic tool loops, random prompts with no
+//! sharing, and a Mooncake-format trace (`--trace FILE`, a sample ships in
+//! `perf/data/`). Arrival rates are calibrated so the fleet runs at `--load`
+//! of its capacity with nothing cached (see `workload::WorkModel`).
+//!
+//! Prints a Markdown table per workload; a full run also writes them and
+//! SVG plots to `perf/results/routing/`.
+//!
+//! ```sh
+//! cargo run --release -p kvpick-perf --bin kvpick-bench-routing            # 10,000 requests per workload
+//! cargo run --release -p kvpick-perf --bin kvpick-bench-routing -- --quick # 2,000, nothing written
+//! ```
+
+mod approx_prefix;
+mod args;
+mod baselines;
+mod fleet;
+mod kvpick_policy;
+mod oracle;
+mod plots;
+mod summary;
+mod svg;
+mod trace;
+mod workload;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use kvpick_perf::report::{Table, cpu, load_average, utc_date};
+use kvpick_perf::sim::EngineConfig;
+
+use args::{Args, PolicyName, WorkloadName};
+use fleet::{FleetConfig, Policy, RunResult};
+use summary::{Summary, summarise};
+use workload::{Shape, Workload};
+
+/// The design targets (issue #10).
+const HIT_RATE_OF_ORACLE: f64 = 0.95;
+const TTFT_P90_VS_ROUND_ROBIN: f64 = 2.0;
+
+fn main() -> ExitCode {
+    let args = match Args::parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(args::ArgsError::Help) => {
+            print!("{}", args::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(args::ArgsError::Invalid(problem)) => {
+            eprintln!("kvpick-bench-routing: {problem}\n\n{}", args::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(path) = &args.write_sample_trace {
+        return match std::fs::write(path, trace::write_sample(args.sample_lines, args.seed)) {
+            Ok(()) => {
+                eprintln!("wrote {} trace lines to {}", args.sample_lines, path.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("kvpick-bench-routing: cannot write {}: {e}", path.display());
+                ExitCode::FAILURE
+            }
+        };
+    }
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(problem) => {
+            eprintln!("kvpick-bench-routing: {problem}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The engines every run uses.
+pub fn engine_config(args: &Args) -> EngineConfig {
+    EngineConfig { num_blocks: args.kv_blocks, seed: args.seed, ..EngineConfig::default() }
+}
+
+/// A fresh policy of this kind for one run.
+pub fn policy(
+    name: PolicyName,
+    fleet: &FleetConfig,
+    requests: usize,
+    prefill_load_scale: f64,
+    seed: u64,
+) -> Box<dyn Policy> {
+    let n = fleet.engines;
+    match name {
+        PolicyName::Random => Box::new(baselines::Random::new(seed)),
+        PolicyName::RoundRobin => Box::new(baselines::RoundRobin::default()),
+        PolicyName::LeastLoaded => Box::new(baselines::LeastLoaded::new(n, requests, seed)),
+        PolicyName::ApproxPrefix => Box::new(approx_prefix::ApproxPrefix::new(n, fleet.engine.block_size, seed)),
+        PolicyName::Kvpick => Box::new(kvpick_policy::Kvpick::new(n, &fleet.engine, prefill_load_scale, seed)),
+        PolicyName::Oracle => {
+            Box::new(oracle::Oracle::new(n, requests, fleet.engine.block_size, prefill_load_scale, seed))
+        }
+    }
+}
+
+/// Builds one workload for the fleet.
+pub fn build_workload(name: WorkloadName, args: &Args, fleet: &FleetConfig) -> Result<Workload, String> {
+    let shape = match name {
+        WorkloadName::Chat => Shape::Chat,
+        WorkloadName::Agentic => Shape::Agentic,
+        WorkloadName::Random => Shape::Random,
+        WorkloadName::Trace => {
+            let records = trace::load(&args.trace).map_err(|e| e.to_string())?;
+            let limit = args.requests_given.then_some(args.requests);
+            let name =
+                args.trace.file_name().map_or_else(|| args.trace.display().to_string(), |n| n.to_string_lossy().into());
+            return Ok(trace::workload(&name, records, limit, fleet.engines, &fleet.engine, args.load));
+        }
+    };
+    Ok(workload::synthetic(shape, args.requests, fleet.engines, &fleet.engine, args.load, args.seed))
+}
+
+/// One workload's results, per policy in the order asked.
+pub struct WorkloadResult {
+    pub workload: Workload,
+    pub bound: f64,
+    pub runs: Vec<(PolicyName, RunResult, Summary)>,
+}
+
+pub fn run_workload(workload: Workload, args: &Args, fleet: &FleetConfig) -> WorkloadResult {
+    let bound = oracle::hit_rate_bound(&workload.requests, fleet.engine.block_size);
+    let runs = args
+        .policies
+        .iter()
+        .map(|&name| {
+            let mut p = policy(name, fleet, workload.requests.len(), args.prefill_load_scale, args.seed);
+            let result = fleet::run(&workload.requests, fleet, p.as_mut());
+            let summary = summarise(&result);
+            eprintln!(
+                "  {:<14} {:>6.2} s wall, {} engine steps",
+                name.as_str(),
+                result.wall.as_secs_f64(),
+                result.steps
+            );
+            (name, result, summary)
+        })
+        .collect();
+    WorkloadResult { workload, bound, runs }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let fleet = FleetConfig { engines: args.engines, engine: engine_config(args) };
+    let mut report = String::new();
+    let header = format!(
+        "- date {} · {} · load average at start {}\n- fleet: {} simulated engines, {} KV blocks of {} tokens each, \
+         max {} batched tokens, time model: {} ms/step + {} µs/prefill token + {} µs/decoding request\n\
+         - offered load {:.0}% of the fleet's capacity with nothing cached; seed {}; kvpick and oracle \
+         prefill_load_scale {}\n",
+        utc_date(),
+        cpu(),
+        load_average(),
+        fleet.engines,
+        fleet.engine.num_blocks,
+        fleet.engine.block_size,
+        fleet.engine.max_batched_tokens,
+        fleet.engine.time.step_overhead_ns as f64 / 1e6,
+        fleet.engine.time.prefill_ns_per_token as f64 / 1e3,
+        fleet.engine.time.decode_ns_per_seq as f64 / 1e3,
+        args.load * 100.0,
+        args.seed,
+        args.prefill_load_scale,
+    );
+    print!("{header}");
+    report.push_str(&header);
+    let mut results = Vec::new();
+    for &name in &args.workloads {
+        let workload = build_workload(name, args, &fleet)?;
+        eprintln!("{}: {} requests", workload.name, workload.requests.len());
+        let result = run_workload(workload, args, &fleet);
+        let text = format!("\n{}", table(&result));
+        print!("{text}");
+        report.push_str(&text);
+        results.push(result);
+    }
+    if let Some(out) = &args.out {
+        write_outputs(out, &report, &results).map_err(|e| format!("cannot write to {}: {e}", out.display()))?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+fn write_outputs(out: &Path, report: &str, results: &[WorkloadResult]) -> std::io::Result<()> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("results.md"), report)?;
+    for (file, svg) in plots::all(results) {
+        std::fs::write(out.join(file), svg)?;
+    }
+    Ok(())
+}
+
+fn find(result: &WorkloadResult, name: PolicyName) -> Option<&Summary> {
+    result.runs.iter().find(|(n, ..)| *n == name).map(|(_, _, s)| s)
+}
+
+fn percent(v: f64) -> String {
+    format!("{:.1}%", v * 100.0)
+}
+
+fn ms(v: f64) -> String {
+    if v >= 100.0 { format!("{v:.0}") } else { format!("{v:.1}") }
+}
+
+/// The workload's Markdown table and target lines.
+pub fn table(result: &WorkloadResult) -> String {
+    let w = &result.workload;
+    let span_s = match (w.requests.first(), w.requests.last()) {
+        (Some(a), Some(b)) => (b.arrival_ns - a.arrival_ns) as f64 / 1e9,
+        _ => 0.0,
+    };
+    let rr_p90 = find(result, PolicyName::RoundRobin).map(|s| s.ttft_p90_ms);
+    let mut t = Table::new(
+        format!(
+            "{}: {} requests, {:.1} requests/s offered",
+            w.name,
+            w.requests.len(),
+            w.requests.len() as f64 / span_s.max(1e-9)
+        ),
+        &[
+            "policy",
+            "prefix hit rate",
+            "TTFT p50 ms",
+            "TTFT p90 ms",
+            "TTFT p99 ms",
+            "TPOT p90 ms",
+            "output tok/s",
+            "load imbalance",
+            "RR p90 / p90",
+        ],
+    );
+    for (name, run, s) in &result.runs {
+        t.row([
+            name.as_str().to_string(),
+            percent(s.hit_rate),
+            ms(s.ttft_p50_ms),
+            ms(s.ttft_p90_ms),
+            ms(s.ttft_p99_ms),
+            ms(s.tpot_p90_ms),
+            format!("{:.0}", s.output_tokens_per_s),
+            format!("{:.2}", s.imbalance),
+            rr_p90.map_or_else(String::new, |rr| format!("{:.2}×", rr / s.ttft_p90_ms.max(1e-9))),
+        ]);
+        for note in &run.notes {
+            t.note(format!("{}: {note}", name.as_str()));
+        }
+        if s.rejected > 0 {
+            t.note(format!("{}: {} requests refused by the engines", name.as_str(), s.rejected));
+        }
+    }
+    t.row(["hit-rate bound (any policy)".to_string(), percent(result.bound)]);
+    t.note(w.description.clone());
+    t.note(
+        "hit rate: cached / prompt tokens as the engines count them; load imbalance: busiest engine's computed \
+         tokens (uncached prompt + output) / mean; RR p90 / p90: round-robin's TTFT p90 over this policy's",
+    );
+    if let (Some(kv), Some(or)) = (find(result, PolicyName::Kvpick), find(result, PolicyName::Oracle)) {
+        let ratio = kv.hit_rate / or.hit_rate.max(1e-12);
+        t.note(format!(
+            "target: kvpick hit rate ≥ {:.0}% of the oracle's: {} vs {} = {:.1}% → {}; of the bound: {:.1}%",
+            HIT_RATE_OF_ORACLE * 100.0,
+            percent(kv.hit_rate),
+            percent(or.hit_rate),
+            ratio * 100.0,
+            if or.hit_rate < 1e-9 {
+                "n/a (nothing to share)"
+            } else if ratio >= HIT_RATE_OF_ORACLE {
+                "met"
+            } else {
+                "MISSED"
+            },
+            kv.hit_rate / result.bound.max(1e-12) * 100.0,
+        ));
+    }
+    if let (Some(kv), Some(rr)) = (find(result, PolicyName::Kvpick), rr_p90) {
+        let ratio = rr / kv.ttft_p90_ms.max(1e-9);
+        let applies = matches!(w.name.as_str(), "chat" | "agentic");
+        t.note(format!(
+            "target: TTFT p90 ≥ {TTFT_P90_VS_ROUND_ROBIN:.0}× better than round-robin{}: {} ms vs {} ms = {ratio:.2}× → {}",
+            if applies { "" } else { " (not required on this workload)" },
+            ms(kv.ttft_p90_ms),
+            ms(rr),
+            if ratio >= TTFT_P90_VS_ROUND_ROBIN { "met" } else if applies { "MISSED" } else { "not met" },
+        ));
+    }
+    t.to_string()
+}
+
+/// `perf/` of this crate, for default paths.
+pub fn crate_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
