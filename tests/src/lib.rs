@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use kvpick_core::runtime::ThreadProducers;
 use kvpick_core::{HashSeed, LoadSnapshot, Prompt, WorkerId};
 use kvpick_io::app::settings::{self as var, Values};
-use kvpick_io::app::workers_file::static_worker_id;
+use kvpick_io::app::workers_file::{self, static_worker_id};
 use kvpick_io::app::{App, ServeConfig};
 use kvpick_io::kv_events::IngestCounters;
 use kvpick_io::testing::gateway::Gateway;
@@ -536,15 +536,12 @@ impl Stack {
 /// of `{endpoint, kv_events, replay}`, written to a temporary file and
 /// renamed over the old one, so kvpick never reads half a file.
 fn write_workers(path: &std::path::Path, fleet: &Fleet, which: &[usize]) {
-    let entries: Vec<Value> = which
+    let entries: Vec<workers_file::Entry> = which
         .iter()
         .map(|i| {
             let ep = fleet[*i].endpoints();
-            json!({"endpoint": ep.http.to_string(), "kv_events": ep.events, "replay": ep.replay})
+            workers_file::Entry::new(ep.http, ep.events.clone(), Some(ep.replay.clone()))
         })
         .collect();
-    let tmp = path.with_extension("tmp");
-    let text = serde_json::to_string_pretty(&entries).unwrap_or_else(|e| panic!("workers file: {e}"));
-    std::fs::write(&tmp, text).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
-    std::fs::rename(&tmp, path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    workers_file::write(path, &entries).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }

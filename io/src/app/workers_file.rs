@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kvpick_core::{Lifecycle, WorkerId, WorkerSpec};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -34,17 +34,37 @@ pub struct Defaults {
     pub total_kv_blocks: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
+/// One worker as the file spells it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-struct Entry {
-    endpoint: String,
-    kv_events: String,
-    #[serde(default)]
-    replay: Option<String>,
-    #[serde(default)]
-    block_size: Option<u32>,
-    #[serde(default)]
-    model: Option<String>,
+pub struct Entry {
+    /// `ip:port` of the engine's HTTP server: what the gateway routes to.
+    pub endpoint: String,
+    /// The engine's KV-event PUB socket, `tcp://ip:port`.
+    pub kv_events: String,
+    /// The engine's replay socket, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+impl Entry {
+    pub fn new(endpoint: SocketAddr, kv_events: impl Into<String>, replay: Option<String>) -> Entry {
+        Entry { endpoint: endpoint.to_string(), kv_events: kv_events.into(), replay, ..Entry::default() }
+    }
+}
+
+/// Writes a workers file (JSON, which is YAML too) atomically: a sibling
+/// temporary file renamed over it, so a reader never sees half a file (a
+/// ConfigMap update behaves the same way).
+pub fn write(path: &Path, entries: &[Entry]) -> std::io::Result<()> {
+    let text = serde_json::to_string_pretty(entries).map_err(std::io::Error::other)?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }
 
 #[derive(Debug, Deserialize)]
@@ -221,6 +241,23 @@ mod tests {
 
     fn defaults() -> Defaults {
         Defaults { block_size: 16, model: Some("m".into()), max_num_batched_tokens: None, total_kv_blocks: None }
+    }
+
+    #[test]
+    fn what_write_writes_parses_back() {
+        let dir = std::env::temp_dir().join(format!("kvpick-wf-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let path = dir.join("w.json");
+        let entry =
+            Entry::new("127.0.0.1:8000".parse().unwrap_or_else(|e| panic!("{e}")), "tcp://127.0.0.1:5557", None);
+        write(&path, std::slice::from_ref(&entry)).unwrap_or_else(|e| panic!("{e}"));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        let workers = parse(&text, &defaults()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            workers.values().map(|w| w.publisher.endpoint.as_str()).collect::<Vec<_>>(),
+            ["tcp://127.0.0.1:5557"]
+        );
     }
 
     #[test]

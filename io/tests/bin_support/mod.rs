@@ -10,6 +10,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use kvpick_io::app::workers_file::{self, Entry};
 use kvpick_sim::{EngineConfig, Fleet, TimeModel};
 use serde_json::{Value, json};
 
@@ -55,17 +56,15 @@ impl Drop for TempDir {
 /// Writes the workers file for these engines (atomically: a rename, as
 /// a ConfigMap update does).
 pub fn write_workers(path: &Path, fleet: &Fleet, which: &[usize]) {
-    let entries: Vec<Value> = which
+    let entries: Vec<Entry> = which
         .iter()
         .filter_map(|i| fleet.get(*i))
         .map(|e| {
             let ep = e.endpoints();
-            json!({"endpoint": ep.http.to_string(), "kv_events": ep.events, "replay": ep.replay})
+            Entry::new(ep.http, ep.events.clone(), Some(ep.replay.clone()))
         })
         .collect();
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_string(&entries).unwrap_or_default()).unwrap_or_else(|e| panic!("{e}"));
-    std::fs::rename(&tmp, path).unwrap_or_else(|e| panic!("{e}"));
+    workers_file::write(path, &entries).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 
 /// A running `kvpick serve`.

@@ -24,6 +24,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use kvpick_io::app::settings::{self as var, Values};
+use kvpick_io::app::workers_file::{self, Entry};
 use kvpick_io::app::{App, ServeConfig};
 use kvpick_io::testing::gateway::Gateway;
 use kvpick_sim::{EngineConfig, Fleet, TimeModel};
@@ -167,13 +168,9 @@ async fn run_policy(o: &Options, kvpick: bool) -> Result<RunResult, String> {
     let dir = std::env::temp_dir().join(format!("kvpick-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let workers_file = dir.join("workers.yaml");
-    let entries: Vec<Value> = fleet
-        .endpoints()
-        .iter()
-        .map(|e| json!({"endpoint": e.http.to_string(), "kv_events": e.events, "replay": e.replay}))
-        .collect();
-    std::fs::write(&workers_file, serde_json::to_string_pretty(&entries).unwrap_or_default())
-        .map_err(|e| format!("{}: {e}", workers_file.display()))?;
+    let entries: Vec<Entry> =
+        fleet.endpoints().into_iter().map(|e| Entry::new(e.http, e.events, Some(e.replay))).collect();
+    workers_file::write(&workers_file, &entries).map_err(|e| format!("{}: {e}", workers_file.display()))?;
 
     let (route, app) = if kvpick {
         let mut values = Values::from_pairs([
