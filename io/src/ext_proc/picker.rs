@@ -16,7 +16,7 @@ use kvpick_core::{BookingError, EndpointFilter, HashSeed, Prompt, ReservationId,
 use super::body::RequestBody;
 use super::config::ExtProcConfig;
 use super::error::RequestError;
-use super::metrics::{ExtProcMetrics, Fallback};
+use super::metrics::{ExtProcMetrics, Fallback, Phase};
 use super::reservation::{Reservation, ReservationIds};
 use crate::tokenizer::{FallbackPolicy, TokenizeError, TokenizeRequest, Tokenizer};
 
@@ -39,6 +39,9 @@ pub struct BodyInput {
 #[derive(Debug)]
 pub struct Pick {
     pub endpoint: SocketAddr,
+    /// Where the gateway may go next if `endpoint` fails, in order; empty
+    /// unless fallbacks are configured (agentgateway rejects a list).
+    pub fallbacks: Vec<SocketAddr>,
     pub reservation: Option<Reservation>,
 }
 
@@ -71,7 +74,7 @@ impl NullPicker {
     fn pick(&self, input: &PickInput) -> Result<Pick, RequestError> {
         let allowed = |e: &&SocketAddr| input.allowed.as_ref().is_none_or(|f| f.allows(e));
         let endpoint = self.endpoints.iter().find(allowed).ok_or(SelectError::NoEligibleWorkers)?;
-        Ok(Pick { endpoint: *endpoint, reservation: None })
+        Ok(Pick { endpoint: *endpoint, fallbacks: Vec::new(), reservation: None })
     }
 }
 
@@ -137,7 +140,17 @@ impl KvPicker {
         let result = self.service().select_and_wait(&inner.producers, request, inner.clock.now()).await;
         inner.metrics.record_select(start.elapsed());
         match result {
-            Ok(selection) => Ok(Pick { endpoint: selection.endpoint, reservation: Some(reservation) }),
+            Ok(selection) => {
+                if selection.isl_tokens > 0 {
+                    let overlap = u64::from(selection.overlap_blocks) * u64::from(self.service().block_size());
+                    inner.metrics.record_overlap(u64::from(selection.isl_tokens), overlap);
+                }
+                Ok(Pick {
+                    endpoint: selection.endpoint,
+                    fallbacks: selection.fallbacks,
+                    reservation: Some(reservation),
+                })
+            }
             Err(error) => {
                 reservation.disarm();
                 Err(error.into())
@@ -170,7 +183,10 @@ impl KvPicker {
             Ok(tokens) => {
                 inner.metrics.record_tokenize(start.elapsed());
                 let seed = HashSeed::new(lora, body.parsed.cache_salt.as_deref());
-                Ok(Prompt::from_tokens(&tokens, self.service().block_size(), seed))
+                let hashing = Instant::now();
+                let prompt = Prompt::from_tokens(&tokens, self.service().block_size(), seed);
+                inner.metrics.record_phase(Phase::Hash, hashing.elapsed());
+                Ok(prompt)
             }
             Err(error) => {
                 let unsupported = matches!(error, TokenizeError::Unsupported(_));
