@@ -1,18 +1,20 @@
 //! NVIDIA Dynamo's indexers (`dynamo-kv-router` 1.6.1), driven through their
-//! public API on the caller's thread, as the baseline kvpick is compared with.
+//! public API, as the baseline kvpick is compared with: the single-threaded
+//! ones on the caller's thread, the threaded one (`ThreadPoolIndexer`) with
+//! its own writer threads.
 //!
 //! Only Dynamo's public types and functions are called here; none of its
 //! code is copied.
 
 use std::collections::HashMap;
 
-use dynamo_kv_router::indexer::SyncIndexer;
+use dynamo_kv_router::indexer::{SyncIndexer, ThreadPoolIndexer};
 use dynamo_kv_router::nested_map::{LevelIndex, SearchMode};
 use dynamo_kv_router::protocols::{
     BlockHashOptions, ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
     KvCacheStoredBlockData, LocalBlockHash, OverlapScores, RouterEvent, WorkerWithDpRank, compute_block_hash_for_seq,
 };
-use dynamo_kv_router::{PositionalIndexer, RadixTree};
+use dynamo_kv_router::{ConcurrentRadixTreeCompressed, PositionalIndexer, RadixTree};
 use rustc_hash::FxBuildHasher;
 
 use crate::workload::{BLOCK_SIZE, BlockEvent};
@@ -38,6 +40,25 @@ pub fn router_event(event: &BlockEvent, id: u64) -> RouterEvent {
         }),
     };
     RouterEvent::new(u64::from(event.worker()), KvCacheEvent { event_id: id, data, dp_rank: 0 })
+}
+
+/// Dynamo's `BlockStored` event for blocks with engine hashes `hashes`
+/// holding `tokens`; the local hashes are Dynamo's own, from the tokens.
+pub fn stored_event(worker: u64, id: u64, parent: Option<u64>, hashes: &[u64], tokens: &[u32]) -> RouterEvent {
+    let data = KvCacheEventData::Stored(KvCacheStoreData {
+        parent_hash: parent.map(ExternalSequenceBlockHash),
+        start_position: None,
+        blocks: hashes
+            .iter()
+            .zip(local_hashes(tokens))
+            .map(|(&hash, local)| KvCacheStoredBlockData {
+                block_hash: ExternalSequenceBlockHash(hash),
+                tokens_hash: local,
+                mm_extra_info: None,
+            })
+            .collect(),
+    });
+    RouterEvent::new(worker, KvCacheEvent { event_id: id, data, dp_rank: 0 })
 }
 
 /// Dynamo's local block hashes of a prompt: what its indexers are queried with.
@@ -98,5 +119,48 @@ impl Radix {
     /// (block, worker) pairs it holds.
     pub fn entries(&self) -> usize {
         self.tree.current_size()
+    }
+}
+
+/// Dynamo's threaded indexer: a `ThreadPoolIndexer` over a thread-safe
+/// backend, `threads` writer threads fed through flume channels (events go
+/// to a thread chosen by worker, sticky), reads inline on the caller's
+/// thread. The counterpart of kvpick's shard runtime with the same number
+/// of threads.
+pub struct ThreadPool<T: SyncIndexer> {
+    pool: ThreadPoolIndexer<T>,
+}
+
+impl ThreadPool<ConcurrentRadixTreeCompressed> {
+    /// Over Dynamo's concurrent compressed radix tree.
+    pub fn compressed_radix(threads: usize) -> Self {
+        ThreadPool { pool: ThreadPoolIndexer::new(ConcurrentRadixTreeCompressed::new(), threads.max(1), BLOCK_SIZE) }
+    }
+}
+
+impl ThreadPool<PositionalIndexer> {
+    /// Over Dynamo's `PositionalIndexer`, strided jump search of `jump`.
+    pub fn positional(threads: usize, jump: usize) -> Self {
+        let backend = PositionalIndexer::new_with_mode(jump.max(1), SearchMode::Strided);
+        ThreadPool { pool: ThreadPoolIndexer::new(backend, threads.max(1), BLOCK_SIZE) }
+    }
+}
+
+impl<T: SyncIndexer> ThreadPool<T> {
+    /// Hands the event to its worker's writer thread; false if refused.
+    pub fn enqueue(&self, event: RouterEvent) -> bool {
+        self.pool.enqueue_event(event).is_ok()
+    }
+
+    /// Waits until every writer thread has applied what was enqueued
+    /// before the call (Dynamo's FIFO barrier); false if a thread is gone.
+    pub fn flush(&self) -> bool {
+        futures_lite::future::block_on(self.pool.flush_and_wait()).is_ok()
+    }
+
+    /// What `ThreadPoolIndexer::find_matches` runs inline on the caller's
+    /// thread (without the async trait's boxed future and copied `Vec`).
+    pub fn find_matches(&self, local_hashes: &[LocalBlockHash]) -> OverlapScores {
+        SyncIndexer::find_matches(self.pool.backend(), local_hashes, false)
     }
 }

@@ -201,7 +201,13 @@ fn run(budget: &Budget) -> Result<String, String> {
         Ok("glommio") => RuntimeChoice::Force(RuntimeKind::Glommio),
         _ => RuntimeChoice::Auto,
     };
-    let shards = RuntimeConfig { shards: 1, cpus: Vec::new(), choice, ..RuntimeConfig::default() };
+    // `KVPICK_SHARD_SPIN_US=n` sets how long the shard (and a caller
+    // waiting on it) polls before parking (default: the runtime's 50 µs).
+    let mut shards = RuntimeConfig { shards: 1, cpus: Vec::new(), choice, ..RuntimeConfig::default() };
+    if let Some(micros) = std::env::var("KVPICK_SHARD_SPIN_US").ok().and_then(|v| v.parse().ok()) {
+        shards.spin_before_park = Duration::from_micros(micros);
+    }
+    let spin = shards.spin_before_park;
     let service = Arc::new(
         ShardedService::start(RouterConfig::default(), BLOCK_SIZE, shards, clock.clone())
             .map_err(|e| format!("shards: {e}"))?,
@@ -291,7 +297,9 @@ fn run(budget: &Budget) -> Result<String, String> {
     ));
     table.note(format!(
         "- {WORKERS} workers, block size {BLOCK_SIZE}, {SYSTEM_PROMPTS} system prompts of {SYSTEM_TOKENS} tokens each \
-         cached on 2 workers; shard runtime: {kind:?}, 1 shard; server runtime 1 thread, client runtime 1 thread"
+         cached on 2 workers; shard runtime: {kind:?}, 1 shard, spin before park {} µs; server runtime 1 thread, \
+         client runtime 1 thread",
+        spin.as_micros()
     ));
     table.note(format!(
         "- {}, load average before {load_before}, after {load_after}; {}",
