@@ -100,25 +100,33 @@ pub fn serve(workers_file: &Path, extra: &[&str]) -> Kvpick {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    let mut child = command.spawn().unwrap_or_else(|e| panic!("spawn kvpick: {e}"));
-    let stderr = child.stderr.take().unwrap_or_else(|| panic!("no stderr"));
-    let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
+    Kvpick::spawn(command)
+}
+
+impl Kvpick {
+    /// Starts `command` (a `kvpick serve` with JSON logs on a piped stderr)
+    /// and waits for its `listening` line.
+    pub fn spawn(mut command: Command) -> Kvpick {
+        let mut child = command.spawn().unwrap_or_else(|e| panic!("spawn kvpick: {e}"));
+        let stderr = child.stderr.take().unwrap_or_else(|| panic!("no stderr"));
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
             }
-        }
-    });
-    let mut kvpick = Kvpick { child, ext_proc: addr0(), health: addr0(), metrics: addr0(), lines, log: Vec::new() };
-    let listening = kvpick.wait_log(|v| v["message"] == "listening");
-    let field = |name: &str| -> SocketAddr {
-        listening[name].as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no {name} in {listening}"))
-    };
-    kvpick.ext_proc = field("ext_proc");
-    kvpick.health = field("health");
-    kvpick.metrics = field("metrics");
-    kvpick
+        });
+        let mut kvpick = Kvpick { child, ext_proc: addr0(), health: addr0(), metrics: addr0(), lines, log: Vec::new() };
+        let listening = kvpick.wait_log(|v| v["message"] == "listening");
+        let field = |name: &str| -> SocketAddr {
+            listening[name].as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no {name} in {listening}"))
+        };
+        kvpick.ext_proc = field("ext_proc");
+        kvpick.health = field("health");
+        kvpick.metrics = field("metrics");
+        kvpick
+    }
 }
 
 fn addr0() -> SocketAddr {

@@ -263,6 +263,11 @@ impl FakeKube {
         FakeKube { addr, shared, server: Some(server) }
     }
 
+    /// Where it listens (for a kubeconfig: `server: http://{addr}`).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// A real `kube::Client` for this server: plain HTTP, no auth.
     pub fn client(&self) -> kube::Client {
         let url = format!("http://{}", self.addr).parse().expect("server url");
