@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# ext_proc throughput and latency of the real `kvpick serve` (static mode,
+# 8 workers, a simulated engine's HTTP render endpoint as the tokenizer, so
+# every pick is KV-aware and pays a render round trip) next to the null
+# picker (same ext_proc server code, pick = first endpoint, no tokenizing,
+# no shards), at concurrency 1, 16 and 64, alternating the two in one run.
+#
+#   perf/serve_vs_null.sh                     # 2 rounds × 10 s per point
+#   ROUNDS=3 DURATION=20s perf/serve_vs_null.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-2}
+DURATION=${DURATION:-10s}
+OUT=target/serve-vs-null
+mkdir -p "$OUT"
+
+echo "== building (release): kvpick, kvpick-load, kvpick-sim" >&2
+cargo build --release -q -p kvpick-io --bin kvpick -p kvpick-perf --bin kvpick-load -p kvpick-sim --bin kvpick-sim
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+./target/release/kvpick-sim --engines 1 --json >"$OUT/sim.json" 2>/dev/null &
+pids+=($!)
+for _ in $(seq 100); do [ -s "$OUT/sim.json" ] && break; sleep 0.1; done
+render=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["engines"][0]["http"])' "$OUT/sim.json")
+python3 - "$OUT/workers.json" <<'PY'
+import json, sys
+json.dump([{"endpoint": f"127.0.0.{10 + i}:8000", "kv_events": f"tcp://127.0.0.{10 + i}:5557"} for i in range(8)],
+          open(sys.argv[1], "w"))
+PY
+
+./target/release/kvpick serve --workers-file "$OUT/workers.json" --listen-address 127.0.0.1 \
+  --ext-proc-port 19102 --health-port 19103 --metrics-port 19190 --tokenizer-url "$render" \
+  --model sim-model --log warn 2>"$OUT/serve.stderr" &
+pids+=($!)
+for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/19102) 2>/dev/null && break; sleep 0.05; done
+# The null picker as a server process of its own too, so both servers
+# share the machine with the client the same way.
+./target/release/kvpick-load --spawn null --serve-for 3600s >"$OUT/null.stdout" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do grep -q 'listening on' "$OUT/null.stdout" 2>/dev/null && break; sleep 0.05; done
+null=$(grep -o 'listening on [0-9.:]*' "$OUT/null.stdout" | awk '{print $3}')
+
+summary() { # label concurrency file
+  python3 - "$@" <<'PY'
+import json, sys
+label, conc, path = sys.argv[1:4]
+d = json.load(open(path))
+lat = {p["percentage"]: p["latency"] / 1e6 for p in d["latencyDistribution"]}
+ok = d["statusCodeDistribution"].get("OK", 0)
+print(f"{label:<12} c={conc:<3} {d['rps']:>8.0f} req/s  p50 {lat[50.0]:7.3f} ms  p99 {lat[99.0]:7.3f} ms  ok {ok}/{d['count']}")
+PY
+}
+
+for round in $(seq "$ROUNDS"); do
+  for c in 1 16 64; do
+    ./target/release/kvpick-load --addr "$null" -c "$c" -z "$DURATION" --no-progress --format json >"$OUT/null-$c-$round.json"
+    summary null "$c" "$OUT/null-$c-$round.json"
+    ./target/release/kvpick-load --addr 127.0.0.1:19102 -c "$c" -z "$DURATION" --no-progress --format json \
+      >"$OUT/serve-$c-$round.json"
+    summary "kvpick serve" "$c" "$OUT/serve-$c-$round.json"
+  done
+done | tee "$OUT/runs.txt"
+
+python3 - "$OUT/runs.txt" <<'PY'
+import re, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    m = re.match(r'(null|kvpick serve)\s+c=(\d+)\s+(\d+) req/s\s+p50\s+([\d.]+) ms\s+p99\s+([\d.]+) ms', line)
+    if m:
+        rows.setdefault((m[1], int(m[2])), []).append((float(m[3]), float(m[4]), float(m[5])))
+print("\n| concurrency | null req/s | kvpick serve req/s | ratio | null p50 / p99 (ms) | kvpick serve p50 / p99 (ms) |")
+print("|---:|---:|---:|---:|---:|---:|")
+for c in (1, 16, 64):
+    n = [statistics.median(x) for x in zip(*rows[("null", c)])]
+    k = [statistics.median(x) for x in zip(*rows[("kvpick serve", c)])]
+    print(f"| {c} | {n[0]:,.0f} | {k[0]:,.0f} | {k[0] / n[0]:.2f}× | {n[1]:.2f} / {n[2]:.2f} | {k[1]:.2f} / {k[2]:.2f} |")
+PY
