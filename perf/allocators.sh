@@ -28,22 +28,11 @@ cargo build --release -q -p kvpick-io --bin kvpick   # leave the default build i
 cargo build --release -q -p kvpick-perf --bin kvpick-load
 cargo build --release -q -p kvpick-sim --bin kvpick-sim
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
+# shellcheck source=perf/serve_env.sh
+source perf/serve_env.sh
+start_render
 
-./target/release/kvpick-sim --engines 1 --json >"$OUT/sim.json" 2>/dev/null &
-pids+=($!)
-for _ in $(seq 100); do [ -s "$OUT/sim.json" ] && break; sleep 0.1; done
-render=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["engines"][0]["http"])' "$OUT/sim.json")
-
-# Eight workers nobody serves: the load generator plays the engines'
-# responses itself; their KV-event sockets just stay unconnected.
-python3 - "$OUT/workers.json" <<'PY'
-import json, sys
-json.dump([{"endpoint": f"127.0.0.{10 + i}:8000", "kv_events": f"tcp://127.0.0.{10 + i}:5557"} for i in range(8)],
-          open(sys.argv[1], "w"))
-PY
+write_workers
 
 run() { # allocator round
   local alloc=$1 round=$2 log="$OUT/$1-$2"
@@ -52,7 +41,7 @@ run() { # allocator round
     --tokenizer-url "$render" --model sim-model --log warn 2>"$log.stderr" &
   local pid=$!
   pids+=("$pid")
-  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/19002) 2>/dev/null && break; sleep 0.05; done
+  wait_port 19002
   ./target/release/kvpick-load --addr 127.0.0.1:19002 -c "$CONC" -z "$DURATION" --no-progress \
     --format json >"$log.json"
   local hwm

@@ -17,25 +17,16 @@ mkdir -p "$OUT"
 echo "== building (release): kvpick, kvpick-load, kvpick-sim" >&2
 cargo build --release -q -p kvpick-io --bin kvpick -p kvpick-perf --bin kvpick-load -p kvpick-sim --bin kvpick-sim
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-
-./target/release/kvpick-sim --engines 1 --json >"$OUT/sim.json" 2>/dev/null &
-pids+=($!)
-for _ in $(seq 100); do [ -s "$OUT/sim.json" ] && break; sleep 0.1; done
-render=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["engines"][0]["http"])' "$OUT/sim.json")
-python3 - "$OUT/workers.json" <<'PY'
-import json, sys
-json.dump([{"endpoint": f"127.0.0.{10 + i}:8000", "kv_events": f"tcp://127.0.0.{10 + i}:5557"} for i in range(8)],
-          open(sys.argv[1], "w"))
-PY
+# shellcheck source=perf/serve_env.sh
+source perf/serve_env.sh
+start_render
+write_workers
 
 ./target/release/kvpick serve --workers-file "$OUT/workers.json" --listen-address 127.0.0.1 \
   --ext-proc-port 19102 --health-port 19103 --metrics-port 19190 --tokenizer-url "$render" \
   --model sim-model --log warn 2>"$OUT/serve.stderr" &
 pids+=($!)
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/19102) 2>/dev/null && break; sleep 0.05; done
+wait_port 19102
 # The null picker as a server process of its own too, so both servers
 # share the machine with the client the same way.
 ./target/release/kvpick-load --spawn null --serve-for 3600s >"$OUT/null.stdout" 2>&1 &

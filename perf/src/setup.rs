@@ -3,9 +3,24 @@
 
 use std::net::SocketAddr;
 
-use kvpick_core::{HashSeed, KvEvent, RouterConfig, SelectionService, Shard, WorkerId, WorkerSpec};
+use kvpick_core::{EngineBlockHash, HashSeed, KvEvent, RouterConfig, SelectionService, Shard, WorkerId, WorkerSpec};
 
 use crate::workload::{BLOCK_SIZE, BlockEvent};
+
+/// A `BlockStored` of the full blocks of `tokens` (prompt number `prompt`)
+/// as worker `worker`'s engine would publish it: engine hashes unique to
+/// the pair, no parent. For benchmarks that pre-cache prompts.
+pub fn cached_prompt(worker: u64, prompt: u64, tokens: &[u32], block_size: u32) -> KvEvent {
+    let blocks = tokens.len() / block_size as usize;
+    let base: EngineBlockHash = (worker << 40) | (prompt << 20);
+    KvEvent::Stored {
+        block_hashes: (0..blocks as u64).map(|b| base + b).collect(),
+        parent: None,
+        token_ids: tokens[..blocks * block_size as usize].to_vec(),
+        block_size,
+        seed: HashSeed::default(),
+    }
+}
 
 /// Workload worker `w` is `WorkerId(w)`, at `10.0.x.y:8000`.
 pub fn worker_spec(worker: u32) -> WorkerSpec {

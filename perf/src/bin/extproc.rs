@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kvpick_core::runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
-use kvpick_core::{EngineBlockHash, HashSeed, KvEvent, RouterConfig, WorkerId, WorkerSpec};
+use kvpick_core::{RouterConfig, WorkerId, WorkerSpec};
 use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker};
 use kvpick_io::testing::WordTokenizer;
 use kvpick_io::tokenizer::Tokenizer;
@@ -325,17 +325,9 @@ async fn populate(service: &Arc<ShardedService>, clock: &Clock, systems: &[Strin
     let mut producer = service.producer();
     for (s, system) in systems.iter().enumerate() {
         let tokens = WordTokenizer::tokens(&chat_body(system)).map_err(|e| format!("tokenize: {e}"))?;
-        let blocks = tokens.len() / BLOCK_SIZE as usize;
         for copy in 0..2u64 {
             let worker = (s as u64 * 2 + copy) % WORKERS + 1;
-            let base: EngineBlockHash = (worker << 40) | ((s as u64) << 20);
-            let event = KvEvent::Stored {
-                block_hashes: (0..blocks as u64).map(|b| base + b).collect(),
-                parent: None,
-                token_ids: tokens[..blocks * BLOCK_SIZE as usize].to_vec(),
-                block_size: BLOCK_SIZE,
-                seed: HashSeed::default(),
-            };
+            let event = kvpick_perf::setup::cached_prompt(worker, s as u64, &tokens, BLOCK_SIZE);
             service.apply_kv_event(&mut producer, WorkerId(worker), event).map_err(|e| format!("event: {e}"))?;
         }
     }

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kvpick_core::runtime::{Clock, RuntimeConfig, ShardedService, ThreadProducers};
-use kvpick_core::{EngineBlockHash, HashSeed, KvEvent, RouterConfig, WorkerId, WorkerSpec};
+use kvpick_core::{RouterConfig, WorkerId, WorkerSpec};
 use kvpick_io::ext_proc::metrics::STATUSES;
 use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker, ServerHandle};
 use kvpick_io::testing::WordTokenizer;
@@ -104,17 +104,9 @@ async fn populate(service: &Arc<ShardedService>, clock: &Clock, options: &Option
     for s in 0..options.system_prompts {
         let tokens =
             WordTokenizer::tokens(&prompts::system_only_body(options, s)).map_err(|e| format!("tokenize: {e}"))?;
-        let blocks = tokens.len() / BLOCK_SIZE as usize;
         for copy in 0..2u64.min(workers) {
             let worker = (s as u64 * 2 + copy) % workers + 1;
-            let base: EngineBlockHash = (worker << 40) | ((s as u64) << 20);
-            let event = KvEvent::Stored {
-                block_hashes: (0..blocks as u64).map(|b| base + b).collect(),
-                parent: None,
-                token_ids: tokens[..blocks * BLOCK_SIZE as usize].to_vec(),
-                block_size: BLOCK_SIZE,
-                seed: HashSeed::default(),
-            };
+            let event = kvpick_perf::setup::cached_prompt(worker, s as u64, &tokens, BLOCK_SIZE);
             service.apply_kv_event(&mut producer, WorkerId(worker), event).map_err(|e| format!("event: {e}"))?;
         }
     }
