@@ -9,16 +9,12 @@ use std::time::Duration;
 use common::events::{batch, chain_batch, stored_block};
 use common::msgpack::{Mp, s};
 use common::publisher::TestPublisher;
-use common::{WAIT, cached_blocks, config, overlap, service, spawn, wait_for_seq, wait_until};
+use common::{WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq, wait_until};
 use kvpick_core::WorkerId;
 
 #[test]
 fn sequence_going_back_to_zero_clears_the_worker() {
-    let svc = service(&[1]);
-    let ingest = spawn(&svc, config(WAIT));
-    let mut publisher = TestPublisher::bind("");
-    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
-    publisher.wait_subscribed();
+    let (svc, ingest, mut publisher) = one_publisher("", true, config(WAIT));
     for k in 0..4 {
         publisher.publish(k, chain_batch(k));
     }
@@ -38,11 +34,7 @@ fn sequence_going_back_to_zero_clears_the_worker() {
 
 #[test]
 fn restarted_publisher_is_redialled_and_its_new_run_replaces_the_old() {
-    let svc = service(&[1]);
-    let ingest = spawn(&svc, config(WAIT));
-    let mut publisher = TestPublisher::bind("");
-    ingest.add(publisher.publisher(WorkerId(1), false)).unwrap();
-    publisher.wait_subscribed();
+    let (svc, ingest, mut publisher) = one_publisher("", false, config(WAIT));
     for k in 0..3 {
         publisher.publish(k, chain_batch(k));
     }
@@ -62,11 +54,7 @@ fn restarted_publisher_is_redialled_and_its_new_run_replaces_the_old() {
 
 #[test]
 fn malformed_frames_and_payloads_are_skipped_and_good_ones_applied() {
-    let svc = service(&[1]);
-    let ingest = spawn(&svc, config(WAIT));
-    let mut publisher = TestPublisher::bind("kv");
-    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
-    publisher.wait_subscribed();
+    let (svc, ingest, mut publisher) = one_publisher("kv", true, config(WAIT));
 
     publisher.publish(0, chain_batch(0));
     // Bad framing: counted, no effect on the sequence.

@@ -4,16 +4,12 @@ mod common;
 
 use common::events::{batch, chain_batch, cleared, removed_blocks, stored_block_positional, stored_with};
 use common::publisher::TestPublisher;
-use common::{WAIT, cached_blocks, config, overlap, service, spawn, wait_for_seq};
+use common::{WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq};
 use kvpick_core::WorkerId;
 
 #[test]
 fn batches_are_applied_in_order_and_counted() {
-    let svc = service(&[1]);
-    let ingest = spawn(&svc, config(WAIT));
-    let mut publisher = TestPublisher::bind("kv@10.0.0.1@model");
-    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
-    publisher.wait_subscribed();
+    let (svc, ingest, mut publisher) = one_publisher("kv@10.0.0.1@model", true, config(WAIT));
 
     for k in 0..4 {
         publisher.publish(k, chain_batch(k));

@@ -6,15 +6,11 @@ use std::time::Duration;
 
 use common::events::{batch, chain_batch, removed_blocks};
 use common::publisher::{ReplayLayout, TestPublisher};
-use common::{WAIT, cached_blocks, config, overlap, service, spawn, wait_for_seq};
+use common::{WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq};
 use kvpick_core::WorkerId;
 
 fn gap_is_healed_by_replay(layout: ReplayLayout) {
-    let svc = service(&[1]);
-    let ingest = spawn(&svc, config(WAIT));
-    let mut publisher = TestPublisher::bind("kv");
-    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
-    publisher.wait_subscribed();
+    let (svc, ingest, mut publisher) = one_publisher("kv", true, config(WAIT));
 
     publisher.publish(0, chain_batch(0));
     publisher.publish(1, chain_batch(1));
@@ -73,11 +69,7 @@ fn first_batch_past_zero_relearns_history_from_zero() {
 
 #[test]
 fn gap_without_replay_endpoint_is_lost_and_later_batches_applied() {
-    let svc = service(&[1]);
-    let ingest = spawn(&svc, config(WAIT));
-    let mut publisher = TestPublisher::bind("");
-    ingest.add(publisher.publisher(WorkerId(1), false)).unwrap();
-    publisher.wait_subscribed();
+    let (svc, ingest, mut publisher) = one_publisher("", false, config(WAIT));
 
     publisher.publish(0, chain_batch(0));
     publisher.publish(1, chain_batch(1));
@@ -97,11 +89,7 @@ fn gap_without_replay_endpoint_is_lost_and_later_batches_applied() {
 
 #[test]
 fn unanswered_replay_times_out_and_buffered_batches_are_applied() {
-    let svc = service(&[1]);
-    let ingest = spawn(&svc, config(Duration::from_millis(200)));
-    let mut publisher = TestPublisher::bind("");
-    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
-    publisher.wait_subscribed();
+    let (svc, ingest, mut publisher) = one_publisher("", true, config(Duration::from_millis(200)));
 
     publisher.publish(0, chain_batch(0));
     publisher.publish(1, chain_batch(1));

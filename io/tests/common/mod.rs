@@ -14,6 +14,7 @@ use kvpick_core::{HashSeed, Millis, RouterConfig, SelectionService, WorkerId, Wo
 use kvpick_io::kv_events::{IngestConfig, KvEventIngest, SharedService};
 
 use events::{BLOCK_SIZE, prompt_tokens};
+use publisher::TestPublisher;
 
 /// Longest any test waits for something that should happen.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -41,6 +42,18 @@ pub fn config(replay_timeout: Duration) -> IngestConfig {
 
 pub fn spawn(service: &Service, cfg: IngestConfig) -> KvEventIngest {
     KvEventIngest::spawn(cfg, SharedService(Arc::clone(service))).expect("ingest starts")
+}
+
+/// The common start of a scenario: worker 1 in a service, the ingest with
+/// `cfg`, and a test publisher on `topic` it has subscribed to (with a
+/// replay endpoint or not).
+pub fn one_publisher(topic: &str, with_replay: bool, cfg: IngestConfig) -> (Service, KvEventIngest, TestPublisher) {
+    let svc = service(&[1]);
+    let ingest = spawn(&svc, cfg);
+    let publisher = TestPublisher::bind(topic);
+    ingest.add(publisher.publisher(WorkerId(1), with_replay)).expect("publisher added");
+    publisher.wait_subscribed();
+    (svc, ingest, publisher)
 }
 
 /// How many leading blocks of the test prompt (`n` blocks) `worker` holds.
