@@ -21,6 +21,37 @@ pub enum ArgsError {
     Invalid(String),
 }
 
+/// A round-trip benchmark's time budget: a warm-up, then the measured time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TimeBudget {
+    pub warmup: std::time::Duration,
+    pub time: std::time::Duration,
+}
+
+/// Progress lines on stderr, prefixed with the benchmark's name (stdout
+/// carries only the report).
+#[macro_export]
+macro_rules! progress {
+    ($bin:expr, $($arg:tt)*) => { eprintln!("[{}] {}", $bin, format!($($arg)*)) };
+}
+
+/// The flags, or the process ends: `--help` prints the usage (and `note`,
+/// what applies to this benchmark) and exits 0; a bad flag prints why and
+/// the usage and exits 2.
+pub fn parse_or_exit(bin: &str, note: &str) -> Args {
+    match Args::parse(std::env::args().skip(1)) {
+        Ok(args) => args,
+        Err(ArgsError::Help) => {
+            println!("{}{note}", usage(bin));
+            std::process::exit(0);
+        }
+        Err(ArgsError::Invalid(message)) => {
+            eprintln!("{message}\n\n{}", usage(bin));
+            std::process::exit(2);
+        }
+    }
+}
+
 /// What `--help` prints.
 pub fn usage(bin: &str) -> String {
     format!(
@@ -72,7 +103,7 @@ impl Args {
 }
 
 /// A count, with `_` separators and `k`/`M` suffixes allowed (`1_000_000`, `1M`).
-fn number(name: &str, text: &str) -> Result<u64, ArgsError> {
+pub fn parse_count(text: &str) -> Option<u64> {
     let clean = text.replace('_', "");
     let (digits, scale) = match clean.strip_suffix(['k', 'K']) {
         Some(digits) => (digits, 1_000),
@@ -81,11 +112,11 @@ fn number(name: &str, text: &str) -> Result<u64, ArgsError> {
             None => (clean.as_str(), 1),
         },
     };
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(scale))
-        .ok_or_else(|| ArgsError::Invalid(format!("{name}: {text:?} is not a count")))
+    digits.parse::<u64>().ok().and_then(|n| n.checked_mul(scale))
+}
+
+fn number(name: &str, text: &str) -> Result<u64, ArgsError> {
+    parse_count(text).ok_or_else(|| ArgsError::Invalid(format!("{name}: {text:?} is not a count")))
 }
 
 #[cfg(test)]

@@ -54,9 +54,7 @@ const TARGET_EVENTS_PER_SEC: f64 = 5e6;
 const TARGET_FIND_P99_NS: f64 = 5_000.0;
 const TARGET_BYTES_PER_ENTRY: f64 = 48.0;
 
-macro_rules! progress {
-    ($($arg:tt)*) => { eprintln!("[kvpick-bench-core] {}", format!($($arg)*)) };
-}
+const BIN: &str = "kvpick-bench-core";
 
 struct Config {
     quick: bool,
@@ -194,12 +192,12 @@ fn run(cfg: &Config) -> Report {
     let (started, waited_before, cpu_before) = (Instant::now(), run_queue_wait(), CpuTimes::now());
     let overhead = timer_overhead();
 
-    progress!("planning {} entries over {} workers", thousands(cfg.spec.entries), cfg.spec.workers);
+    kvpick_perf::progress!(BIN, "planning {} entries over {} workers", thousands(cfg.spec.entries), cfg.spec.workers);
     let population = Population::plan(cfg.spec);
     let workers = population.workers();
 
     // Built first, with nothing freed yet, so that RSS growth is its own.
-    progress!("building kvpick Shard");
+    kvpick_perf::progress!(BIN, "building kvpick Shard");
     let mut kvpick = build(&population, || setup::shard(workers), apply_kvpick);
     if kvpick.errors > 0 {
         report.problems.push(format!("kvpick refused {} population events", kvpick.errors));
@@ -220,13 +218,13 @@ fn run(cfg: &Config) -> Report {
     #[cfg(feature = "dynamo")]
     let mut dynamo = {
         use kvpick_perf::dynamo::{Positional, Radix, router_event};
-        progress!("building Dynamo RadixTree");
+        kvpick_perf::progress!(BIN, "building Dynamo RadixTree");
         let mut id = 0;
         let radix = build(&population, Radix::default, |tree, event| {
             id += 1;
             tree.apply(router_event(&event, id))
         });
-        progress!("building Dynamo PositionalIndexer");
+        kvpick_perf::progress!(BIN, "building Dynamo PositionalIndexer");
         let positional = build(
             &population,
             || Positional::new(POSITIONAL_JUMP),
@@ -241,7 +239,7 @@ fn run(cfg: &Config) -> Report {
         Dynamo { radix, positional, next_id: id, refused: 0 }
     };
 
-    progress!("building the naive holder table");
+    kvpick_perf::progress!(BIN, "building the naive holder table");
     let mut holders = HolderTable::default();
     population.replay(64, |event| {
         if let BlockEvent::Stored { worker, hashes, .. } = event {
@@ -268,7 +266,7 @@ fn run(cfg: &Config) -> Report {
 
     // After the builds: the probe's 136 MiB must not count in their peak RSS.
     let memory_at_start = memory_latency_ns(MEMORY_PROBE_BYTES, MEMORY_PROBE_LOADS, 1);
-    progress!("find_matches latency");
+    kvpick_perf::progress!(BIN, "find_matches latency");
     let find = bench_find_matches(cfg, &mut kvpick.index, &holders, &probes);
     #[cfg(feature = "dynamo")]
     let find_dynamo = dynamo.bench_find_matches(cfg, &probes);
@@ -276,11 +274,11 @@ fn run(cfg: &Config) -> Report {
     let find_dynamo = Vec::new();
     drop(holders);
 
-    progress!("selection latency");
+    kvpick_perf::progress!(BIN, "selection latency");
     let selection: Vec<SelectionResult> =
         [1, 2].iter().map(|&shards| bench_selection(cfg, &population, shards, &probes, &mut report.problems)).collect();
 
-    progress!("event apply throughput");
+    kvpick_perf::progress!(BIN, "event apply throughput");
     #[cfg(feature = "dynamo")]
     let apply = bench_apply(cfg, &population, &mut kvpick.index, Some(&mut dynamo), &mut report.problems);
     #[cfg(not(feature = "dynamo"))]

@@ -37,7 +37,7 @@ use kvpick_core::{RouterConfig, WorkerId, WorkerSpec};
 use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker};
 use kvpick_io::testing::WordTokenizer;
 use kvpick_io::tokenizer::Tokenizer;
-use kvpick_perf::args::{Args, ArgsError, usage};
+use kvpick_perf::args::{TimeBudget, parse_or_exit};
 use kvpick_perf::measure::{Latencies, LatencySummary};
 use kvpick_perf::report::{self, Table, at_least, at_most, thousands};
 use kvpick_proto::core::{HeaderMap, HeaderValue};
@@ -69,27 +69,10 @@ const TARGET_RPS: f64 = 10_000.0;
 const TARGET_P99_MICROS: f64 = 2_000.0;
 const TARGET_CPU_RATIO: f64 = 1.3;
 
-macro_rules! progress {
-    ($($arg:tt)*) => { eprintln!("[{BIN}] {}", format!($($arg)*)) };
-}
-
-struct Budget {
-    warmup: Duration,
-    time: Duration,
-}
+type Budget = TimeBudget;
 
 fn main() -> ExitCode {
-    let args = match Args::parse(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(ArgsError::Help) => {
-            println!("{}(only --quick applies here)", usage(BIN));
-            return ExitCode::SUCCESS;
-        }
-        Err(ArgsError::Invalid(message)) => {
-            eprintln!("{message}\n\n{}", usage(BIN));
-            return ExitCode::from(2);
-        }
-    };
+    let args = parse_or_exit(BIN, "(only --quick applies here)");
     let budget = if args.quick {
         Budget { warmup: Duration::from_millis(200), time: Duration::from_millis(500) }
     } else {
@@ -250,7 +233,7 @@ fn run(budget: &Budget) -> Result<String, String> {
     for concurrency in CONCURRENCY {
         let mut pair = Vec::new();
         for (name, server) in [("null picker (baseline)", &null_server), ("kvpick", &kv_server)] {
-            progress!("concurrency {concurrency}: {name}");
+            kvpick_perf::progress!(BIN, "concurrency {concurrency}: {name}");
             let measured = client_rt.block_on(measure(server.local_addr(), concurrency, budget, &bodies))?;
             table.row([
                 name.to_string(),

@@ -34,7 +34,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use kvpick_io::tokenizer::{
     Api, TokenizeRequest, TokenizerConfig, TokenizerMetrics, TokenizerProtocol, VllmRenderTokenizer,
 };
-use kvpick_perf::args::{Args, ArgsError, usage};
+use kvpick_perf::args::{TimeBudget, parse_or_exit};
 use kvpick_perf::measure::{self, Latencies, LatencySummary, time_each};
 use kvpick_perf::report::{self, Table, ratio, thousands};
 use tokio::net::TcpListener;
@@ -48,27 +48,10 @@ const PROMPT_TOKENS: [usize; 2] = [1_024, 8_192];
 const DECODE_BUDGET: measure::Budget =
     measure::Budget { warmup: 200, min_iters: 2_000, max_iters: 20_000, time: Duration::from_millis(200) };
 
-macro_rules! progress {
-    ($($arg:tt)*) => { eprintln!("[{BIN}] {}", format!($($arg)*)) };
-}
-
-struct Budget {
-    warmup: Duration,
-    time: Duration,
-}
+type Budget = TimeBudget;
 
 fn main() -> ExitCode {
-    let args = match Args::parse(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(ArgsError::Help) => {
-            println!("{}(only --quick applies here)", usage(BIN));
-            return ExitCode::SUCCESS;
-        }
-        Err(ArgsError::Invalid(message)) => {
-            eprintln!("{message}\n\n{}", usage(BIN));
-            return ExitCode::from(2);
-        }
-    };
+    let args = parse_or_exit(BIN, "(only --quick applies here)");
     let budget = if args.quick {
         Budget { warmup: Duration::from_millis(100), time: Duration::from_millis(300) }
     } else {
@@ -136,7 +119,7 @@ async fn run(budget: &Budget) -> Result<String, String> {
             &["client", "concurrency", "round trips/s", "p50 µs", "p99 µs", "p99.9 µs", "max µs", "vs raw POST"],
         );
         for concurrency in CONCURRENCY {
-            progress!("{tokens} tokens, concurrency {concurrency}: raw POSTs");
+            kvpick_perf::progress!(BIN, "{tokens} tokens, concurrency {concurrency}: raw POSTs");
             let baseline = measure(budget, concurrency, {
                 let (raw, uri, body) = (raw.clone(), uri.clone(), body.clone());
                 move || {
@@ -145,7 +128,7 @@ async fn run(budget: &Budget) -> Result<String, String> {
                 }
             })
             .await?;
-            progress!("{tokens} tokens, concurrency {concurrency}: kvpick vllm-render");
+            kvpick_perf::progress!(BIN, "{tokens} tokens, concurrency {concurrency}: kvpick vllm-render");
             let ours = measure(budget, concurrency, {
                 let (tokenizer, body) = (tokenizer.clone(), body.clone());
                 move || {

@@ -310,18 +310,8 @@ fn invalid(name: &str, value: &str, allowed: &str) -> ArgsError {
 }
 
 fn count_or_zero(name: &str, text: &str) -> Result<usize, ArgsError> {
-    let clean = text.replace('_', "");
-    let (digits, scale) = match clean.strip_suffix(['k', 'K']) {
-        Some(digits) => (digits, 1_000),
-        None => match clean.strip_suffix('M') {
-            Some(digits) => (digits, 1_000_000),
-            None => (clean.as_str(), 1),
-        },
-    };
-    digits
-        .parse::<usize>()
-        .ok()
-        .and_then(|n| n.checked_mul(scale))
+    kvpick_perf::args::parse_count(text)
+        .and_then(|n| usize::try_from(n).ok())
         .ok_or_else(|| invalid(name, text, "a count (1000, 10k, 1M)"))
 }
 
