@@ -269,24 +269,17 @@ impl Stack {
         write_workers(&workers_file, &fleet, &all);
 
         let shards = options.shards.to_string();
-        let mut values = Values::from_pairs([
-            (var::DISCOVERY, "static"),
-            (var::LISTEN_ADDRESS, "127.0.0.1"),
-            (var::EXT_PROC_PORT, "0"),
-            (var::HEALTH_PORT, "0"),
-            (var::METRICS_PORT, "0"),
-            (var::BLOCK_SIZE, "16"),
-            (var::MODEL, MODEL),
-            (var::WORKERS_FILE_POLL_MS, "100"),
-            // No bookings are dropped by a shutdown mid-test: the grace
-            // only matters for streams open at the end.
-            (var::SHUTDOWN_GRACE_MS, "2000"),
-            // A tokenizer failure must show as an error, not as a silent
-            // load-only pick that would make overlaps vanish.
-            ("DYN_EPP_TOKENIZER_FALLBACK", "fail"),
-        ]);
+        let mut values = Values::loopback_static(&workers_file);
+        values.set(var::BLOCK_SIZE, "16");
+        values.set(var::MODEL, MODEL);
+        values.set(var::WORKERS_FILE_POLL_MS, "100");
+        // No bookings are dropped by a shutdown mid-test: the grace only
+        // matters for streams open at the end.
+        values.set(var::SHUTDOWN_GRACE_MS, "2000");
+        // A tokenizer failure must show as an error, not as a silent
+        // load-only pick that would make overlaps vanish.
+        values.set("DYN_EPP_TOKENIZER_FALLBACK", "fail");
         values.set(var::SHARDS, shards);
-        values.set(var::WORKERS_FILE, workers_file.display().to_string());
         values.set("DYN_EPP_TOKENIZER_SERVICE_URL", render.endpoints().base_url());
         let config = ServeConfig::from_values(&values).unwrap_or_else(|e| panic!("config: {e}"));
         let app = App::start(config).await.unwrap_or_else(|e| panic!("kvpick start: {e}"));

@@ -95,12 +95,11 @@ impl App {
 
         // Discovery's first answer is needed before the tokenizer in static
         // mode (its default URL is the first worker).
-        let (updates_tx, updates_rx) = mpsc::channel::<WorkerUpdate>(1024);
         let mut tasks = Vec::new();
         let mut discovery = None;
         let mut pool = "static".to_owned();
         let mut first_worker = None;
-        match &config.discovery {
+        let updates_rx = match &config.discovery {
             DiscoveryMode::Static { file, poll } => {
                 let defaults = Defaults {
                     block_size: config.block_size,
@@ -117,7 +116,9 @@ impl App {
                     applier.apply(update).await;
                 }
                 applier.report_readiness();
+                let (updates_tx, updates_rx) = mpsc::channel::<WorkerUpdate>(1024);
                 tasks.push(tokio::spawn(watcher.watch(*poll, updates_tx)));
+                updates_rx
             }
             DiscoveryMode::Kubernetes(cfg) => {
                 pool.clone_from(&cfg.pool_name);
@@ -125,18 +126,13 @@ impl App {
                 tracing::info!(namespace = %cfg.namespace, pool = %cfg.pool_name, "discovery: Kubernetes InferencePool");
                 let mut running =
                     Discovery::spawn(client, (**cfg).clone()).map_err(|e| StartError::Kubernetes(e.to_string()))?;
-                // Forward discovery's channel into the one the applier reads.
-                let mut from_kube = std::mem::replace(&mut running.updates, mpsc::channel(1).1);
-                tasks.push(tokio::spawn(async move {
-                    while let Some(update) = from_kube.recv().await {
-                        if updates_tx.send(update).await.is_err() {
-                            return;
-                        }
-                    }
-                }));
+                // The applier reads discovery's own channel; the handle
+                // keeps the watch task.
+                let updates_rx = std::mem::replace(&mut running.updates, mpsc::channel(1).1);
                 discovery = Some(running);
+                updates_rx
             }
-        }
+        };
 
         let tokenizer_metrics = Arc::new(TokenizerMetrics::new());
         let tokenizer_config = match (&config.tokenizer, first_worker) {

@@ -314,6 +314,21 @@ impl Values {
         command.try_get_matches_from(args).map(|m| Values::from_matches(&m))
     }
 
+    /// `kvpick serve` on 127.0.0.1 with OS-picked ports over a static
+    /// workers file: how the demo and the in-process tests run it; more
+    /// settings can be `set` on top.
+    pub fn loopback_static(workers_file: &std::path::Path) -> Self {
+        let mut values = Values::from_pairs([
+            (DISCOVERY, "static"),
+            (LISTEN_ADDRESS, "127.0.0.1"),
+            (EXT_PROC_PORT, "0"),
+            (HEALTH_PORT, "0"),
+            (METRICS_PORT, "0"),
+        ]);
+        values.set(WORKERS_FILE, workers_file.display().to_string());
+        values
+    }
+
     /// For tests and the demo: values as if set in the environment.
     pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'static str, &'a str)>) -> Self {
         let values = pairs.into_iter().map(|(k, v)| (k, (v.to_owned(), Source::Env))).collect();

@@ -284,7 +284,12 @@ impl ExtProcMetrics {
     pub(crate) fn record_model_decision(&self, model: &str, error_code: Option<&'static str>) {
         let mut models = self.exported.models.lock().unwrap_or_else(PoisonError::into_inner);
         let key = if models.contains_key(model) || models.len() < MAX_MODELS { model } else { OTHER_MODEL };
-        let counts = models.entry(key.to_owned()).or_default();
+        // A name seen before (every request but a model's first) costs no
+        // allocation.
+        if !models.contains_key(key) {
+            models.insert(key.to_owned(), ModelCounts::default());
+        }
+        let Some(counts) = models.get_mut(key) else { return };
         counts.requests += 1;
         if let Some(code) = error_code {
             *counts.errors.entry(code).or_default() += 1;

@@ -227,7 +227,7 @@ fn tokenizer_families(e: &mut Exposition, tokenizer: &TokenizerMetrics) {
 
 fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerNames) {
     let c = ingest.snapshot();
-    let counters: [(&str, &str, u64); 12] = [
+    let counters: [(&str, &str, u64); 13] = [
         (
             "kvpick_kv_event_batches_applied_total",
             "KV-event batches decoded and applied, live or replayed.",
@@ -256,16 +256,15 @@ fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerN
             "Sequence numbers going back: engine restarts (index cleared).",
             c.engine_restarts,
         ),
+        (
+            "kvpick_kv_event_orphan_blocks_total",
+            "Stored blocks whose parent the worker did not hold (not indexed).",
+            c.orphan_blocks,
+        ),
     ];
     for (name, help, value) in counters {
         e.counter(name, help, &[], value);
     }
-    e.counter(
-        "kvpick_kv_event_orphan_blocks_total",
-        "Stored blocks whose parent the worker did not hold (not indexed).",
-        &[],
-        c.orphan_blocks,
-    );
     for w in ingest.workers() {
         let name = workers.get(w.worker).map_or_else(|| format!("{:016x}", w.worker.0), |a| a.to_string());
         if let Some(lag) = w.lag_seconds {

@@ -198,11 +198,12 @@ async fn next(answers: &mut Streaming<ProcessingResponse>) -> Result<ProcessingR
     }
 }
 
-fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
+/// Headers as Envoy sends them: pseudo headers in `value`, the rest in
+/// `raw_value`.
+pub fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
     let headers = pairs
         .iter()
         .map(|(k, v)| {
-            // Envoy: pseudo headers in `value`, the rest in `raw_value`.
             if k.starts_with(':') {
                 HeaderValue { key: (*k).into(), value: (*v).into(), raw_value: vec![] }
             } else {

@@ -19,8 +19,9 @@ use kvpick_io::ext_proc::metadata::{LB_NAMESPACE, SUBSET_NAMESPACE};
 use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker, ServerHandle};
 use kvpick_io::health::Health;
 use kvpick_io::testing::WordTokenizer;
+use kvpick_io::testing::gateway::header_map;
 use kvpick_io::tokenizer::{TokenizeError, TokenizeFuture, TokenizeRequest, Tokenizer};
-use kvpick_proto::core::{HeaderMap, HeaderValue, Metadata};
+use kvpick_proto::core::Metadata;
 use kvpick_proto::ext_proc::external_processor_client::ExternalProcessorClient;
 use kvpick_proto::ext_proc::mode::BodySendMode;
 use kvpick_proto::ext_proc::processing_request::Request;
@@ -325,22 +326,6 @@ pub fn protocol(request: BodySendMode, response: BodySendMode) -> ProtocolConfig
 
 pub fn full_duplex() -> Option<ProtocolConfiguration> {
     Some(protocol(BodySendMode::FullDuplexStreamed, BodySendMode::FullDuplexStreamed))
-}
-
-fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
-    HeaderMap {
-        headers: pairs
-            .iter()
-            .map(|(k, v)| {
-                // Pseudo headers in `value`, the rest in `raw_value`, as Envoy does.
-                if k.starts_with(':') {
-                    HeaderValue { key: (*k).into(), value: (*v).into(), raw_value: vec![] }
-                } else {
-                    HeaderValue { key: (*k).into(), value: String::new(), raw_value: v.as_bytes().to_vec() }
-                }
-            })
-            .collect(),
-    }
 }
 
 pub fn request_headers(

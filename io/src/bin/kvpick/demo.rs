@@ -173,17 +173,10 @@ async fn run_policy(o: &Options, kvpick: bool) -> Result<RunResult, String> {
     workers_file::write(&workers_file, &entries).map_err(|e| format!("{}: {e}", workers_file.display()))?;
 
     let (route, app) = if kvpick {
-        let mut values = Values::from_pairs([
-            (var::DISCOVERY, "static"),
-            (var::LISTEN_ADDRESS, "127.0.0.1"),
-            (var::EXT_PROC_PORT, "0"),
-            (var::HEALTH_PORT, "0"),
-            (var::METRICS_PORT, "0"),
-            (var::SHARDS, "1"),
-            (var::BLOCK_SIZE, "16"),
-            (var::MODEL, MODEL),
-        ]);
-        values.set(var::WORKERS_FILE, workers_file.display().to_string());
+        let mut values = Values::loopback_static(&workers_file);
+        values.set(var::SHARDS, "1");
+        values.set(var::BLOCK_SIZE, "16");
+        values.set(var::MODEL, MODEL);
         let config = ServeConfig::from_values(&values).map_err(|e| e.to_string())?;
         let app = App::start(config).await.map_err(|e| e.to_string())?;
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -207,7 +200,7 @@ async fn run_policy(o: &Options, kvpick: bool) -> Result<RunResult, String> {
         (Route::RoundRobin { targets, next: AtomicUsize::new(0), http: http_client() }, None)
     };
     let started = Instant::now();
-    let shared = Arc::new(Shared { route, o_quiet: o.quiet, done: AtomicUsize::new(0), hits: Mutex::new((0, 0)) });
+    let shared = Arc::new(Shared { route, quiet: o.quiet, done: AtomicUsize::new(0), hits: Mutex::new((0, 0)) });
     if !o.quiet {
         println!(
             "{:>5}  {:<10} {:>4}  {:<10} {:>7} {:>7} {:>6}  {:>9}",
@@ -261,7 +254,7 @@ enum Route {
 
 struct Shared {
     route: Route,
-    o_quiet: bool,
+    quiet: bool,
     done: AtomicUsize,
     /// (prompt tokens, cached tokens) so far.
     hits: Mutex<(u64, u64)>,
@@ -301,7 +294,7 @@ async fn conversation(shared: &Shared, c: usize, turns: usize, seed: u64) -> Res
             hits.1 += cached;
             if hits.0 == 0 { 0.0 } else { hits.1 as f64 / hits.0 as f64 }
         };
-        if !shared.o_quiet {
+        if !shared.quiet {
             let hit = if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 };
             println!(
                 "{n:>5}  conv {c:<5} {turn:>4}  {worker:<10} {prompt:>7} {cached:>7} {:>5.0}%  {:>8.1}%",
