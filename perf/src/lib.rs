@@ -10,6 +10,13 @@
 //! Dynamo is used through its public API, for comparison only: this crate
 //! must never copy Dynamo's code, and kvpick-core must never depend on it.
 
+/// Every benchmark runs on the allocator the `kvpick` binary ships with
+/// (mimalloc), so in-process servers and shard threads allocate as they do
+/// in production; glibc's malloc made cross-thread frees a visible part of
+/// the hand-off.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub mod args;
 pub mod baseline;
 #[cfg(feature = "dynamo")]

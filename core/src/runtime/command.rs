@@ -37,7 +37,6 @@ pub(crate) struct Picking {
 pub(crate) struct PickJob {
     pub request: SelectRequest,
     pub lease_until: Millis,
-    pub picking: Arc<Picking>,
 }
 
 pub(crate) enum Picked {

@@ -32,7 +32,7 @@ use std::time::Duration;
 use super::clock::Clock;
 use super::command::{Command, PickJob, Picked, Picking, Query, Reply};
 use super::producer::{Producer, ProducerSource, PushFail, RingCounters, ShardGone};
-use super::shard_loop::{Owners, ShardLoop, ShardShared};
+use super::shard_loop::{LoopShared, Owners, ShardLoop, ShardShared};
 use super::{RuntimeConfig, RuntimeError, RuntimeKind, SharedShards, choose_kind, pin_current_thread};
 use crate::booking::{BookingEvent, ReservationId};
 use crate::clock::Millis;
@@ -134,11 +134,20 @@ impl ShardedService {
                 "shards do not spin before parking: no core is left for their producers"
             );
         }
-        let owners: Owners = Arc::default();
+        let common = LoopShared {
+            clock,
+            owners: Arc::default(),
+            picking: Arc::new(Picking {
+                cfg: cfg.clone(),
+                block_size,
+                rng: Mutex::new(fastrand::Rng::with_seed(cfg.seed)),
+            }),
+            spin,
+        };
         let shards: SharedShards = (0..count).map(|_| Arc::new(ShardShared::default())).collect();
         let mut threads = Vec::with_capacity(count);
         for (i, shared) in shards.iter().enumerate() {
-            let shard_loop = ShardLoop::new(shared.clone(), clock.clone(), owners.clone(), spin);
+            let shard_loop = ShardLoop::new(shared.clone(), &common);
             let cpu = (!runtime.cpus.is_empty()).then(|| runtime.cpus[i % runtime.cpus.len()]);
             let name = format!("kvpick-shard-{i}");
             let thread = match kind {
@@ -171,11 +180,7 @@ impl ShardedService {
             }
         }
         Ok(ShardedService {
-            picking: Arc::new(Picking {
-                cfg: cfg.clone(),
-                block_size,
-                rng: Mutex::new(fastrand::Rng::with_seed(cfg.seed)),
-            }),
+            picking: common.picking,
             waiting: Mutex::new(Waiting {
                 queue: AdmissionQueue::new(cfg.queue_capacity),
                 admissions: Vec::new(),
@@ -189,7 +194,7 @@ impl ShardedService {
             kind,
             shards,
             threads: Mutex::new(threads),
-            owners,
+            owners: common.owners,
             stats: Mutex::default(),
             counters: Arc::default(),
             spin,
@@ -470,7 +475,7 @@ impl ShardedService {
             Entry::Occupied(_) => return Err(SelectError::DuplicateReservation(id)),
             Entry::Vacant(slot) => slot.insert(0),
         };
-        let job = Box::new(PickJob { request, lease_until: now.after(self.cfg.lease), picking: self.picking.clone() });
+        let job = Box::new(PickJob { request, lease_until: now.after(self.cfg.lease) });
         let (tx, rx) = oneshot::channel();
         let pushed = source.with_producer(|p| p.push_bounded(0, Command::Pick(job, tx), self.runtime.selection_wait));
         let awake = match pushed {

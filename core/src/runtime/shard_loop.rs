@@ -7,13 +7,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crossbeam_utils::CachePadded;
 use rtrb::Consumer;
 
 use super::clock::Clock;
-use super::command::{Command, PickJob, Picked};
+use super::command::{Command, PickJob, Picked, Picking};
 use super::doorbell::Doorbell;
 use crate::booking::BookingEvent;
 use crate::booking::ReservationId;
+use crate::cost::Candidate;
 use crate::service::{SelectError, booking, choose, selection, sort_candidates};
 use crate::shard::{CandidateQuery, Shard};
 
@@ -25,10 +27,12 @@ const FAIR_SHARE: usize = 64;
 /// leases expire.
 pub(crate) type Owners = Arc<Mutex<HashMap<ReservationId, usize>>>;
 
-/// What producers and the shard thread share.
+/// What producers and the shard thread share. The doorbell, which the
+/// shard writes whenever it sleeps or wakes, has a cache line of its own,
+/// so that producers' reads of the other flags on every push stay hits.
 #[derive(Default)]
 pub(crate) struct ShardShared {
-    pub doorbell: Doorbell,
+    pub doorbell: CachePadded<Doorbell>,
     new_rings: Mutex<Vec<Consumer<Command>>>,
     has_new_rings: AtomicBool,
     stop: AtomicBool,
@@ -65,11 +69,40 @@ pub(crate) struct ShardLoop {
     shared: Arc<ShardShared>,
     clock: Clock,
     owners: Owners,
+    /// The service's config and rng, for one-visit picks: held here
+    /// rather than sent with each job, so no reference count moves
+    /// between threads per selection.
+    picking: Arc<Picking>,
+    scratch: Scratch,
+}
+
+/// Buffers a one-visit pick reuses, as the facade does.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    candidates: Vec<Candidate>,
+    costs: Vec<f64>,
+}
+
+/// What every shard loop of one service shares.
+pub(crate) struct LoopShared {
+    pub clock: Clock,
+    pub owners: Owners,
+    pub picking: Arc<Picking>,
+    pub spin: Duration,
 }
 
 impl ShardLoop {
-    pub(crate) fn new(shared: Arc<ShardShared>, clock: Clock, owners: Owners, spin: Duration) -> Self {
-        ShardLoop { spin, shard: Shard::new(), rings: Vec::new(), shared, clock, owners }
+    pub(crate) fn new(shared: Arc<ShardShared>, common: &LoopShared) -> Self {
+        ShardLoop {
+            spin: common.spin,
+            shard: Shard::new(),
+            rings: Vec::new(),
+            shared,
+            clock: common.clock.clone(),
+            owners: common.owners.clone(),
+            picking: common.picking.clone(),
+            scratch: Scratch::default(),
+        }
     }
 
     /// Polls for work for up to `spin` before the caller parks.
@@ -78,7 +111,10 @@ impl ShardLoop {
     }
 
     fn take_new_rings(&mut self) {
-        if self.shared.has_new_rings.swap(false, Ordering::AcqRel) {
+        // Load before swapping: a swap writes the line on every pass, and
+        // the producers' hot flags would miss each time it moved.
+        if self.shared.has_new_rings.load(Ordering::Acquire) && self.shared.has_new_rings.swap(false, Ordering::AcqRel)
+        {
             let mut new = self.shared.new_rings.lock().expect("ring registration never panics");
             self.rings.append(&mut new);
         }
@@ -92,7 +128,8 @@ impl ShardLoop {
             for _ in 0..FAIR_SHARE {
                 match self.rings[i].pop() {
                     Ok(command) => {
-                        handle(&mut self.shard, &self.owners, command);
+                        let context = PickContext { owners: &self.owners, picking: &self.picking };
+                        handle(&mut self.shard, &context, &mut self.scratch, command);
                         handled += 1;
                     }
                     Err(_) => break,
@@ -199,7 +236,13 @@ enum Idle {
 
 /// Runs one command. A dropped reply means the asker gave up (its request
 /// was cancelled): the work is done all the same, so state stays exact.
-fn handle(shard: &mut Shard, owners: &Owners, command: Command) {
+/// What a one-visit pick reads besides the shard.
+struct PickContext<'a> {
+    owners: &'a Owners,
+    picking: &'a Picking,
+}
+
+fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, command: Command) {
     match command {
         Command::Upsert(spec, reply) => {
             shard.upsert_worker(spec);
@@ -213,7 +256,7 @@ fn handle(shard: &mut Shard, owners: &Owners, command: Command) {
             let _ = shard.apply_event(worker, &event);
         }
         Command::Candidates(query, reply) => {
-            let mut out = Vec::new();
+            let mut out = Vec::with_capacity(shard.worker_count());
             let query = CandidateQuery {
                 seq_hashes: &query.seq_hashes,
                 model: query.model.as_deref(),
@@ -223,7 +266,7 @@ fn handle(shard: &mut Shard, owners: &Owners, command: Command) {
             let _ = reply.send(out);
         }
         Command::Pick(job, reply) => {
-            let _ = reply.send(pick_and_book(shard, owners, *job));
+            let _ = reply.send(pick_and_book(shard, context, scratch, *job));
         }
         Command::Booking(event, reply) => {
             let _ = reply.send(shard.apply_booking(event));
@@ -255,28 +298,29 @@ fn handle(shard: &mut Shard, owners: &Owners, command: Command) {
 /// worker. The caller put the id in the owner map before sending; an
 /// outcome that books nothing takes it out here, so the map stays exact
 /// even when the caller has stopped waiting.
-fn pick_and_book(shard: &mut Shard, owners: &Owners, job: PickJob) -> Picked {
-    let PickJob { request, lease_until, picking } = job;
+fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, job: PickJob) -> Picked {
+    let PickJob { request, lease_until } = job;
+    let PickContext { owners, picking } = *context;
     let id = request.id;
-    let mut candidates = Vec::new();
+    let Scratch { candidates, costs } = scratch;
+    candidates.clear();
     let query = CandidateQuery {
         seq_hashes: &request.prompt.seq_hashes,
         model: request.model.as_deref(),
         allowed: request.allowed.as_ref(),
     };
-    shard.candidates(&query, &mut candidates);
+    shard.candidates(&query, candidates);
     let outcome = if candidates.is_empty() {
         Picked::Failed(SelectError::NoEligibleWorkers)
     } else if picking.cfg.queue_threshold.is_some_and(|t| candidates.iter().all(|c| c.saturated(t))) {
         Picked::Saturated(request)
     } else {
-        sort_candidates(&mut candidates);
-        let mut costs = Vec::with_capacity(candidates.len());
+        sort_candidates(candidates);
         let chosen = {
             let mut rng = picking.rng.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            choose(&candidates, &request.prompt, picking.block_size, &picking.cfg, &mut rng, &mut costs)
+            choose(candidates, &request.prompt, picking.block_size, &picking.cfg, &mut rng, costs)
         };
-        let selection = selection(&request, &candidates, &costs, chosen, picking.cfg.fallbacks);
+        let selection = selection(&request, candidates, costs, chosen, picking.cfg.fallbacks);
         let booking = booking(&request, &selection, picking.block_size, lease_until);
         match shard.apply_booking(BookingEvent::Reserved(booking)) {
             Ok(()) => Picked::Booked(selection),
