@@ -6,10 +6,9 @@
 //! `sleeping` load on the producer side, are each separated by a SeqCst
 //! fence: at least one side sees the other, so no wake-up is lost.
 
-use std::future::poll_fn;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering, fence};
-use std::task::{Poll, Wake, Waker};
+use std::task::{Wake, Waker};
 use std::thread::Thread;
 use std::time::Instant;
 
@@ -88,21 +87,6 @@ impl Doorbell {
                 }
             }
         }
-        self.woke();
-    }
-
-    /// Resolves when rung; the caller races it against its own timer.
-    pub(crate) async fn rung(&self) {
-        poll_fn(|cx| {
-            self.waker.register(cx.waker());
-            if self.rung.load(Ordering::Acquire) { Poll::Ready(()) } else { Poll::Pending }
-        })
-        .await;
-        self.woke();
-    }
-
-    /// Resets the flags after an async sleep that ended by timeout.
-    pub(crate) fn timed_out(&self) {
         self.woke();
     }
 }

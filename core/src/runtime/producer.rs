@@ -31,6 +31,12 @@ pub(crate) enum PushFail {
     Gone,
 }
 
+#[derive(Clone, Copy)]
+enum Wake {
+    Ring,
+    Quiet,
+}
+
 /// The shard stopped: nothing will take the command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ShardGone;
@@ -59,19 +65,40 @@ impl Producer {
     }
 
     /// On success: whether the shard was awake (polling its rings) when
-    /// the command went in, so its answer is worth spinning for.
-    fn try_push(&mut self, shard: usize, command: Command) -> Result<bool, PushFail> {
+    /// the command went in, so its answer is worth spinning for. `Quiet`
+    /// leaves a sleeping shard asleep (see `push_posted`).
+    fn try_push(&mut self, shard: usize, command: Command, wake: Wake) -> Result<bool, PushFail> {
         let target = &self.shards[shard];
         if target.exited() {
             return Err(PushFail::Gone);
         }
         match self.rings[shard].push(command) {
             Ok(()) => {
-                // `ring` fences, so this load is ordered after the push.
-                let woken = target.doorbell.ring();
+                // `ring` fences, so the `exited` load is ordered after the push.
+                let woken = match wake {
+                    Wake::Ring => target.doorbell.ring(),
+                    Wake::Quiet => {
+                        std::sync::atomic::fence(Ordering::SeqCst);
+                        false
+                    }
+                };
                 if target.exited() { Err(PushFail::Gone) } else { Ok(!woken) }
             }
             Err(PushError::Full(command)) => Err(PushFail::Full(command)),
+        }
+    }
+
+    /// Pushes a command nobody waits for without waking a sleeping shard:
+    /// the wake-up (a futex call and a context switch on each side, tens
+    /// of µs on a VM) would cost more than the command. A sleeping shard
+    /// that holds bookings wakes within `POSTED_DRAIN` on its own, and any
+    /// command that rings drains every ring first. A full ring rings and
+    /// waits, as `push_waiting` does.
+    pub(crate) fn push_posted(&mut self, shard: usize, command: Command) -> Result<(), ShardGone> {
+        match self.try_push(shard, command, Wake::Quiet) {
+            Ok(_) => Ok(()),
+            Err(PushFail::Gone) => Err(ShardGone),
+            Err(PushFail::Full(command)) => self.push_waiting(shard, command).map(drop),
         }
     }
 
@@ -79,7 +106,7 @@ impl Producer {
     /// not be lost (KV events, booking changes). Each wait is counted.
     /// Returns whether the shard was awake (see `try_push`).
     pub(crate) fn push_waiting(&mut self, shard: usize, command: Command) -> Result<bool, ShardGone> {
-        let mut command = match self.try_push(shard, command) {
+        let mut command = match self.try_push(shard, command, Wake::Ring) {
             Ok(awake) => return Ok(awake),
             Err(PushFail::Gone) => return Err(ShardGone),
             Err(PushFail::Full(command)) => command,
@@ -87,7 +114,7 @@ impl Producer {
         self.counters.full_waits.fetch_add(1, Ordering::Relaxed);
         let mut spins = 0u32;
         loop {
-            command = match self.try_push(shard, command) {
+            command = match self.try_push(shard, command, Wake::Ring) {
                 Ok(awake) => return Ok(awake),
                 Err(PushFail::Gone) => return Err(ShardGone),
                 Err(PushFail::Full(command)) => command,
@@ -105,7 +132,7 @@ impl Producer {
     /// ring still full: selections fail fast rather than queue unseen.
     /// Returns whether the shard was awake (see `try_push`).
     pub(crate) fn push_bounded(&mut self, shard: usize, command: Command, bound: Duration) -> Result<bool, PushFail> {
-        let mut command = match self.try_push(shard, command) {
+        let mut command = match self.try_push(shard, command, Wake::Ring) {
             Err(PushFail::Full(command)) => command,
             done => return done,
         };
@@ -117,7 +144,7 @@ impl Producer {
                 return Err(PushFail::Full(command));
             }
             std::thread::yield_now();
-            command = match self.try_push(shard, command) {
+            command = match self.try_push(shard, command, Wake::Ring) {
                 Err(PushFail::Full(command)) => command,
                 done => return done,
             };

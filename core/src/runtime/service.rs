@@ -155,7 +155,7 @@ impl ShardedService {
                     let placement = cpu.map_or(glommio::Placement::Unbound, glommio::Placement::Fixed);
                     glommio::LocalExecutorBuilder::new(placement)
                         .name(&name)
-                        .spawn(move || shard_loop.run_async())
+                        .spawn(move || async move { shard_loop.run() })
                         .map(ShardThread::Glommio)
                         .map_err(|e| RuntimeError::Spawn { shard: i, source: std::io::Error::other(e.to_string()) })
                 }
@@ -165,7 +165,7 @@ impl ShardedService {
                         if let Some(cpu) = cpu {
                             pin_current_thread(cpu);
                         }
-                        shard_loop.run_blocking();
+                        shard_loop.run();
                     })
                     .map(ShardThread::Std)
                     .map_err(|source| RuntimeError::Spawn { shard: i, source }),
@@ -592,7 +592,7 @@ impl ShardedService {
 
     fn post(&self, source: &impl ProducerSource, shard: usize, event: BookingEvent) -> Result<(), BookingError> {
         source
-            .with_producer(|p| p.push_waiting(shard, Command::Posted(event)))
+            .with_producer(|p| p.push_posted(shard, Command::Posted(event)))
             .map_err(|_| BookingError::ShuttingDown)?;
         Ok(())
     }

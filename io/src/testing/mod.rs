@@ -30,11 +30,42 @@ struct Message<'a> {
     content: Option<Content<'a>>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// A string or a list of parts. Deserialized by hand: serde's `untagged`
+/// buffers the whole value (a copy of every message) to try each variant.
 enum Content<'a> {
-    Text(#[serde(borrow)] Cow<'a, str>),
-    Parts(#[serde(borrow)] Vec<Part<'a>>),
+    Text(Cow<'a, str>),
+    Parts(Vec<Part<'a>>),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Content<'a>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or a list of content parts")
+            }
+
+            fn visit_borrowed_str<E: serde::de::Error>(self, text: &'de str) -> Result<Self::Value, E> {
+                Ok(Content::Text(Cow::Borrowed(text)))
+            }
+
+            // Strings with escapes arrive unescaped, in a buffer of serde_json's.
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(Content::Text(Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(part) = seq.next_element()? {
+                    parts.push(part);
+                }
+                Ok(Content::Parts(parts))
+            }
+        }
+        deserializer.deserialize_any(Visit(std::marker::PhantomData))
+    }
 }
 
 #[derive(Deserialize)]
@@ -96,5 +127,11 @@ mod tests {
         assert_eq!(a[..3], b[..3]);
         assert_ne!(a[3], b[3]);
         assert_eq!(WordTokenizer::tokens(br#"{"prompt":"x y"}"#).map(|t| t.len()), Ok(2));
+        // Escaped text (unescaped into a buffer) tokenizes like plain text.
+        let escaped = WordTokenizer::tokens(br#"{"messages":[{"content":"a \"b\" c"},{"content":null}]}"#);
+        let plain = WordTokenizer::tokens(br#"{"messages":[{"content":"a b c"}]}"#);
+        let (escaped, plain) = (escaped.unwrap_or_default(), plain.unwrap_or_default());
+        assert_eq!((escaped.len(), escaped[0], escaped[2]), (3, plain[0], plain[2]));
+        assert!(WordTokenizer::tokens(br#"{"messages":[{"content":7}]}"#).is_err());
     }
 }

@@ -229,10 +229,15 @@ fn run(budget: &Budget) -> Result<String, String> {
             "failed",
         ],
     );
+    // For profiling one side alone: `KVPICK_BENCH_PICKER=null|kvpick`,
+    // `KVPICK_BENCH_CONCURRENCY=16` (ratios need both pickers).
+    let only_picker = std::env::var("KVPICK_BENCH_PICKER").ok();
+    let only_concurrency: Option<usize> = std::env::var("KVPICK_BENCH_CONCURRENCY").ok().and_then(|v| v.parse().ok());
     let mut ratios = Vec::new();
-    for concurrency in CONCURRENCY {
+    for concurrency in CONCURRENCY.into_iter().filter(|c| only_concurrency.is_none_or(|o| o == *c)) {
         let mut pair = Vec::new();
-        for (name, server) in [("null picker (baseline)", &null_server), ("kvpick", &kv_server)] {
+        let pickers = [("null picker (baseline)", "null", &null_server), ("kvpick", "kvpick", &kv_server)];
+        for (name, _, server) in pickers.into_iter().filter(|p| only_picker.as_deref().is_none_or(|o| o == p.1)) {
             kvpick_perf::progress!(BIN, "concurrency {concurrency}: {name}");
             let measured = client_rt.block_on(measure(server.local_addr(), concurrency, budget, &bodies))?;
             table.row([
@@ -253,7 +258,7 @@ fn run(budget: &Budget) -> Result<String, String> {
     let load_after = report::load_average();
 
     let snapshot = kv_metrics.snapshot();
-    for (concurrency, pair) in &ratios {
+    for (concurrency, pair) in ratios.iter().filter(|(_, pair)| pair.len() == 2) {
         let (null, ours) = (&pair[0], &pair[1]);
         let cpu_ratio = ours.cpu_micros_per_request() / null.cpu_micros_per_request().max(f64::MIN_POSITIVE);
         table.note(format!(
