@@ -7,18 +7,37 @@
 //! fence: at least one side sees the other, so no wake-up is lost.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::task::{Wake, Waker};
 use std::thread::Thread;
 use std::time::Instant;
 
 use atomic_waker::AtomicWaker;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Doorbell {
     sleeping: AtomicBool,
     rung: AtomicBool,
+    /// When the sleeping shard was first rung (ns since `ORIGIN`; `NEVER`
+    /// when not): how long the shard was idle, for its spin policy, without
+    /// counting the wake-up itself.
+    rung_at: AtomicU64,
     waker: AtomicWaker,
+}
+
+const NEVER: u64 = u64::MAX;
+static ORIGIN: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+impl Default for Doorbell {
+    fn default() -> Self {
+        Doorbell {
+            sleeping: AtomicBool::new(false),
+            rung: AtomicBool::new(false),
+            rung_at: AtomicU64::new(NEVER),
+            waker: AtomicWaker::new(),
+        }
+    }
 }
 
 struct Unpark(Thread);
@@ -40,6 +59,8 @@ impl Doorbell {
     pub(crate) fn ring(&self) -> bool {
         fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::Relaxed) {
+            let now = ORIGIN.elapsed().as_nanos();
+            self.rung_at.fetch_min(u64::try_from(now).unwrap_or(NEVER), Ordering::Relaxed);
             self.rung.store(true, Ordering::Release);
             self.waker.wake();
             true
@@ -60,13 +81,19 @@ impl Doorbell {
         true
     }
 
-    fn woke(&self) {
+    /// Resets the flags; returns when the shard was rung, if it was.
+    fn woke(&self) -> Option<Instant> {
         self.sleeping.store(false, Ordering::Relaxed);
         self.rung.store(false, Ordering::Relaxed);
+        match self.rung_at.swap(NEVER, Ordering::Relaxed) {
+            NEVER => None,
+            nanos => Some(*ORIGIN + std::time::Duration::from_nanos(nanos)),
+        }
     }
 
-    /// Parks the calling thread until rung or `deadline`.
-    pub(crate) fn sleep_blocking(&self, deadline: Option<Instant>) {
+    /// Parks the calling thread until rung or `deadline`; returns when it
+    /// was rung (`None` when the deadline woke it).
+    pub(crate) fn sleep_blocking(&self, deadline: Option<Instant>) -> Option<Instant> {
         let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
         loop {
             // `wake` takes the registered waker: a late ring from an earlier
@@ -87,7 +114,7 @@ impl Doorbell {
                 }
             }
         }
-        self.woke();
+        self.woke()
     }
 }
 

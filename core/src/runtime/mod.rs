@@ -15,6 +15,7 @@ mod doorbell;
 mod producer;
 mod service;
 mod shard_loop;
+mod spin_policy;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,9 +53,11 @@ pub struct RuntimeConfig {
     pub selection_wait: Duration,
     /// How long an idle shard polls its rings before parking: a parked
     /// shard costs a futex wake-up (tens of µs on a busy VM) per request,
-    /// a spinning one a core. Zero parks at once. Also how long a caller
-    /// polls for the answer of a shard that was awake when asked, before
-    /// awaiting it. Both are off when shards outnumber the cores.
+    /// a spinning one a core. Zero parks at once. The shard spins only
+    /// while its recent idle gaps were shorter than this (see
+    /// `spin_policy`). Also how long a blocking caller polls for the
+    /// answer of a shard that was awake when asked, before awaiting it.
+    /// Both are off when shards outnumber the cores.
     pub spin_before_park: Duration,
 }
 

@@ -157,6 +157,16 @@ impl Producer {
 /// another thread and use that thread's producer).
 pub trait ProducerSource {
     fn with_producer<R>(&self, f: impl FnOnce(&mut Producer) -> R) -> R;
+
+    /// Whether a caller waiting on an awake shard polls for the answer
+    /// (up to `RuntimeConfig::spin_before_park`) before awaiting it. Yes
+    /// for a thread that has nothing else to do; an async runtime's task
+    /// says no, since its thread would stop serving every other task (in
+    /// `kvpick-bench-extproc` at concurrency 64 the spin cost the I/O
+    /// thread more than the wake-ups it saved).
+    fn spins_for_replies(&self) -> bool {
+        true
+    }
 }
 
 impl ProducerSource for std::cell::RefCell<Producer> {
@@ -193,6 +203,10 @@ thread_local! {
 }
 
 impl ProducerSource for ThreadProducers {
+    fn spins_for_replies(&self) -> bool {
+        false
+    }
+
     fn with_producer<R>(&self, f: impl FnOnce(&mut Producer) -> R) -> R {
         PRODUCERS.with(|producers| {
             let mut producers = producers.borrow_mut();

@@ -17,12 +17,14 @@
 //!   the late `prefill_complete` finds nothing, the same end state;
 //! - nothing follows a free (ids are never reused).
 //!
-//! A caller whose command found the shard awake (polling its rings) spins
-//! on the reply slot for up to `RuntimeConfig::spin_before_park` before
-//! awaiting it: such a shard answers within microseconds, while parking
-//! and waking the caller's thread costs tens of µs on a busy VM. Against a
-//! sleeping shard the caller awaits at once, and nobody spins when shards
-//! do not (no core is left for them).
+//! A blocking caller whose command found the shard awake (polling its
+//! rings) spins on the reply slot for up to
+//! `RuntimeConfig::spin_before_park` before awaiting it: such a shard
+//! answers within microseconds, while parking and waking the caller's
+//! thread costs tens of µs on a busy VM. Against a sleeping shard the
+//! caller awaits at once; async tasks never spin
+//! (`ProducerSource::spins_for_replies`), and nobody spins when shards do
+//! not (no core is left for them).
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -247,8 +249,13 @@ impl ShardedService {
     /// The shard's answer. One that was awake when the command went in
     /// is polled for first (see the module docs); the spin is bounded, so
     /// a shard that is slow to answer costs at most `spin` extra CPU.
-    async fn reply<T>(&self, rx: oneshot::Receiver<T>, shard_awake: bool) -> Result<T, ShardGone> {
-        if shard_awake {
+    async fn reply<T>(
+        &self,
+        source: &impl ProducerSource,
+        rx: oneshot::Receiver<T>,
+        shard_awake: bool,
+    ) -> Result<T, ShardGone> {
+        if shard_awake && source.spins_for_replies() {
             super::spin_until(self.spin, || rx.has_message() || rx.is_closed());
         }
         rx.await.map_err(|_| ShardGone)
@@ -262,7 +269,7 @@ impl ShardedService {
     ) -> Result<T, ShardGone> {
         let (tx, rx) = oneshot::channel();
         let awake = source.with_producer(|p| p.push_waiting(shard, command(tx)))?;
-        self.reply(rx, awake).await
+        self.reply(source, rx, awake).await
     }
 
     async fn ask_all<T>(
@@ -280,7 +287,7 @@ impl ShardedService {
         })?;
         let mut out = Vec::with_capacity(receivers.len());
         for (rx, awake) in receivers {
-            out.push(self.reply(rx, awake).await?);
+            out.push(self.reply(source, rx, awake).await?);
         }
         Ok(out)
     }
@@ -360,7 +367,7 @@ impl ShardedService {
         })?;
         let mut candidates = Vec::new();
         for (rx, awake) in receivers {
-            candidates.extend(self.reply(rx, awake).await.map_err(|_| SelectError::ShuttingDown)?);
+            candidates.extend(self.reply(source, rx, awake).await.map_err(|_| SelectError::ShuttingDown)?);
         }
         if candidates.is_empty() {
             return Err(SelectError::NoEligibleWorkers);
@@ -488,7 +495,7 @@ impl ShardedService {
                 });
             }
         };
-        match self.reply(rx, awake).await {
+        match self.reply(source, rx, awake).await {
             Ok(picked) => {
                 if matches!(picked, Picked::Booked(_)) {
                     lock(&self.stats).selections += 1;

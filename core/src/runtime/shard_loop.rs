@@ -13,6 +13,7 @@ use rtrb::Consumer;
 use super::clock::Clock;
 use super::command::{Command, PickJob, Picked, Picking};
 use super::doorbell::Doorbell;
+use super::spin_policy::SpinPolicy;
 use crate::booking::BookingEvent;
 use crate::booking::ReservationId;
 use crate::cost::Candidate;
@@ -70,7 +71,7 @@ impl ShardShared {
 }
 
 pub(crate) struct ShardLoop {
-    spin: Duration,
+    spin: SpinPolicy,
     shard: Shard,
     rings: Vec<Consumer<Command>>,
     shared: Arc<ShardShared>,
@@ -101,7 +102,7 @@ pub(crate) struct LoopShared {
 impl ShardLoop {
     pub(crate) fn new(shared: Arc<ShardShared>, common: &LoopShared) -> Self {
         ShardLoop {
-            spin: common.spin,
+            spin: SpinPolicy::new(common.spin),
             shard: Shard::new(),
             rings: Vec::new(),
             shared,
@@ -112,9 +113,10 @@ impl ShardLoop {
         }
     }
 
-    /// Polls for work for up to `spin` before the caller parks.
+    /// Polls for work, for as long as the spin policy says, before the
+    /// caller parks.
     fn spin_for_work(&self) -> bool {
-        super::spin_until(self.spin, || self.has_work() || self.shared.stopping())
+        super::spin_until(self.spin.budget(), || self.has_work() || self.shared.stopping())
     }
 
     fn take_new_rings(&mut self) {
@@ -187,14 +189,12 @@ impl ShardLoop {
         if self.shared.stopping() && !self.has_work() {
             return Idle::Stop;
         }
-        if self.spin_for_work() {
+        let since = Instant::now();
+        if self.spin_for_work() || !self.shared.doorbell.prepare_sleep(|| self.has_work() || self.shared.stopping()) {
+            self.spin.work_arrived(since, Instant::now());
             return Idle::Busy;
         }
-        if self.shared.doorbell.prepare_sleep(|| self.has_work() || self.shared.stopping()) {
-            Idle::Sleep(self.deadline())
-        } else {
-            Idle::Busy
-        }
+        Idle::Sleep { deadline: self.deadline(), since }
     }
 
     /// Last drain: whatever a producer pushed before it could see `exited`
@@ -216,7 +216,11 @@ impl ShardLoop {
             match self.idle() {
                 Idle::Busy => {}
                 Idle::Stop => return self.finish(),
-                Idle::Sleep(deadline) => self.shared.doorbell.sleep_blocking(deadline),
+                Idle::Sleep { deadline, since } => {
+                    // Woken by the deadline: the gap is at least that long.
+                    let at = self.shared.doorbell.sleep_blocking(deadline).unwrap_or_else(Instant::now);
+                    self.spin.work_arrived(since, at);
+                }
             }
         }
     }
@@ -225,7 +229,11 @@ impl ShardLoop {
 enum Idle {
     Busy,
     Stop,
-    Sleep(Option<Instant>),
+    /// Park until rung or `deadline`; idle since `since`.
+    Sleep {
+        deadline: Option<Instant>,
+        since: Instant,
+    },
 }
 
 /// Runs one command. A dropped reply means the asker gave up (its request

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use crate::tokenizer::{TokenizeError, TokenizeFuture, TokenizeRequest, Tokenizer};
 
-/// One token per whitespace-separated word of the chat messages' text (or
+/// One token per (ASCII-)whitespace-separated word of the chat messages' text (or
 /// the completion prompt), the token being a hash of the word: equal text
 /// prefixes give equal token prefixes, as with a real tokenizer.
 #[derive(Clone, Copy, Debug, Default)]
@@ -81,18 +81,43 @@ enum Text<'a> {
     Other(serde::de::IgnoredAny),
 }
 
-/// FNV-1a, 32 bits: stable across runs and platforms.
-fn word_token(word: &str) -> u32 {
-    word.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+/// A word's token: a multiply–rotate hash over 8-byte little-endian
+/// chunks, stable across runs and platforms. It stands in for a real
+/// tokenizer in benchmarks, so it should cost little next to kvpick's own
+/// work: byte-at-a-time FNV-1a with Unicode whitespace splitting was
+/// ~28 µs of a 1,000-word prompt's ~80 µs on the I/O thread.
+fn word_token(word: &[u8]) -> u32 {
+    const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut h = word.len() as u64;
+    let mut chunks = word.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(chunk);
+        h = (h.rotate_left(23) ^ u64::from_le_bytes(bytes)).wrapping_mul(K);
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut bytes = [0u8; 8];
+        bytes[..rest.len()].copy_from_slice(rest);
+        h = (h.rotate_left(23) ^ u64::from_le_bytes(bytes)).wrapping_mul(K);
+    }
+    (h >> 32) as u32 ^ h as u32
+}
+
+/// Appends one token per run of non-whitespace bytes (ASCII whitespace
+/// separates words; other bytes, UTF-8 included, belong to them).
+fn add_words(text: &str, tokens: &mut Vec<u32>) {
+    tokens.extend(text.as_bytes().split(u8::is_ascii_whitespace).filter(|w| !w.is_empty()).map(word_token));
 }
 
 impl WordTokenizer {
     /// The tokens of a chat or completions body.
     pub fn tokens(body: &[u8]) -> Result<Vec<u32>, TokenizeError> {
+        let body_len = body.len();
         let body: Body<'_> = serde_json::from_slice(body)
             .map_err(|e| TokenizeError::Rejected { status: 400, message: e.to_string() })?;
-        let mut tokens = Vec::new();
-        let mut add = |text: &str| tokens.extend(text.split_whitespace().map(word_token));
+        let mut tokens = Vec::with_capacity(body_len / 6);
+        let mut add = |text: &str| add_words(text, &mut tokens);
         for message in &body.messages {
             match &message.content {
                 Some(Content::Text(text)) => add(text),
@@ -133,5 +158,10 @@ mod tests {
         let (escaped, plain) = (escaped.unwrap_or_default(), plain.unwrap_or_default());
         assert_eq!((escaped.len(), escaped[0], escaped[2]), (3, plain[0], plain[2]));
         assert!(WordTokenizer::tokens(br#"{"messages":[{"content":7}]}"#).is_err());
+        let spaced = WordTokenizer::tokens(br#"{"prompt":"  x\t y\n\nlonger-than-eight-bytes "}"#).unwrap_or_default();
+        assert_eq!(spaced.len(), 3);
+        let words: std::collections::HashSet<u32> =
+            (0..10_000).map(|i| word_token(format!("w{i}").as_bytes())).collect();
+        assert_eq!(words.len(), 10_000, "distinct short words get distinct tokens");
     }
 }
