@@ -420,3 +420,43 @@ fn posted_booking_changes_from_different_rings_leave_nothing_behind() {
     }
     assert_eq!(shard_threads(), 0, "shard threads leaked");
 }
+
+/// Posted frees do not wake a sleeping shard. A query through another
+/// ring, one the shard drains first, must still see every free posted
+/// before it: the shard runs what nobody waits for at the head of every
+/// ring before anything else in a pass.
+#[test]
+fn a_query_through_another_ring_sees_frees_that_did_not_ring() {
+    let _turn = serial();
+    for kind in [RuntimeKind::StdThreads, RuntimeKind::Glommio] {
+        // No spin: the shard parks as soon as its rings are empty, so
+        // the frees below wait unrung in their ring.
+        let runtime = RuntimeConfig { spin_before_park: Duration::ZERO, ..runtime(1, kind) };
+        let service = ShardedService::start(RouterConfig::default(), BS, runtime, Clock::system()).expect("starts");
+        // Registered first: its query is in the ring the shard passes over first.
+        let queries = RefCell::new(service.producer());
+        let books = RefCell::new(service.producer());
+        for w in 1..=2 {
+            block_on(service.upsert_worker(&books, WorkerSpec::new(WorkerId(w), addr(w), BS), Millis(0)))
+                .expect("upsert");
+        }
+        for i in 0..20u64 {
+            let tokens: Vec<u32> = (0..BS * 4).map(|x| x * 31 + i as u32).collect();
+            let request = SelectRequest {
+                id: ReservationId(i),
+                prompt: Prompt::from_tokens(&tokens, BS, HashSeed::default()),
+                model: None,
+                allowed: None,
+                priority: 0,
+            };
+            block_on(service.select_and_reserve(&books, request, Millis(0))).expect("admitted");
+            // Let the shard go to sleep before the free is posted.
+            std::thread::sleep(Duration::from_millis(1));
+            assert_eq!(service.post_free(&books, ReservationId(i)), Ok(()));
+            let loads = block_on(service.loads(&queries));
+            assert!(loads.iter().all(|l| l.requests == 0 && l.active_blocks == 0), "{kind:?}, round {i}: {loads:?}");
+        }
+        service.shutdown();
+    }
+    assert_eq!(shard_threads(), 0, "shard threads leaked");
+}

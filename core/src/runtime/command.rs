@@ -63,3 +63,11 @@ pub(crate) enum Command {
     Overlaps(Arc<[SequenceHash]>, Reply<Vec<(WorkerId, u32)>>),
     Stats(Reply<ShardStats>),
 }
+
+impl Command {
+    /// Nobody waits for its answer: the shard may run it ahead of other
+    /// rings' commands (never ahead of its own ring's).
+    pub(crate) fn is_fire_and_forget(&self) -> bool {
+        matches!(self, Command::Event(..) | Command::Posted(_))
+    }
+}

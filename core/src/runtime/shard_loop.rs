@@ -133,20 +133,33 @@ impl ShardLoop {
     fn pass(&mut self) -> usize {
         self.take_new_rings();
         let mut handled = 0;
+        // First what nobody waits for (posted booking changes, KV events)
+        // at the head of each ring: a selection later in this pass then
+        // sees every free and event pushed before it, whichever ring it
+        // came through. Posted frees do not ring, so without this a pick
+        // from an earlier-registered ring would count a finished request
+        // as load. Within one ring the order stays as pushed.
         for i in 0..self.rings.len() {
-            for _ in 0..FAIR_SHARE {
-                match self.rings[i].pop() {
-                    Ok(command) => {
-                        let context = PickContext { owners: &self.owners, picking: &self.picking };
-                        handle(&mut self.shard, &context, &mut self.scratch, command);
-                        handled += 1;
-                    }
-                    Err(_) => break,
-                }
-            }
+            handled += self.drain(i, Command::is_fire_and_forget);
+        }
+        for i in 0..self.rings.len() {
+            handled += self.drain(i, |_| true);
         }
         // A producer that went away leaves its ring behind once drained.
         self.rings.retain(|ring| !(ring.is_abandoned() && ring.is_empty()));
+        handled
+    }
+
+    /// Runs up to `FAIR_SHARE` commands from the head of ring `i` while
+    /// `take` accepts them; returns how many ran.
+    fn drain(&mut self, i: usize, take: impl Fn(&Command) -> bool) -> usize {
+        let mut handled = 0;
+        while handled < FAIR_SHARE && self.rings[i].peek().is_ok_and(&take) {
+            let Ok(command) = self.rings[i].pop() else { break };
+            let context = PickContext { owners: &self.owners, picking: &self.picking };
+            handle(&mut self.shard, &context, &mut self.scratch, command);
+            handled += 1;
+        }
         handled
     }
 
