@@ -21,6 +21,43 @@ pub enum ArgsError {
     Invalid(String),
 }
 
+/// Command-line words read as flags, `--name value` or `--name=value`:
+/// the one reading every benchmark's parser shares.
+pub struct Flags<I> {
+    words: I,
+}
+
+/// One flag as written: its name and, for `--name=value`, the value.
+pub struct Flag {
+    pub name: String,
+    inline: Option<String>,
+}
+
+impl<I: Iterator<Item = String>> Flags<I> {
+    pub fn new(words: impl IntoIterator<IntoIter = I>) -> Self {
+        Flags { words: words.into_iter() }
+    }
+
+    /// The next flag. Only a word starting with `--` is split at `=`.
+    pub fn next_flag(&mut self) -> Option<Flag> {
+        let word = self.words.next()?;
+        Some(match word.split_once('=') {
+            Some((name, value)) if name.starts_with("--") => {
+                Flag { name: name.to_owned(), inline: Some(value.to_owned()) }
+            }
+            _ => Flag { name: word, inline: None },
+        })
+    }
+
+    /// `flag`'s value: the inline one, else the next word.
+    pub fn value(&mut self, flag: &Flag) -> Result<String, ArgsError> {
+        flag.inline
+            .clone()
+            .or_else(|| self.words.next())
+            .ok_or_else(|| ArgsError::Invalid(format!("{} needs a value", flag.name)))
+    }
+}
+
 /// A round-trip benchmark's time budget: a warm-up, then the measured time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TimeBudget {
@@ -68,28 +105,19 @@ impl Args {
     /// `--name=value` are both accepted.
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, ArgsError> {
         let mut out = Args::default();
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            let (name, inline) = match arg.split_once('=') {
-                Some((name, value)) => (name.to_owned(), Some(value.to_owned())),
-                None => (arg, None),
-            };
-            let mut value = |name: &str| {
-                inline
-                    .clone()
-                    .or_else(|| args.next())
-                    .ok_or_else(|| ArgsError::Invalid(format!("{name} needs a value")))
-            };
+        let mut flags = Flags::new(args);
+        while let Some(flag) = flags.next_flag() {
+            let name = &flag.name;
             match name.as_str() {
                 "-h" | "--help" => return Err(ArgsError::Help),
                 "--quick" => out.quick = true,
-                "--entries" => out.entries = Some(number(&name, &value(&name)?)?),
+                "--entries" => out.entries = Some(number(name, &flags.value(&flag)?)?),
                 "--workers" => {
-                    let workers = number(&name, &value(&name)?)?;
+                    let workers = number(name, &flags.value(&flag)?)?;
                     out.workers =
                         Some(u32::try_from(workers).map_err(|_| ArgsError::Invalid(format!("{name}: too large")))?);
                 }
-                "--seed" => out.seed = Some(number(&name, &value(&name)?)?),
+                "--seed" => out.seed = Some(number(name, &flags.value(&flag)?)?),
                 // `cargo bench` passes this to every bench binary.
                 "--bench" => {}
                 other => return Err(ArgsError::Invalid(format!("unknown flag {other}"))),

@@ -7,6 +7,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use kvpick_perf::args::ArgsError;
+use kvpick_perf::args::Flags;
+
 /// Which in-process server `--spawn` starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SpawnKind {
@@ -128,12 +131,6 @@ pub const OPEN_LOOP_CONCURRENCY: usize = 4_096;
 /// Requests run when neither `--total` nor `--duration` is given (ghz's default).
 pub const DEFAULT_TOTAL: u64 = 200;
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ArgsError {
-    Help,
-    Invalid(String),
-}
-
 pub const USAGE: &str = "\
 usage: kvpick-load (--addr HOST:PORT | --spawn null|kv) [options]
 
@@ -185,18 +182,10 @@ output:
 impl Options {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options, ArgsError> {
         let mut out = Options::default();
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            let (name, inline) = match arg.split_once('=') {
-                Some((name, value)) if name.starts_with("--") => (name.to_owned(), Some(value.to_owned())),
-                _ => (arg, None),
-            };
-            let mut value = || {
-                inline
-                    .clone()
-                    .or_else(|| args.next())
-                    .ok_or_else(|| ArgsError::Invalid(format!("{name} needs a value")))
-            };
+        let mut flags = Flags::new(args);
+        while let Some(flag) = flags.next_flag() {
+            let name = &flag.name;
+            let mut value = || flags.value(&flag);
             match name.as_str() {
                 "-h" | "--help" => return Err(ArgsError::Help),
                 "--addr" | "--host" => out.addr = Some(value()?),
@@ -204,43 +193,43 @@ impl Options {
                     out.spawn = Some(match value()?.as_str() {
                         "null" => SpawnKind::Null,
                         "kv" => SpawnKind::Kv,
-                        other => return Err(invalid(&name, other, "null or kv")),
+                        other => return Err(invalid(name, other, "null or kv")),
                     })
                 }
-                "--serve-for" => out.serve_for = Some(duration(&name, &value()?)?),
-                "--workers" => out.workers = count(&name, &value()?)?,
-                "-c" | "--concurrency" => out.concurrency = Some(count(&name, &value()?)?),
-                "--connections" => out.connections = count(&name, &value()?)?,
+                "--serve-for" => out.serve_for = Some(duration(name, &value()?)?),
+                "--workers" => out.workers = count(name, &value()?)?,
+                "-c" | "--concurrency" => out.concurrency = Some(count(name, &value()?)?),
+                "--connections" => out.connections = count(name, &value()?)?,
                 "--rps" => {
                     let text = value()?;
                     let rps = text.parse::<f64>().ok().filter(|r| r.is_finite() && *r > 0.0);
-                    out.rps = Some(rps.ok_or_else(|| invalid(&name, &text, "a rate above 0"))?);
+                    out.rps = Some(rps.ok_or_else(|| invalid(name, &text, "a rate above 0"))?);
                 }
-                "-n" | "--total" => out.total = Some(count(&name, &value()?)? as u64),
-                "-z" | "--duration" => out.duration = Some(duration(&name, &value()?)?),
-                "-t" | "--timeout" => out.timeout = duration(&name, &value()?)?,
-                "--threads" => out.threads = count(&name, &value()?)?,
+                "-n" | "--total" => out.total = Some(count(name, &value()?)? as u64),
+                "-z" | "--duration" => out.duration = Some(duration(name, &value()?)?),
+                "-t" | "--timeout" => out.timeout = duration(name, &value()?)?,
+                "--threads" => out.threads = count(name, &value()?)?,
                 "-D" | "--data" => out.data = Some(PathBuf::from(value()?)),
-                "--prompt-tokens" => out.prompt_tokens = count(&name, &value()?)?,
-                "--system-tokens" => out.system_tokens = count_or_zero(&name, &value()?)?,
-                "--system-prompts" => out.system_prompts = count(&name, &value()?)?,
-                "--conversations" => out.conversations = count(&name, &value()?)?,
-                "--turns" => out.turns = count_or_zero(&name, &value()?)?,
-                "--bodies" => out.bodies = count(&name, &value()?)?,
-                "--chunk-bytes" => out.chunk_bytes = count(&name, &value()?)?,
+                "--prompt-tokens" => out.prompt_tokens = count(name, &value()?)?,
+                "--system-tokens" => out.system_tokens = count_or_zero(name, &value()?)?,
+                "--system-prompts" => out.system_prompts = count(name, &value()?)?,
+                "--conversations" => out.conversations = count(name, &value()?)?,
+                "--turns" => out.turns = count_or_zero(name, &value()?)?,
+                "--bodies" => out.bodies = count(name, &value()?)?,
+                "--chunk-bytes" => out.chunk_bytes = count(name, &value()?)?,
                 "--response" => {
                     out.response = match value()?.as_str() {
                         "sse" => ResponseKind::Sse,
                         "json" => ResponseKind::Json,
-                        other => return Err(invalid(&name, other, "sse or json")),
+                        other => return Err(invalid(name, other, "sse or json")),
                     }
                 }
-                "--response-chunks" => out.response_chunks = count(&name, &value()?)?,
+                "--response-chunks" => out.response_chunks = count(name, &value()?)?,
                 "--mode" => {
                     out.mode = match value()?.as_str() {
                         "full-duplex" => BodyMode::FullDuplex,
                         "buffered" => BodyMode::Buffered,
-                        other => return Err(invalid(&name, other, "full-duplex or buffered")),
+                        other => return Err(invalid(name, other, "full-duplex or buffered")),
                     }
                 }
                 "--pipeline" => out.pipeline = true,
@@ -248,7 +237,7 @@ impl Options {
                     out.format = match value()?.as_str() {
                         "text" | "summary" => Format::Text,
                         "json" => Format::Json,
-                        other => return Err(invalid(&name, other, "text or json")),
+                        other => return Err(invalid(name, other, "text or json")),
                     }
                 }
                 "--progress" => out.progress = Some(true),

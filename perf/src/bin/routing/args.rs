@@ -2,6 +2,9 @@
 
 use std::path::PathBuf;
 
+pub use kvpick_perf::args::ArgsError;
+use kvpick_perf::args::Flags;
+
 pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
 
   --quick               2,000 requests per workload, nothing written (smoke test)
@@ -114,12 +117,6 @@ impl Default for Args {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ArgsError {
-    Help,
-    Invalid(String),
-}
-
 fn invalid(text: String) -> ArgsError {
     ArgsError::Invalid(text)
 }
@@ -130,29 +127,25 @@ impl Args {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, ArgsError> {
         let mut out = Args::default();
         let (mut out_dir, mut no_write) = (None, false);
-        let mut args = args.into_iter();
-        while let Some(arg) = args.next() {
-            let (name, inline) = match arg.split_once('=') {
-                Some((n, v)) => (n.to_owned(), Some(v.to_owned())),
-                None => (arg, None),
-            };
-            let mut value =
-                || inline.clone().or_else(|| args.next()).ok_or_else(|| invalid(format!("{name} needs a value")));
+        let mut flags = Flags::new(args);
+        while let Some(flag) = flags.next_flag() {
+            let name = &flag.name;
+            let mut value = || flags.value(&flag);
             match name.as_str() {
                 "-h" | "--help" => return Err(ArgsError::Help),
                 "--quick" => out.quick = true,
                 "--requests" => {
-                    out.requests = count(&name, &value()?)?;
+                    out.requests = count(name, &value()?)?;
                     out.requests_given = true;
                 }
-                "--engines" => out.engines = count(&name, &value()?)?,
-                "--kv-blocks" => out.kv_blocks = count(&name, &value()?)?,
-                "--sample-lines" => out.sample_lines = count(&name, &value()?)?,
-                "--seed" => out.seed = count(&name, &value()?)? as u64,
-                "--load" => out.load = positive(&name, &value()?)?,
-                "--prefill-load-scale" => out.prefill_load_scale = positive(&name, &value()?)?,
-                "--workloads" => out.workloads = list(&name, &value()?, &WorkloadName::ALL, |w| w.as_str())?,
-                "--policies" => out.policies = list(&name, &value()?, &PolicyName::ALL, |p| p.as_str())?,
+                "--engines" => out.engines = count(name, &value()?)?,
+                "--kv-blocks" => out.kv_blocks = count(name, &value()?)?,
+                "--sample-lines" => out.sample_lines = count(name, &value()?)?,
+                "--seed" => out.seed = count(name, &value()?)? as u64,
+                "--load" => out.load = positive(name, &value()?)?,
+                "--prefill-load-scale" => out.prefill_load_scale = positive(name, &value()?)?,
+                "--workloads" => out.workloads = list(name, &value()?, &WorkloadName::ALL, |w| w.as_str())?,
+                "--policies" => out.policies = list(name, &value()?, &PolicyName::ALL, |p| p.as_str())?,
                 "--trace" => out.trace = PathBuf::from(value()?),
                 "--out" => out_dir = Some(PathBuf::from(value()?)),
                 "--no-write" => no_write = true,
