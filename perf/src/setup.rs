@@ -7,6 +7,21 @@ use kvpick_core::{EngineBlockHash, HashSeed, KvEvent, RouterConfig, SelectionSer
 
 use crate::workload::{BLOCK_SIZE, BlockEvent};
 
+/// Headers as Envoy sends them to an ext_proc server: every one,
+/// pseudo-headers included, in `raw_value`.
+pub fn raw_header_map(pairs: &[(&str, &str)]) -> kvpick_proto::core::HeaderMap {
+    kvpick_proto::core::HeaderMap {
+        headers: pairs
+            .iter()
+            .map(|(k, v)| kvpick_proto::core::HeaderValue {
+                key: (*k).into(),
+                value: String::new(),
+                raw_value: v.as_bytes().to_vec(),
+            })
+            .collect(),
+    }
+}
+
 /// A `BlockStored` of the full blocks of `tokens` (prompt number `prompt`)
 /// as worker `worker`'s engine would publish it: engine hashes unique to
 /// the pair, no parent. For benchmarks that pre-cache prompts.

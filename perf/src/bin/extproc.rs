@@ -40,7 +40,7 @@ use kvpick_io::tokenizer::Tokenizer;
 use kvpick_perf::args::{TimeBudget, parse_or_exit};
 use kvpick_perf::measure::{Latencies, LatencySummary};
 use kvpick_perf::report::{self, Table, at_least, at_most, thousands};
-use kvpick_proto::core::{HeaderMap, HeaderValue};
+use kvpick_perf::setup::raw_header_map;
 use kvpick_proto::ext_proc::external_processor_client::ExternalProcessorClient;
 use kvpick_proto::ext_proc::mode::BodySendMode;
 use kvpick_proto::ext_proc::processing_request::Request;
@@ -401,15 +401,6 @@ async fn measure(addr: SocketAddr, concurrency: usize, budget: &Budget, bodies: 
     })
 }
 
-fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-    HeaderMap {
-        headers: pairs
-            .iter()
-            .map(|(k, v)| HeaderValue { key: (*k).into(), value: String::new(), raw_value: v.as_bytes().to_vec() })
-            .collect(),
-    }
-}
-
 fn message(request: Request, protocol_config: Option<ProtocolConfiguration>) -> ProcessingRequest {
     ProcessingRequest { request: Some(request), protocol_config, ..Default::default() }
 }
@@ -427,7 +418,7 @@ async fn round_trip(client: &mut ExternalProcessorClient<Channel>, body: Bytes) 
     let send = |m| tx.try_send(m).map_err(|e| format!("send: {e}"));
     send(message(
         Request::RequestHeaders(HttpHeaders {
-            headers: Some(headers(&[(":method", "POST"), (":path", "/v1/chat/completions")])),
+            headers: Some(raw_header_map(&[(":method", "POST"), (":path", "/v1/chat/completions")])),
             end_of_stream: false,
             ..Default::default()
         }),
@@ -448,7 +439,7 @@ async fn round_trip(client: &mut ExternalProcessorClient<Channel>, body: Bytes) 
     let request_path = start.elapsed();
     send(message(
         Request::ResponseHeaders(HttpHeaders {
-            headers: Some(headers(&[(":status", "200"), ("content-type", "text/event-stream")])),
+            headers: Some(raw_header_map(&[(":status", "200"), ("content-type", "text/event-stream")])),
             end_of_stream: false,
             ..Default::default()
         }),

@@ -8,7 +8,8 @@
 //! (`sys0w17`), one token each for kvpick's in-process word tokenizer; a
 //! real BPE tokenizer makes ~1.3 tokens of such a word.
 
-use kvpick_proto::core::{HeaderMap, HeaderValue};
+use kvpick_perf::setup::raw_header_map;
+use kvpick_proto::core::HeaderValue;
 use kvpick_proto::ext_proc::mode::BodySendMode;
 use kvpick_proto::ext_proc::processing_request::Request;
 use kvpick_proto::ext_proc::{HttpBody, HttpHeaders, ProcessingRequest, ProtocolConfiguration};
@@ -74,15 +75,6 @@ pub fn chat_body(options: &Options, b: usize) -> Vec<u8> {
         body["stream_options"] = serde_json::json!({"include_usage": true});
     }
     body.to_string().into_bytes()
-}
-
-fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
-    HeaderMap {
-        headers: pairs
-            .iter()
-            .map(|(k, v)| HeaderValue { key: (*k).into(), value: String::new(), raw_value: v.as_bytes().to_vec() })
-            .collect(),
-    }
 }
 
 fn message(request: Request) -> ProcessingRequest {
@@ -156,7 +148,7 @@ fn protocol_config(mode: BodyMode) -> ProtocolConfiguration {
 pub fn script(options: &Options, b: usize) -> Script {
     let body = chat_body(options, b);
     let length = body.len().to_string();
-    let mut map = header_map(&[
+    let mut map = raw_header_map(&[
         (":method", "POST"),
         (":scheme", "http"),
         (":authority", "llm.example"),
@@ -191,7 +183,7 @@ pub fn script(options: &Options, b: usize) -> Script {
         ResponseKind::Json => "application/json",
     };
     let mut response = vec![message(Request::ResponseHeaders(HttpHeaders {
-        headers: Some(header_map(&[(":status", "200"), ("content-type", content_type)])),
+        headers: Some(raw_header_map(&[(":status", "200"), ("content-type", content_type)])),
         end_of_stream: false,
         ..Default::default()
     }))];
