@@ -89,16 +89,10 @@ enum Text<'a> {
 fn word_token(word: &[u8]) -> u32 {
     const K: u64 = 0x9E37_79B9_7F4A_7C15;
     let mut h = word.len() as u64;
-    let mut chunks = word.chunks_exact(8);
-    for chunk in &mut chunks {
+    // The last chunk may be short: zero-padded to 8 bytes.
+    for chunk in word.chunks(8) {
         let mut bytes = [0u8; 8];
-        bytes.copy_from_slice(chunk);
-        h = (h.rotate_left(23) ^ u64::from_le_bytes(bytes)).wrapping_mul(K);
-    }
-    let rest = chunks.remainder();
-    if !rest.is_empty() {
-        let mut bytes = [0u8; 8];
-        bytes[..rest.len()].copy_from_slice(rest);
+        bytes[..chunk.len()].copy_from_slice(chunk);
         h = (h.rotate_left(23) ^ u64::from_le_bytes(bytes)).wrapping_mul(K);
     }
     (h >> 32) as u32 ^ h as u32
