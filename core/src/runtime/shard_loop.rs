@@ -22,9 +22,9 @@ use crate::shard::{CandidateQuery, Shard};
 
 /// The longest a posted booking change (`prefill_complete`, a free) waits
 /// in a ring while its shard sleeps. Until then the worker's load counts
-/// the booking, but a selection from the same producer never sees that:
-/// it rings, and rings are drained in order. Short enough that a shard
-/// idle with bookings wakes at most 200 times a second.
+/// the booking, but no selection sees that: a selection rings, and each
+/// pass runs the posted changes at the head of every ring first. Short
+/// enough that a shard idle with bookings wakes at most 200 times a second.
 pub(crate) const POSTED_DRAIN: Duration = Duration::from_millis(5);
 
 /// Commands taken from one ring before moving to the next, so one busy
