@@ -460,3 +460,68 @@ fn a_query_through_another_ring_sees_frees_that_did_not_ring() {
     }
     assert_eq!(shard_threads(), 0, "shard threads leaked");
 }
+
+/// Selections whose caller rings the shards once per batch, late (1 ms
+/// after the batch's first push, from another thread), with shards that
+/// park at once: every one is answered and every booking freed, through
+/// one shard (one visit) and two (candidates, then booking).
+#[test]
+fn selections_that_ring_once_per_batch_are_all_answered() {
+    let _turn = serial();
+    for shards in [1, 2] {
+        let cfg = RuntimeConfig { spin_before_park: Duration::ZERO, ..runtime(shards, RuntimeKind::StdThreads) };
+        let service =
+            Arc::new(ShardedService::start(RouterConfig::default(), BS, cfg, Clock::system()).expect("starts"));
+        let (to_ringer, batches) = std::sync::mpsc::channel::<kvpick_core::runtime::PendingRings>();
+        let ringer = std::thread::spawn(move || {
+            let mut rung = 0usize;
+            for pending in batches {
+                std::thread::sleep(Duration::from_millis(1));
+                pending.ring();
+                rung += 1;
+            }
+            rung
+        });
+        let to_ringer = Mutex::new(to_ringer);
+        let scheduler: kvpick_core::runtime::RingScheduler = Arc::new(move |pending| {
+            // The test ends by dropping this sender: a send cannot fail before.
+            let _ = to_ringer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).send(pending);
+        });
+        let producers = kvpick_core::runtime::ThreadProducers::new(service.clone()).with_ring_scheduler(scheduler);
+        for w in 1..=4 {
+            block_on(service.upsert_worker(&producers, WorkerSpec::new(WorkerId(w), addr(w), BS), Millis(0)))
+                .expect("upsert");
+        }
+        let start = std::sync::Barrier::new(6);
+        std::thread::scope(|scope| {
+            for t in 0..6u64 {
+                let (service, producers, start) = (service.clone(), producers.clone(), &start);
+                scope.spawn(move || {
+                    start.wait();
+                    for i in 0..100u64 {
+                        let id = ReservationId(t << 32 | i);
+                        let tokens: Vec<u32> = (0..BS * 4).map(|x| (x + i as u32) % 7).collect();
+                        let request = SelectRequest {
+                            id,
+                            prompt: Prompt::from_tokens(&tokens, BS, HashSeed::default()),
+                            model: None,
+                            allowed: None,
+                            priority: 0,
+                        };
+                        block_on(service.select_and_wait(&producers, request, Millis(0))).expect("answered");
+                        block_on(service.free_reservation(&producers, id, Millis(0))).expect("booked");
+                    }
+                });
+            }
+        });
+        assert_eq!(service.active_reservations(), 0);
+        let loads = block_on(service.loads(&producers));
+        assert!(loads.iter().all(|l| l.requests == 0 && l.prefill_tokens == 0), "{loads:?}");
+        drop(producers);
+        service.shutdown();
+        drop(service);
+        let rung = ringer.join().expect("no panic");
+        assert!(rung > 0, "{shards} shard(s): six threads at once never had a selection in flight beside another");
+    }
+    assert_eq!(shard_threads(), 0, "shard threads leaked");
+}

@@ -11,6 +11,7 @@
 
 mod clock;
 mod command;
+mod deferred_ring;
 mod doorbell;
 mod producer;
 mod service;
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use clock::Clock;
+pub use deferred_ring::{PendingRings, RingScheduler};
 pub use producer::{Producer, ProducerSource, RingCounters, ThreadProducers};
 pub use service::ShardedService;
 

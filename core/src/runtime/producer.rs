@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use rtrb::{PushError, RingBuffer};
 
 use super::command::Command;
+use super::deferred_ring::{DeferredRings, PendingRings, RingScheduler};
 use super::shard_loop::ShardShared;
 
 /// Counters of back-pressure, shared by every producer of a runtime.
@@ -35,6 +36,8 @@ pub(crate) enum PushFail {
 enum Wake {
     Ring,
     Quiet,
+    /// Quiet now, rung once for the batch (see `deferred_ring`).
+    Deferred,
 }
 
 /// The shard stopped: nothing will take the command.
@@ -45,6 +48,9 @@ pub struct Producer {
     rings: Vec<rtrb::Producer<Command>>,
     shards: Vec<Arc<ShardShared>>,
     counters: Arc<RingCounters>,
+    deferred: Arc<DeferredRings>,
+    /// A deferred push's ring, for the caller to schedule.
+    to_schedule: Option<PendingRings>,
 }
 
 impl Producer {
@@ -57,7 +63,7 @@ impl Producer {
                 producer
             })
             .collect();
-        Producer { rings, shards: shards.to_vec(), counters }
+        Producer { rings, shards: shards.to_vec(), counters, deferred: DeferredRings::new(shards), to_schedule: None }
     }
 
     pub(crate) fn shard_count(&self) -> usize {
@@ -79,6 +85,12 @@ impl Producer {
                     Wake::Ring => target.doorbell.ring(),
                     Wake::Quiet => {
                         std::sync::atomic::fence(Ordering::SeqCst);
+                        false
+                    }
+                    Wake::Deferred => {
+                        if let Some(pending) = self.deferred.defer(shard) {
+                            self.to_schedule = Some(pending);
+                        }
                         false
                     }
                 };
@@ -130,9 +142,18 @@ impl Producer {
 
     /// Pushes, or gives the command back once `bound` has passed with the
     /// ring still full: selections fail fast rather than queue unseen.
-    /// Returns whether the shard was awake (see `try_push`).
-    pub(crate) fn push_bounded(&mut self, shard: usize, command: Command, bound: Duration) -> Result<bool, PushFail> {
-        let mut command = match self.try_push(shard, command, Wake::Ring) {
+    /// Returns whether the shard was awake (see `try_push`). `defer`: the
+    /// push rings later, with the others of its batch (`take_to_schedule`);
+    /// a full ring always rings at once.
+    pub(crate) fn push_bounded(
+        &mut self,
+        shard: usize,
+        command: Command,
+        bound: Duration,
+        defer: bool,
+    ) -> Result<bool, PushFail> {
+        let wake = if defer { Wake::Deferred } else { Wake::Ring };
+        let mut command = match self.try_push(shard, command, wake) {
             Err(PushFail::Full(command)) => command,
             done => return done,
         };
@@ -152,6 +173,14 @@ impl Producer {
     }
 }
 
+impl Producer {
+    /// The ring a deferred push left to schedule, if it fell to this push
+    /// to schedule one.
+    pub(crate) fn take_to_schedule(&mut self) -> Option<PendingRings> {
+        self.to_schedule.take()
+    }
+}
+
 /// Lends a `Producer` to the runtime for the synchronous part of an
 /// operation (never across an await, so an async task may resume on
 /// another thread and use that thread's producer).
@@ -166,6 +195,12 @@ pub trait ProducerSource {
     /// thread more than the wake-ups it saved).
     fn spins_for_replies(&self) -> bool {
         true
+    }
+
+    /// Where selections' doorbells are rung once per batch; `None` rings
+    /// on every push.
+    fn ring_scheduler(&self) -> Option<&RingScheduler> {
+        None
     }
 }
 
@@ -186,11 +221,18 @@ impl ProducerSource for std::sync::Mutex<Producer> {
 #[derive(Clone)]
 pub struct ThreadProducers {
     service: std::sync::Arc<super::ShardedService>,
+    scheduler: Option<RingScheduler>,
 }
 
 impl ThreadProducers {
     pub fn new(service: std::sync::Arc<super::ShardedService>) -> Self {
-        ThreadProducers { service }
+        ThreadProducers { service, scheduler: None }
+    }
+
+    /// Selections ring their shard once per batch, through `scheduler`
+    /// (see `deferred_ring`).
+    pub fn with_ring_scheduler(self, scheduler: RingScheduler) -> Self {
+        ThreadProducers { scheduler: Some(scheduler), ..self }
     }
 
     pub fn service(&self) -> &super::ShardedService {
@@ -205,6 +247,10 @@ thread_local! {
 impl ProducerSource for ThreadProducers {
     fn spins_for_replies(&self) -> bool {
         false
+    }
+
+    fn ring_scheduler(&self) -> Option<&RingScheduler> {
+        self.scheduler.as_ref()
     }
 
     fn with_producer<R>(&self, f: impl FnOnce(&mut Producer) -> R) -> R {

@@ -95,6 +95,10 @@ pub struct ExtProcConfig {
     pub max_usage_body_bytes: usize,
     pub tls: Tls,
     pub http2: Http2,
+    /// Picks made in one pass of the I/O thread wake the shard once, after
+    /// that pass, rather than once each (`kvpick_core::runtime::RingScheduler`).
+    /// Off only to measure what it saves.
+    pub ring_per_batch: bool,
 }
 
 impl Default for ExtProcConfig {
@@ -110,6 +114,7 @@ impl Default for ExtProcConfig {
             max_usage_body_bytes: 1024 * 1024,
             tls: Tls::Off,
             http2: Http2::default(),
+            ring_per_batch: true,
         }
     }
 }

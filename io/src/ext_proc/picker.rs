@@ -1,6 +1,7 @@
 //! Who picks the endpoint: kvpick's KV- and load-aware selection, or a null
 //! picker (the first allowed endpoint) that runs the same server code minus
-//! tokenizing and selection, as the benchmark's baseline.
+//! selection (and minus tokenizing, unless asked), as the benchmark's
+//! baseline.
 //!
 //! An enum, not a trait object: two variants, static dispatch, no boxed
 //! futures on the request path.
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use kvpick_core::runtime::{Clock, ShardedService, ThreadProducers};
+use kvpick_core::runtime::{Clock, PendingRings, RingScheduler, ShardedService, ThreadProducers};
 use kvpick_core::{BookingError, EndpointFilter, HashSeed, Prompt, ReservationId, SelectError, SelectRequest};
 
 use super::body::RequestBody;
@@ -55,27 +56,61 @@ impl Picker {
     pub async fn pick(&self, input: PickInput) -> Result<Pick, RequestError> {
         match self {
             Picker::Kv(kv) => kv.pick(input).await,
-            Picker::Null(null) => null.pick(&input),
+            Picker::Null(null) => null.pick(&input).await,
         }
     }
 }
 
 /// The first allowed endpoint of a fixed list; books nothing.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct NullPicker {
     endpoints: Arc<[SocketAddr]>,
+    /// Tokenizes each body and drops the tokens: a baseline that separates
+    /// the tokenizer's cost from the selection's.
+    tokenizer: Option<Arc<dyn Tokenizer>>,
 }
 
 impl NullPicker {
     pub fn new(endpoints: impl Into<Arc<[SocketAddr]>>) -> Self {
-        NullPicker { endpoints: endpoints.into() }
+        NullPicker { endpoints: endpoints.into(), tokenizer: None }
     }
 
-    fn pick(&self, input: &PickInput) -> Result<Pick, RequestError> {
+    /// The same picker, tokenizing every body it is given as kvpick would.
+    pub fn tokenizing(self, tokenizer: Arc<dyn Tokenizer>) -> Self {
+        NullPicker { tokenizer: Some(tokenizer), ..self }
+    }
+
+    async fn pick(&self, input: &PickInput) -> Result<Pick, RequestError> {
+        let tokenize = self.tokenizer.as_ref().zip(input.body.as_ref());
+        if let Some((tokenizer, body, api)) = tokenize.and_then(|(t, b)| Some((t, b, b.parsed.api?))) {
+            let request = TokenizeRequest {
+                api,
+                body: body.bytes.clone(),
+                model: body.parsed.model.clone(),
+                prompt: body.parsed.prompt.clone(),
+            };
+            tokenizer.tokenize(request).await?;
+        }
         let allowed = |e: &&SocketAddr| input.allowed.as_ref().is_none_or(|f| f.allows(e));
         let endpoint = self.endpoints.iter().find(allowed).ok_or(SelectError::NoEligibleWorkers)?;
         Ok(Pick { endpoint: *endpoint, fallbacks: Vec::new(), reservation: None })
     }
+}
+
+/// Rings a batch's shards from a task that first yields: tokio runs a
+/// yielded task only after the tasks already ready (and a poll of the
+/// driver), so every stream that became ready in this pass has pushed its
+/// pick by then. Outside a runtime the ring happens at once (the handle is
+/// dropped).
+fn ring_after_ready_tasks() -> RingScheduler {
+    Arc::new(|pending: PendingRings| {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                tokio::task::yield_now().await;
+                pending.ring();
+            });
+        }
+    })
 }
 
 /// kvpick's pick: tokenize (or fall back to load only), hash once, select
@@ -103,8 +138,11 @@ impl KvPicker {
         config: &ExtProcConfig,
         metrics: Arc<ExtProcMetrics>,
     ) -> Self {
+        let producers = ThreadProducers::new(service);
+        let producers =
+            if config.ring_per_batch { producers.with_ring_scheduler(ring_after_ready_tasks()) } else { producers };
         KvPicker(Arc::new(KvInner {
-            producers: ThreadProducers::new(service),
+            producers,
             clock,
             tokenizer,
             fallback: config.fallback,

@@ -12,11 +12,14 @@
 //! what a gateway adds to time-to-first-token; requests/s counts whole
 //! round trips.
 //!
-//! Baseline, same process and same run: the same server with the null
-//! picker (the first endpoint; no tokenizing, hashing or selection). The
+//! Baselines, same process and same run: the same server with the null
+//! picker (the first endpoint; no tokenizing, hashing or selection), and
+//! with the null picker tokenizing each body and dropping the tokens. The
 //! ratio of server CPU per request (the server's runtime thread plus the
-//! shard thread, from `/proc/self/task/*/schedstat`) is what kvpick's pick
-//! costs on top of the protocol work.
+//! shard thread, from `/proc/self/task/*/schedstat`) to the first is what
+//! kvpick's pick costs on top of the protocol work; to the second, what
+//! hashing, selection and the hand-off to the shard cost on top of the
+//! tokenizer.
 //!
 //! Threads: the server's tokio runtime (1 thread, `kvpick-io`), one shard
 //! thread (`kvpick-shard-0`, unpinned), the load generator's runtime
@@ -199,18 +202,26 @@ fn run(budget: &Budget) -> Result<String, String> {
     let (bodies, systems) = workload();
     server_rt.block_on(populate(&service, &clock, &systems))?;
 
-    let config = ExtProcConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..ExtProcConfig::default() };
+    // `KVPICK_BENCH_RING_PER_PUSH=1`: every pick rings its shard (what
+    // ringing once per batch saves).
+    let ring_per_batch = std::env::var_os("KVPICK_BENCH_RING_PER_PUSH").is_none();
+    let config =
+        ExtProcConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ring_per_batch, ..ExtProcConfig::default() };
     let tokenizer: Arc<dyn Tokenizer> = Arc::new(WordTokenizer);
     let kv_metrics = Arc::new(ExtProcMetrics::new());
-    let kv = Picker::Kv(KvPicker::new(service.clone(), clock.clone(), tokenizer, &config, kv_metrics.clone()));
-    let null = Picker::Null(NullPicker::new((0..WORKERS).map(endpoint).collect::<Vec<_>>()));
-    let (kv_server, null_server) = server_rt.block_on(async {
-        let kv = ExtProcServer::new(config.clone(), kv, kv_metrics.clone()).spawn().await;
-        let null = ExtProcServer::new(config.clone(), null, Arc::new(ExtProcMetrics::new())).spawn().await;
-        (kv, null)
+    let kv = Picker::Kv(KvPicker::new(service.clone(), clock.clone(), tokenizer.clone(), &config, kv_metrics.clone()));
+    let null = NullPicker::new((0..WORKERS).map(endpoint).collect::<Vec<_>>());
+    let null_tokenizing = Picker::Null(null.clone().tokenizing(tokenizer));
+    let null = Picker::Null(null);
+    let servers = server_rt.block_on(async {
+        let spawn = |picker, metrics| ExtProcServer::new(config.clone(), picker, metrics).spawn();
+        let null = spawn(null, Arc::new(ExtProcMetrics::new())).await;
+        let tokenizing = spawn(null_tokenizing, Arc::new(ExtProcMetrics::new())).await;
+        let kv = spawn(kv, kv_metrics.clone()).await;
+        [null, tokenizing, kv].map(|s| s.map_err(|e| format!("server: {e}")))
     });
-    let kv_server = kv_server.map_err(|e| format!("kvpick server: {e}"))?;
-    let null_server = null_server.map_err(|e| format!("null server: {e}"))?;
+    let [null_server, tokenizing_server, kv_server] = servers;
+    let (null_server, tokenizing_server, kv_server) = (null_server?, tokenizing_server?, kv_server?);
 
     let mut table = Table::new(
         format!(
@@ -229,14 +240,18 @@ fn run(budget: &Budget) -> Result<String, String> {
             "failed",
         ],
     );
-    // For profiling one side alone: `KVPICK_BENCH_PICKER=null|kvpick`,
-    // `KVPICK_BENCH_CONCURRENCY=16` (ratios need both pickers).
+    // For profiling one side alone: `KVPICK_BENCH_PICKER=null|null+tokenize|kvpick`,
+    // `KVPICK_BENCH_CONCURRENCY=16` (ratios need all pickers).
     let only_picker = std::env::var("KVPICK_BENCH_PICKER").ok();
     let only_concurrency: Option<usize> = std::env::var("KVPICK_BENCH_CONCURRENCY").ok().and_then(|v| v.parse().ok());
     let mut ratios = Vec::new();
     for concurrency in CONCURRENCY.into_iter().filter(|c| only_concurrency.is_none_or(|o| o == *c)) {
-        let mut pair = Vec::new();
-        let pickers = [("null picker (baseline)", "null", &null_server), ("kvpick", "kvpick", &kv_server)];
+        let mut runs = Vec::new();
+        let pickers = [
+            ("null picker (baseline)", "null", &null_server),
+            ("null picker + tokenize", "null+tokenize", &tokenizing_server),
+            ("kvpick", "kvpick", &kv_server),
+        ];
         for (name, _, server) in pickers.into_iter().filter(|p| only_picker.as_deref().is_none_or(|o| o == p.1)) {
             kvpick_perf::progress!(BIN, "concurrency {concurrency}: {name}");
             let measured = client_rt.block_on(measure(server.local_addr(), concurrency, budget, &bodies))?;
@@ -251,21 +266,23 @@ fn run(budget: &Budget) -> Result<String, String> {
                 format!("{:.1}", measured.per_request(measured.shard_cpu)),
                 measured.failures.to_string(),
             ]);
-            pair.push(measured);
+            runs.push(measured);
         }
-        ratios.push((concurrency, pair));
+        ratios.push((concurrency, runs));
     }
     let load_after = report::load_average();
 
     let snapshot = kv_metrics.snapshot();
-    for (concurrency, pair) in ratios.iter().filter(|(_, pair)| pair.len() == 2) {
-        let (null, ours) = (&pair[0], &pair[1]);
-        let cpu_ratio = ours.cpu_micros_per_request() / null.cpu_micros_per_request().max(f64::MIN_POSITIVE);
+    for (concurrency, runs) in ratios.iter() {
+        let [null, tokenizing, ours] = &runs[..] else { continue };
+        let cpu = |m: &Measured| m.cpu_micros_per_request().max(f64::MIN_POSITIVE);
+        let cpu_ratio = ours.cpu_micros_per_request() / cpu(null);
         table.note(format!(
-            "- concurrency {concurrency}: kvpick / null = {:.2}× server CPU per request ({}), {:.2}× requests/s, \
-             +{:.1} µs at p50; kvpick {} requests/s ({}), p99 {} µs ({})",
+            "- concurrency {concurrency}: kvpick / null = {:.2}× server CPU per request ({}; {:.2}× null + tokenize), \
+             {:.2}× requests/s, +{:.1} µs at p50; kvpick {} requests/s ({}), p99 {} µs ({})",
             cpu_ratio,
             at_most(cpu_ratio, TARGET_CPU_RATIO),
+            ours.cpu_micros_per_request() / cpu(tokenizing),
             ours.per_sec() / null.per_sec().max(f64::MIN_POSITIVE),
             (ours.latency.p50 as f64 - null.latency.p50 as f64) / 1e3,
             thousands(ours.per_sec() as u64),
@@ -296,8 +313,9 @@ fn run(budget: &Budget) -> Result<String, String> {
     ));
 
     server_rt.block_on(async {
-        let _ = kv_server.shutdown().await;
-        let _ = null_server.shutdown().await;
+        for server in [kv_server, tokenizing_server, null_server] {
+            let _ = server.shutdown().await;
+        }
     });
     service.shutdown();
     Ok(table.to_string())
