@@ -25,6 +25,11 @@
 //! caller awaits at once; async tasks never spin
 //! (`ProducerSource::spins_for_replies`), and nobody spins when shards do
 //! not (no core is left for them).
+//!
+//! A caller with a `RingScheduler` (an async I/O thread) pushes a
+//! selection quietly when another is in flight, and its scheduler rings
+//! the shard once for the batch (see `deferred_ring`). A selection with
+//! none beside it rings at once.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
