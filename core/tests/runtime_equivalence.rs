@@ -229,6 +229,19 @@ fn glommio_executors_answer_exactly_like_the_facade() {
     assert_eq!(shard_threads(), 0, "shard threads leaked");
 }
 
+/// Request `i` of a producer: `blocks` full blocks of tokens cycling
+/// through `alphabet` values, so that requests share prefixes.
+fn numbered_request(id: ReservationId, i: u64, blocks: u32, alphabet: u32) -> SelectRequest {
+    let tokens: Vec<u32> = (0..BS * blocks).map(|x| (x + i as u32) % alphabet).collect();
+    SelectRequest {
+        id,
+        prompt: Prompt::from_tokens(&tokens, BS, HashSeed::default()),
+        model: None,
+        allowed: None,
+        priority: 0,
+    }
+}
+
 #[test]
 fn concurrent_producers_leave_every_booking_accounted_for() {
     let _turn = serial();
@@ -279,14 +292,7 @@ fn concurrent_producers_leave_every_booking_accounted_for() {
                     let producer = RefCell::new(service.producer());
                     for i in 0..400u64 {
                         let id = ReservationId(t << 32 | i);
-                        let tokens: Vec<u32> = (0..BS * 8).map(|x| (x + i as u32) % 5).collect();
-                        let request = SelectRequest {
-                            id,
-                            prompt: Prompt::from_tokens(&tokens, BS, HashSeed::default()),
-                            model: None,
-                            allowed: None,
-                            priority: 0,
-                        };
+                        let request = numbered_request(id, i, 8, 5);
                         block_on(service.select_and_reserve(&producer, request, Millis(0))).expect("admitted");
                         if i % 2 == 0 {
                             block_on(service.prefill_complete(&producer, id, Millis(0))).expect("booked");
@@ -500,14 +506,7 @@ fn selections_that_ring_once_per_batch_are_all_answered() {
                     start.wait();
                     for i in 0..100u64 {
                         let id = ReservationId(t << 32 | i);
-                        let tokens: Vec<u32> = (0..BS * 4).map(|x| (x + i as u32) % 7).collect();
-                        let request = SelectRequest {
-                            id,
-                            prompt: Prompt::from_tokens(&tokens, BS, HashSeed::default()),
-                            model: None,
-                            allowed: None,
-                            priority: 0,
-                        };
+                        let request = numbered_request(id, i, 4, 7);
                         block_on(service.select_and_wait(&producers, request, Millis(0))).expect("answered");
                         block_on(service.free_reservation(&producers, id, Millis(0))).expect("booked");
                     }
