@@ -70,6 +70,12 @@ impl Producer {
         self.rings.len()
     }
 
+    /// The ring a deferred push left to schedule, if it fell to this push
+    /// to schedule one.
+    pub(crate) fn take_to_schedule(&mut self) -> Option<PendingRings> {
+        self.to_schedule.take()
+    }
+
     /// On success: whether the shard was awake (polling its rings) when
     /// the command went in, so its answer is worth spinning for. `Quiet`
     /// leaves a sleeping shard asleep (see `push_posted`).
@@ -170,14 +176,6 @@ impl Producer {
                 done => return done,
             };
         }
-    }
-}
-
-impl Producer {
-    /// The ring a deferred push left to schedule, if it fell to this push
-    /// to schedule one.
-    pub(crate) fn take_to_schedule(&mut self) -> Option<PendingRings> {
-        self.to_schedule.take()
     }
 }
 
