@@ -403,14 +403,7 @@ fn posted_booking_changes_from_different_rings_leave_nothing_behind() {
         }
         for i in 0..300u64 {
             let id = ReservationId(i);
-            let tokens: Vec<u32> = (0..BS * 6).map(|x| (x + i as u32) % 7).collect();
-            let request = SelectRequest {
-                id,
-                prompt: Prompt::from_tokens(&tokens, BS, HashSeed::default()),
-                model: None,
-                allowed: None,
-                priority: 0,
-            };
+            let request = numbered_request(id, i, 6, 7);
             block_on(service.select_and_reserve(&books, request, Millis(0))).expect("admitted");
             assert_eq!(service.post_prefill_complete(&books, id), Ok(()));
             assert_eq!(service.post_free(&frees, id), Ok(()));

@@ -19,7 +19,7 @@ use super::config::ExtProcConfig;
 use super::error::RequestError;
 use super::metrics::{ExtProcMetrics, Fallback, Phase};
 use super::reservation::{Reservation, ReservationIds};
-use crate::tokenizer::{FallbackPolicy, TokenizeError, TokenizeRequest, Tokenizer};
+use crate::tokenizer::{Api, FallbackPolicy, TokenizeError, TokenizeRequest, Tokenizer};
 
 /// What a pick is made from.
 #[derive(Debug)]
@@ -34,6 +34,18 @@ pub struct PickInput {
 pub struct BodyInput {
     pub bytes: Bytes,
     pub parsed: RequestBody,
+}
+
+impl BodyInput {
+    /// What the tokenizer is asked for this body, as `api`.
+    fn tokenize_request(&self, api: Api) -> TokenizeRequest {
+        TokenizeRequest {
+            api,
+            body: self.bytes.clone(),
+            model: self.parsed.model.clone(),
+            prompt: self.parsed.prompt.clone(),
+        }
+    }
 }
 
 /// The endpoint, and the booking to release when the request ends.
@@ -83,13 +95,7 @@ impl NullPicker {
     async fn pick(&self, input: &PickInput) -> Result<Pick, RequestError> {
         let tokenize = self.tokenizer.as_ref().zip(input.body.as_ref());
         if let Some((tokenizer, body, api)) = tokenize.and_then(|(t, b)| Some((t, b, b.parsed.api?))) {
-            let request = TokenizeRequest {
-                api,
-                body: body.bytes.clone(),
-                model: body.parsed.model.clone(),
-                prompt: body.parsed.prompt.clone(),
-            };
-            tokenizer.tokenize(request).await?;
+            tokenizer.tokenize(body.tokenize_request(api)).await?;
         }
         let allowed = |e: &&SocketAddr| input.allowed.as_ref().is_none_or(|f| f.allows(e));
         let endpoint = self.endpoints.iter().find(allowed).ok_or(SelectError::NoEligibleWorkers)?;
@@ -209,12 +215,7 @@ impl KvPicker {
             inner.metrics.record_fallback(Fallback::UnknownApi);
             return Ok(Prompt::load_only(estimate));
         };
-        let request = TokenizeRequest {
-            api,
-            body: body.bytes.clone(),
-            model: body.parsed.model.clone(),
-            prompt: body.parsed.prompt.clone(),
-        };
+        let request = body.tokenize_request(api);
         let start = Instant::now();
         let result = inner.tokenizer.tokenize(request).await;
         match result {
