@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use crate::service::SelectError;
+use crate::request::SelectError;
 use crate::worker::{WorkerId, WorkerSpec};
 
 #[derive(Debug)]

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::booking::ReservationId;
 use crate::clock::Millis;
-use crate::service::SelectRequest;
+use crate::request::SelectRequest;
 
 type Position = (Reverse<i32>, u64);
 

@@ -6,106 +6,23 @@
 //! same seed and the same operations.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 
 use crate::booking::{Booking, BookingEvent, ReservationId};
 use crate::clock::Millis;
-use crate::cost::{Candidate, RouterConfig, pick};
+use crate::cost::{Candidate, RouterConfig};
 use crate::directory::Directory;
 use crate::event::KvEvent;
+use crate::hashing::HashSeed;
 use crate::index::{Applied, EventError};
+use crate::pick::{Decision, PickPolicy};
 use crate::prompt::Prompt;
 use crate::queue::AdmissionQueue;
+use crate::request::{Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError};
 use crate::shard::{BookingError, CandidateQuery, LoadSnapshot, Shard, ShardStats};
 use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct SelectRequest {
-    pub id: ReservationId,
-    pub prompt: Prompt,
-    pub model: Option<String>,
-    /// Only these endpoints may serve the request.
-    pub allowed: Option<EndpointFilter>,
-    /// Higher is admitted first from the queue.
-    pub priority: i32,
-}
-
-/// A pick, and what was booked for it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Selection {
-    pub id: ReservationId,
-    pub worker: WorkerId,
-    pub endpoint: SocketAddr,
-    pub overlap_blocks: u32,
-    /// Prompt tokens booked as prefill on the worker (not cached there).
-    pub prefill_tokens: u32,
-    pub isl_tokens: u32,
-    pub cost: f64,
-    /// Eligible workers the pick was made among.
-    pub candidates: usize,
-    /// The next-cheapest other workers, cheapest first, at most
-    /// `RouterConfig::fallbacks` of them: the ordered fallback list a
-    /// gateway may try when the pick fails. Empty by default (no cost).
-    pub fallbacks: Vec<SocketAddr>,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Admission {
-    Reserved(Selection),
-    /// Waiting for capacity; the outcome comes from `take_admissions`.
-    Queued,
-}
-
-/// The outcome of a queued request.
-#[derive(Clone, Debug, PartialEq)]
-pub enum AdmissionEvent {
-    Admitted(Selection),
-    Refused { id: ReservationId, error: SelectError },
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum SelectError {
-    #[error("no workers are known")]
-    NoWorkers,
-    #[error("no worker serves model {0:?}")]
-    UnknownModel(String),
-    #[error("no eligible worker (all filtered out or not schedulable)")]
-    NoEligibleWorkers,
-    #[error("reservation {0:?} already exists")]
-    DuplicateReservation(ReservationId),
-    #[error("every eligible worker is saturated and the queue is full")]
-    QueueFull,
-    #[error("waited in the queue past its deadline")]
-    QueueTimeout,
-    #[error("the shards are overloaded (a hand-off ring stayed full)")]
-    Overloaded,
-    #[error("the selection service is shutting down")]
-    ShuttingDown,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum WorkerError {
-    #[error("worker block size {worker} differs from the service's {service}")]
-    BlockSizeMismatch { worker: u32, service: u32 },
-    #[error("worker {0:?} not found")]
-    NotFound(WorkerId),
-    #[error("the selection service is shutting down")]
-    ShuttingDown,
-}
-
-/// Counters kept by the facade (shards keep their own).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ServiceStats {
-    pub selections: u64,
-    pub queued: u64,
-    pub admitted_from_queue: u64,
-    pub refused_queue_full: u64,
-    pub refused_queue_timeout: u64,
-}
-
 pub struct SelectionService {
-    cfg: RouterConfig,
-    block_size: u32,
+    policy: PickPolicy,
     shards: Vec<Shard>,
     directory: Directory,
     owners: HashMap<ReservationId, usize>,
@@ -124,8 +41,7 @@ impl SelectionService {
         SelectionService {
             rng: fastrand::Rng::with_seed(cfg.seed),
             queue: AdmissionQueue::new(cfg.queue_capacity),
-            cfg,
-            block_size,
+            policy: PickPolicy::new(cfg, block_size),
             shards: (0..shards.max(1)).map(|_| Shard::new()).collect(),
             directory: Directory::new(shards),
             owners: HashMap::new(),
@@ -137,11 +53,15 @@ impl SelectionService {
     }
 
     pub fn block_size(&self) -> u32 {
-        self.block_size
+        self.policy.block_size()
     }
 
     pub fn config(&self) -> &RouterConfig {
-        &self.cfg
+        self.policy.config()
+    }
+
+    pub fn policy(&self) -> &PickPolicy {
+        &self.policy
     }
 
     pub fn shards(&self) -> &[Shard] {
@@ -165,12 +85,12 @@ impl SelectionService {
     }
 
     /// Hashes a prompt the way this service's index does.
-    pub fn prompt(&self, tokens: &[u32], seed: crate::hashing::HashSeed) -> Prompt {
-        Prompt::from_tokens(tokens, self.block_size, seed)
+    pub fn prompt(&self, tokens: &[u32], seed: HashSeed) -> Prompt {
+        self.policy.prompt(tokens, seed)
     }
 
     pub fn upsert_worker(&mut self, spec: WorkerSpec, now: Millis) -> Result<(), WorkerError> {
-        check_block_size(&spec, self.block_size)?;
+        self.policy.check_worker(&spec)?;
         let shard = self.directory.place(&spec);
         self.shards[shard].upsert_worker(spec);
         self.admit_waiting(now);
@@ -200,7 +120,7 @@ impl SelectionService {
         self.shards[shard].apply_event(worker, event)
     }
 
-    /// Candidates for a request, sorted by worker id, in `self.candidates`.
+    /// Every shard's candidates for a request, in `self.candidates`.
     fn gather(
         &mut self,
         prompt: &Prompt,
@@ -213,26 +133,20 @@ impl SelectionService {
         for shard in &mut self.shards {
             shard.candidates(&query, &mut self.candidates);
         }
-        if self.candidates.is_empty() {
-            return Err(SelectError::NoEligibleWorkers);
-        }
-        sort_candidates(&mut self.candidates);
         Ok(())
     }
 
-    fn choose(&mut self, prompt: &Prompt) -> usize {
-        choose(&self.candidates, prompt, self.block_size, &self.cfg, &mut self.rng, &mut self.costs)
+    fn decide(&mut self, request: &SelectRequest, now: Millis) -> Decision {
+        self.policy.decide(request, &mut self.candidates, &mut self.costs, &mut self.rng, now)
     }
 
     /// Picks a worker without booking anything.
     pub fn select(&mut self, request: &SelectRequest) -> Result<Selection, SelectError> {
         self.gather(&request.prompt, request.model.as_deref(), request.allowed.as_ref())?;
-        let chosen = self.choose(&request.prompt);
-        Ok(self.selection(request, chosen))
-    }
-
-    fn selection(&self, request: &SelectRequest, chosen: usize) -> Selection {
-        selection(request, &self.candidates, &self.costs, chosen, self.cfg.fallbacks)
+        if self.candidates.is_empty() {
+            return Err(SelectError::NoEligibleWorkers);
+        }
+        Ok(self.policy.choose(request, &mut self.candidates, &mut self.costs, &mut self.rng))
     }
 
     /// Picks a worker and books the request on it, or queues the request
@@ -242,10 +156,12 @@ impl SelectionService {
             return Err(SelectError::DuplicateReservation(request.id));
         }
         self.gather(&request.prompt, request.model.as_deref(), request.allowed.as_ref())?;
-        if let Some(threshold) = self.cfg.queue_threshold {
-            if self.candidates.iter().all(|c| c.saturated(threshold)) {
-                let deadline = now.after(self.cfg.queue_timeout);
-                return match self.queue.push(request, deadline) {
+        match self.decide(&request, now) {
+            Decision::Book { selection, booking } => Ok(Admission::Reserved(self.book(selection, booking))),
+            Decision::NoEligible => Err(SelectError::NoEligibleWorkers),
+            Decision::Saturated => {
+                let deadline = now.after(self.policy.config().queue_timeout);
+                match self.queue.push(request, deadline) {
                     Ok(()) => {
                         self.stats.queued += 1;
                         Ok(Admission::Queued)
@@ -254,22 +170,19 @@ impl SelectionService {
                         self.stats.refused_queue_full += 1;
                         Err(SelectError::QueueFull)
                     }
-                };
+                }
             }
         }
-        Ok(Admission::Reserved(self.reserve(&request, now)))
     }
 
-    /// Books the pick among the gathered candidates.
-    fn reserve(&mut self, request: &SelectRequest, now: Millis) -> Selection {
-        let chosen = self.choose(&request.prompt);
-        let selection = self.selection(request, chosen);
+    /// Books a decided pick on its worker's shard.
+    fn book(&mut self, selection: Selection, booking: Booking) -> Selection {
         let shard = self.directory.shard_of(selection.worker).expect("candidates come from placed workers");
-        let booking = booking(request, &selection, self.block_size, now.after(self.cfg.lease));
+        let id = booking.id;
         self.shards[shard]
             .apply_booking(BookingEvent::Reserved(booking))
             .expect("the id is new and the worker was just gathered from this shard");
-        self.owners.insert(request.id, shard);
+        self.owners.insert(id, shard);
         self.stats.selections += 1;
         selection
     }
@@ -315,25 +228,31 @@ impl SelectionService {
     }
 
     fn admit_waiting(&mut self, now: Millis) {
-        let Some(threshold) = self.cfg.queue_threshold else { return };
-        if self.queue.is_empty() {
+        if self.policy.config().queue_threshold.is_none() || self.queue.is_empty() {
             return;
         }
         for id in self.queue.ids() {
             let waiting = self.queue.get(id).expect("id listed by the queue");
             let request = waiting.request.clone();
-            match self.gather(&request.prompt, request.model.as_deref(), request.allowed.as_ref()) {
+            let decision = match self.gather(&request.prompt, request.model.as_deref(), request.allowed.as_ref()) {
+                Err(error) => Err(error),
+                Ok(()) => match self.decide(&request, now) {
+                    Decision::NoEligible => Err(SelectError::NoEligibleWorkers),
+                    decided => Ok(decided),
+                },
+            };
+            match decision {
                 Err(error) => {
                     self.queue.remove(id);
                     self.admissions.push(AdmissionEvent::Refused { id, error });
                 }
-                Ok(()) if self.candidates.iter().all(|c| c.saturated(threshold)) => {}
-                Ok(()) => {
+                Ok(Decision::Book { selection, booking }) => {
                     self.queue.remove(id);
-                    let selection = self.reserve(&request, now);
+                    let selection = self.book(selection, booking);
                     self.stats.admitted_from_queue += 1;
                     self.admissions.push(AdmissionEvent::Admitted(selection));
                 }
+                Ok(_) => {}
             }
         }
     }
@@ -354,75 +273,6 @@ impl SelectionService {
 
     pub fn booking(&self, id: ReservationId) -> Option<&Booking> {
         self.shards[*self.owners.get(&id)?].booking(id)
-    }
-}
-
-pub(crate) fn check_block_size(spec: &WorkerSpec, block_size: u32) -> Result<(), WorkerError> {
-    if spec.block_size != block_size {
-        return Err(WorkerError::BlockSizeMismatch { worker: spec.block_size, service: block_size });
-    }
-    Ok(())
-}
-
-/// Merges shards' candidates into the one order every pick is made in.
-pub(crate) fn sort_candidates(candidates: &mut [Candidate]) {
-    candidates.sort_unstable_by_key(|c| c.worker);
-}
-
-/// Costs every candidate (into `costs`) and picks one.
-pub(crate) fn choose(
-    candidates: &[Candidate],
-    prompt: &Prompt,
-    block_size: u32,
-    cfg: &RouterConfig,
-    rng: &mut fastrand::Rng,
-    costs: &mut Vec<f64>,
-) -> usize {
-    let unhashed = prompt.unhashed_blocks(block_size);
-    costs.clear();
-    costs.extend(candidates.iter().map(|c| c.cost(prompt.isl_tokens, unhashed, cfg)));
-    pick(costs, cfg.temperature, rng)
-}
-
-pub(crate) fn selection(
-    request: &SelectRequest,
-    candidates: &[Candidate],
-    costs: &[f64],
-    chosen: usize,
-    fallbacks: usize,
-) -> Selection {
-    let c = &candidates[chosen];
-    Selection {
-        id: request.id,
-        worker: c.worker,
-        endpoint: c.endpoint,
-        overlap_blocks: c.overlap_blocks,
-        prefill_tokens: c.effective_prefill_tokens(request.prompt.isl_tokens),
-        isl_tokens: request.prompt.isl_tokens,
-        cost: costs[chosen],
-        candidates: candidates.len(),
-        fallbacks: ranked_others(candidates, costs, chosen, fallbacks),
-    }
-}
-
-/// Up to `n` other candidates by cost, then by their (deterministic) order.
-fn ranked_others(candidates: &[Candidate], costs: &[f64], chosen: usize, n: usize) -> Vec<SocketAddr> {
-    if n == 0 {
-        return Vec::new();
-    }
-    let mut others: Vec<usize> = (0..candidates.len()).filter(|i| *i != chosen).collect();
-    others.sort_by(|a, b| costs[*a].total_cmp(&costs[*b]).then(a.cmp(b)));
-    others.into_iter().take(n).map(|i| candidates[i].endpoint).collect()
-}
-
-pub(crate) fn booking(request: &SelectRequest, selection: &Selection, block_size: u32, lease_until: Millis) -> Booking {
-    Booking {
-        id: request.id,
-        worker: selection.worker,
-        seq_hashes: request.prompt.seq_hashes.clone(),
-        unhashed_blocks: request.prompt.unhashed_blocks(block_size),
-        prefill_tokens: selection.prefill_tokens,
-        lease_until,
     }
 }
 

@@ -4,10 +4,11 @@ use std::sync::{Arc, Mutex};
 
 use crate::booking::{BookingEvent, ReservationId};
 use crate::clock::Millis;
-use crate::cost::{Candidate, RouterConfig};
+use crate::cost::Candidate;
 use crate::event::KvEvent;
 use crate::hashing::SequenceHash;
-use crate::service::{SelectError, SelectRequest, Selection};
+use crate::pick::{Decision, PickPolicy};
+use crate::request::{SelectError, SelectRequest, Selection};
 use crate::shard::{BookingError, LoadSnapshot, ShardStats};
 use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
 
@@ -27,16 +28,34 @@ pub(crate) struct Query {
 /// for one-visit picks, the shard thread (same rng, so the same seed gives
 /// the same picks either way).
 pub(crate) struct Picking {
-    pub cfg: RouterConfig,
-    pub block_size: u32,
+    pub policy: PickPolicy,
     pub rng: Mutex<fastrand::Rng>,
+}
+
+impl Picking {
+    pub(crate) fn new(policy: PickPolicy) -> Self {
+        let seed = policy.config().seed;
+        Picking { policy, rng: Mutex::new(fastrand::Rng::with_seed(seed)) }
+    }
+
+    /// The policy's decision with the service's one generator.
+    pub(crate) fn decide(
+        &self,
+        request: &SelectRequest,
+        candidates: &mut [Candidate],
+        costs: &mut Vec<f64>,
+        now: Millis,
+    ) -> Decision {
+        let mut rng = self.rng.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.policy.decide(request, candidates, costs, &mut rng, now)
+    }
 }
 
 /// A whole selection for a shard that owns every worker: candidates,
 /// pick and booking in one visit instead of two.
 pub(crate) struct PickJob {
     pub request: SelectRequest,
-    pub lease_until: Millis,
+    pub now: Millis,
 }
 
 pub(crate) enum Picked {

@@ -43,18 +43,16 @@ use super::deferred_ring::{PendingRings, RingScheduler};
 use super::producer::{Producer, ProducerSource, PushFail, RingCounters, ShardGone};
 use super::shard_loop::{LoopShared, Owners, ShardLoop, ShardShared};
 use super::{RuntimeConfig, RuntimeError, RuntimeKind, SharedShards, choose_kind, pin_current_thread};
-use crate::booking::{BookingEvent, ReservationId};
+use crate::booking::{Booking, BookingEvent, ReservationId};
 use crate::clock::Millis;
 use crate::cost::{Candidate, RouterConfig};
 use crate::directory::Directory;
 use crate::event::KvEvent;
 use crate::index::EventError;
+use crate::pick::{Decision, PickPolicy};
 use crate::prompt::Prompt;
 use crate::queue::AdmissionQueue;
-use crate::service::{
-    Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError, booking,
-    check_block_size, choose, selection, sort_candidates,
-};
+use crate::request::{Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError};
 use crate::shard::{BookingError, LoadSnapshot, ShardStats};
 use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
 
@@ -94,8 +92,6 @@ impl Waiting {
 }
 
 pub struct ShardedService {
-    cfg: RouterConfig,
-    block_size: u32,
     runtime: RuntimeConfig,
     kind: RuntimeKind,
     shards: SharedShards,
@@ -103,7 +99,7 @@ pub struct ShardedService {
     directory: RwLock<Directory>,
     owners: Owners,
     waiting: Mutex<Waiting>,
-    /// The config and the rng every pick uses, wherever it is made.
+    /// The policy and the rng every pick uses, wherever it is made.
     picking: Arc<Picking>,
     stats: Mutex<ServiceStats>,
     counters: Arc<RingCounters>,
@@ -176,11 +172,7 @@ impl ShardedService {
         let common = LoopShared {
             clock,
             owners: Arc::default(),
-            picking: Arc::new(Picking {
-                cfg: cfg.clone(),
-                block_size,
-                rng: Mutex::new(fastrand::Rng::with_seed(cfg.seed)),
-            }),
+            picking: Arc::new(Picking::new(PickPolicy::new(cfg.clone(), block_size))),
             spin,
         };
         let shards: SharedShards = (0..count).map(|_| Arc::new(ShardShared::default())).collect();
@@ -226,8 +218,6 @@ impl ShardedService {
                 waiters: HashMap::new(),
             }),
             id: NEXT_SERVICE_ID.fetch_add(1, Ordering::Relaxed),
-            cfg,
-            block_size,
             directory: RwLock::new(Directory::new(count)),
             runtime,
             kind,
@@ -255,7 +245,15 @@ impl ShardedService {
     }
 
     pub fn block_size(&self) -> u32 {
-        self.block_size
+        self.policy().block_size()
+    }
+
+    pub fn policy(&self) -> &PickPolicy {
+        &self.picking.policy
+    }
+
+    fn cfg(&self) -> &RouterConfig {
+        self.picking.policy.config()
     }
 
     pub fn counters(&self) -> &RingCounters {
@@ -336,7 +334,7 @@ impl ShardedService {
         spec: WorkerSpec,
         now: Millis,
     ) -> Result<(), WorkerError> {
-        check_block_size(&spec, self.block_size)?;
+        self.policy().check_worker(&spec)?;
         let shard = self.directory.write().unwrap_or_else(PoisonError::into_inner).place(&spec);
         self.ask(source, shard, |r| Command::Upsert(spec, r)).await.map_err(|_| WorkerError::ShuttingDown)?;
         self.admit_waiting(source, now).await;
@@ -415,10 +413,6 @@ impl ShardedService {
         for (rx, awake) in receivers {
             candidates.extend(self.reply(source, rx, awake).await.map_err(|_| SelectError::ShuttingDown)?);
         }
-        if candidates.is_empty() {
-            return Err(SelectError::NoEligibleWorkers);
-        }
-        sort_candidates(&mut candidates);
         Ok(candidates)
     }
 
@@ -475,14 +469,15 @@ impl ShardedService {
                 Picked::Failed(error) => Err(error),
             };
         }
-        let candidates =
+        let mut candidates =
             self.gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref()).await?;
-        if let Some(threshold) = self.cfg.queue_threshold {
-            if candidates.iter().all(|c| c.saturated(threshold)) {
-                return self.enqueue(request, now, waiter);
+        match self.picking.decide(&request, &mut candidates, &mut Vec::new(), now) {
+            Decision::Book { selection, booking } => {
+                self.book(source, selection, booking).await.map(Admission::Reserved)
             }
+            Decision::Saturated => self.enqueue(request, now, waiter),
+            Decision::NoEligible => Err(SelectError::NoEligibleWorkers),
         }
-        self.reserve(source, &request, &candidates, now).await.map(Admission::Reserved)
     }
 
     /// Queues a request every eligible worker is too busy for.
@@ -492,7 +487,7 @@ impl ShardedService {
         now: Millis,
         waiter: Option<oneshot::Sender<AdmissionEvent>>,
     ) -> Result<Admission, SelectError> {
-        let deadline = now.after(self.cfg.queue_timeout);
+        let deadline = now.after(self.cfg().queue_timeout);
         let id = request.id;
         let queued = {
             let mut waiting = lock(&self.waiting);
@@ -528,7 +523,7 @@ impl ShardedService {
             Entry::Occupied(_) => return Err(SelectError::DuplicateReservation(id)),
             Entry::Vacant(slot) => slot.insert(0),
         };
-        let job = Box::new(PickJob { request, lease_until: now.after(self.cfg.lease) });
+        let job = Box::new(PickJob { request, now });
         let (tx, rx) = oneshot::channel();
         let (_in_flight, others) = InFlight::enter(&self.selections_in_flight);
         let scheduler = source.ring_scheduler().filter(|_| others > 0);
@@ -561,22 +556,18 @@ impl ShardedService {
         }
     }
 
-    async fn reserve(
+    /// Books a decided pick on its worker's shard.
+    async fn book(
         &self,
         source: &impl ProducerSource,
-        request: &SelectRequest,
-        candidates: &[Candidate],
-        now: Millis,
+        selection: Selection,
+        booking: Booking,
     ) -> Result<Selection, SelectError> {
-        let mut costs = Vec::with_capacity(candidates.len());
-        let chosen =
-            choose(candidates, &request.prompt, self.block_size, &self.cfg, &mut lock(&self.picking.rng), &mut costs);
-        let selection = selection(request, candidates, &costs, chosen, self.cfg.fallbacks);
+        let id = booking.id;
         // The worker may have left since the shards answered.
         let shard = self.directory().shard_of(selection.worker).ok_or(SelectError::NoEligibleWorkers)?;
-        let booking = booking(request, &selection, self.block_size, now.after(self.cfg.lease));
-        match lock(&self.owners).entry(request.id) {
-            Entry::Occupied(_) => return Err(SelectError::DuplicateReservation(request.id)),
+        match lock(&self.owners).entry(id) {
+            Entry::Occupied(_) => return Err(SelectError::DuplicateReservation(id)),
             Entry::Vacant(slot) => slot.insert(shard),
         };
         let booked = self.ask(source, shard, |r| Command::Booking(BookingEvent::Reserved(booking), r)).await;
@@ -589,7 +580,7 @@ impl ShardedService {
             Ok(Err(_)) => SelectError::NoEligibleWorkers,
             Err(ShardGone) => SelectError::ShuttingDown,
         };
-        lock(&self.owners).remove(&request.id);
+        lock(&self.owners).remove(&id);
         Err(error)
     }
 
@@ -658,7 +649,7 @@ impl ShardedService {
 
     /// Whether requests wait in the queue for capacity.
     pub fn has_waiting(&self) -> bool {
-        self.cfg.queue_threshold.is_some() && !lock(&self.waiting).queue.is_empty()
+        self.cfg().queue_threshold.is_some() && !lock(&self.waiting).queue.is_empty()
     }
 
     /// Expires leases (shards also do on their own timers) and queue
@@ -690,7 +681,9 @@ impl ShardedService {
     /// Admits queued requests that now fit, in queue order; what
     /// `prefill_complete`, `free_reservation` and `tick` end with.
     pub async fn admit_waiting(&self, source: &impl ProducerSource, now: Millis) {
-        let Some(threshold) = self.cfg.queue_threshold else { return };
+        if self.cfg().queue_threshold.is_none() {
+            return;
+        }
         let ids = {
             let waiting = lock(&self.waiting);
             if waiting.queue.is_empty() {
@@ -700,28 +693,29 @@ impl ShardedService {
         };
         for id in ids {
             let Some(request) = lock(&self.waiting).queue.get(id).map(|w| w.request.clone()) else { continue };
-            let outcome =
+            let decision =
                 match self.gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref()).await {
-                    Ok(candidates) if candidates.iter().all(|c| c.saturated(threshold)) => continue,
-                    Ok(candidates) => {
-                        if lock(&self.waiting).queue.remove(id).is_none() {
-                            continue;
-                        }
-                        match self.reserve(source, &request, &candidates, now).await {
-                            Ok(selection) => {
-                                lock(&self.stats).admitted_from_queue += 1;
-                                AdmissionEvent::Admitted(selection)
-                            }
-                            Err(error) => AdmissionEvent::Refused { id, error },
-                        }
-                    }
-                    Err(error) => {
-                        if lock(&self.waiting).queue.remove(id).is_none() {
-                            continue;
-                        }
-                        AdmissionEvent::Refused { id, error }
-                    }
+                    Ok(mut candidates) => match self.picking.decide(&request, &mut candidates, &mut Vec::new(), now) {
+                        Decision::Saturated => continue,
+                        Decision::NoEligible => Err(SelectError::NoEligibleWorkers),
+                        Decision::Book { selection, booking } => Ok((selection, booking)),
+                    },
+                    Err(error) => Err(error),
                 };
+            // Withdrawn (freed) while this pass awaited the shards.
+            if lock(&self.waiting).queue.remove(id).is_none() {
+                continue;
+            }
+            let outcome = match decision {
+                Ok((selection, booking)) => match self.book(source, selection, booking).await {
+                    Ok(selection) => {
+                        lock(&self.stats).admitted_from_queue += 1;
+                        AdmissionEvent::Admitted(selection)
+                    }
+                    Err(error) => AdmissionEvent::Refused { id, error },
+                },
+                Err(error) => AdmissionEvent::Refused { id, error },
+            };
             lock(&self.waiting).settle(id, outcome);
         }
     }

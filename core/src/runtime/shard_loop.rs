@@ -14,10 +14,10 @@ use super::clock::Clock;
 use super::command::{Command, PickJob, Picked, Picking};
 use super::doorbell::Doorbell;
 use super::spin_policy::SpinPolicy;
-use crate::booking::BookingEvent;
-use crate::booking::ReservationId;
+use crate::booking::{BookingEvent, ReservationId};
 use crate::cost::Candidate;
-use crate::service::{SelectError, booking, choose, selection, sort_candidates};
+use crate::pick::Decision;
+use crate::request::SelectError;
 use crate::shard::{CandidateQuery, Shard};
 
 /// The longest a posted booking change (`prefill_complete`, a free) waits
@@ -314,7 +314,7 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
 /// outcome that books nothing takes it out here, so the map stays exact
 /// even when the caller has stopped waiting.
 fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, job: PickJob) -> Picked {
-    let PickJob { request, lease_until } = job;
+    let PickJob { request, now } = job;
     let PickContext { owners, picking } = *context;
     let id = request.id;
     let Scratch { candidates, costs } = scratch;
@@ -325,24 +325,15 @@ fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scr
         allowed: request.allowed.as_ref(),
     };
     shard.candidates(&query, candidates);
-    let outcome = if candidates.is_empty() {
-        Picked::Failed(SelectError::NoEligibleWorkers)
-    } else if picking.cfg.queue_threshold.is_some_and(|t| candidates.iter().all(|c| c.saturated(t))) {
-        Picked::Saturated(request)
-    } else {
-        sort_candidates(candidates);
-        let chosen = {
-            let mut rng = picking.rng.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            choose(candidates, &request.prompt, picking.block_size, &picking.cfg, &mut rng, costs)
-        };
-        let selection = selection(&request, candidates, costs, chosen, picking.cfg.fallbacks);
-        let booking = booking(&request, &selection, picking.block_size, lease_until);
-        match shard.apply_booking(BookingEvent::Reserved(booking)) {
+    let outcome = match picking.decide(&request, candidates, costs, now) {
+        Decision::NoEligible => Picked::Failed(SelectError::NoEligibleWorkers),
+        Decision::Saturated => Picked::Saturated(request),
+        Decision::Book { selection, booking } => match shard.apply_booking(BookingEvent::Reserved(booking)) {
             Ok(()) => Picked::Booked(selection),
             // A booking of this id already here: the owner map would have
             // refused it first, so only a caller bypassing it gets here.
             Err(_) => Picked::Failed(SelectError::NoEligibleWorkers),
-        }
+        },
     };
     if !matches!(outcome, Picked::Booked(_)) {
         owners.lock().expect("owner map never panics").remove(&id);
@@ -361,11 +352,7 @@ mod tests {
         let common = LoopShared {
             clock: Clock::system(),
             owners: Owners::default(),
-            picking: Arc::new(Picking {
-                cfg: Default::default(),
-                block_size: 16,
-                rng: Mutex::new(fastrand::Rng::with_seed(1)),
-            }),
+            picking: Arc::new(Picking::new(crate::PickPolicy::new(Default::default(), 16))),
             spin: Duration::ZERO,
         };
         ShardLoop::new(Arc::default(), &common)

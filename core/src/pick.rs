@@ -1,0 +1,144 @@
+//! The pick: one decision, made by the same code whichever driver runs it.
+//!
+//! A driver (the single-threaded [`SelectionService`], the thread-per-core
+//! runtime's scatter–gather, or a shard thread that owns every worker)
+//! gathers the candidates of a request from its shards, in any order, and
+//! hands them to [`PickPolicy::decide`]. The policy sorts them into the
+//! one order every pick is made in (by worker id), so the same seed gives
+//! the same pick in every driver, then either books the cheapest, asks
+//! for the request to queue, or says no worker can take it. Drivers keep
+//! only what is theirs: where shards live and how they are reached.
+//!
+//! The policy also hashes prompts ([`PickPolicy::prompt`]): the engines'
+//! block size is known here and nowhere else.
+//!
+//! [`SelectionService`]: crate::SelectionService
+
+use std::net::SocketAddr;
+
+use crate::booking::Booking;
+use crate::clock::Millis;
+use crate::cost::{Candidate, RouterConfig, pick};
+use crate::hashing::HashSeed;
+use crate::prompt::Prompt;
+use crate::request::{SelectRequest, Selection, WorkerError};
+use crate::worker::WorkerSpec;
+
+/// The router's settings and the engines' block size: everything a pick
+/// reads besides the candidates and the random generator.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PickPolicy {
+    cfg: RouterConfig,
+    block_size: u32,
+}
+
+/// What the policy decided for one request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Book `booking` on the worker of `selection`.
+    Book { selection: Selection, booking: Booking },
+    /// Every candidate is past the queueing threshold: the request waits.
+    Saturated,
+    /// No worker may serve the request.
+    NoEligible,
+}
+
+impl PickPolicy {
+    /// `block_size` is the engines' `--block-size`.
+    pub fn new(cfg: RouterConfig, block_size: u32) -> Self {
+        PickPolicy { cfg, block_size }
+    }
+
+    pub fn config(&self) -> &RouterConfig {
+        &self.cfg
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// Hashes a prompt's tokens the way the index hashes the engines'
+    /// blocks (the seed folds in a LoRA name and a cache salt).
+    pub fn prompt(&self, tokens: &[u32], seed: HashSeed) -> Prompt {
+        Prompt::from_tokens(tokens, self.block_size, seed)
+    }
+
+    /// A worker whose blocks are hashed with another size could never
+    /// match a prompt: refused before it is placed.
+    pub fn check_worker(&self, spec: &WorkerSpec) -> Result<(), WorkerError> {
+        if spec.block_size != self.block_size {
+            return Err(WorkerError::BlockSizeMismatch { worker: spec.block_size, service: self.block_size });
+        }
+        Ok(())
+    }
+
+    /// Books the cheapest candidate, or queues, or refuses. `candidates`
+    /// come from every shard in any order and are sorted here; `costs` is
+    /// a buffer the caller reuses; `rng` is the service's one generator.
+    pub fn decide(
+        &self,
+        request: &SelectRequest,
+        candidates: &mut [Candidate],
+        costs: &mut Vec<f64>,
+        rng: &mut fastrand::Rng,
+        now: Millis,
+    ) -> Decision {
+        if candidates.is_empty() {
+            return Decision::NoEligible;
+        }
+        if let Some(threshold) = self.cfg.queue_threshold {
+            if candidates.iter().all(|c| c.saturated(threshold)) {
+                return Decision::Saturated;
+            }
+        }
+        let selection = self.choose(request, candidates, costs, rng);
+        let booking = Booking {
+            id: request.id,
+            worker: selection.worker,
+            seq_hashes: request.prompt.seq_hashes.clone(),
+            unhashed_blocks: request.prompt.unhashed_blocks(self.block_size),
+            prefill_tokens: selection.prefill_tokens,
+            lease_until: now.after(self.cfg.lease),
+        };
+        Decision::Book { selection, booking }
+    }
+
+    /// The cheapest candidate, without a queue check or a booking.
+    /// `candidates` must not be empty.
+    pub fn choose(
+        &self,
+        request: &SelectRequest,
+        candidates: &mut [Candidate],
+        costs: &mut Vec<f64>,
+        rng: &mut fastrand::Rng,
+    ) -> Selection {
+        candidates.sort_unstable_by_key(|c| c.worker);
+        let prompt = &request.prompt;
+        let unhashed = prompt.unhashed_blocks(self.block_size);
+        costs.clear();
+        costs.extend(candidates.iter().map(|c| c.cost(prompt.isl_tokens, unhashed, &self.cfg)));
+        let chosen = pick(costs, self.cfg.temperature, rng);
+        let c = &candidates[chosen];
+        Selection {
+            id: request.id,
+            worker: c.worker,
+            endpoint: c.endpoint,
+            overlap_blocks: c.overlap_blocks,
+            prefill_tokens: c.effective_prefill_tokens(prompt.isl_tokens),
+            isl_tokens: prompt.isl_tokens,
+            cost: costs[chosen],
+            candidates: candidates.len(),
+            fallbacks: ranked_others(candidates, costs, chosen, self.cfg.fallbacks),
+        }
+    }
+}
+
+/// Up to `n` other candidates by cost, then by their (deterministic) order.
+fn ranked_others(candidates: &[Candidate], costs: &[f64], chosen: usize, n: usize) -> Vec<SocketAddr> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut others: Vec<usize> = (0..candidates.len()).filter(|i| *i != chosen).collect();
+    others.sort_by(|a, b| costs[*a].total_cmp(&costs[*b]).then(a.cmp(b)));
+    others.into_iter().take(n).map(|i| candidates[i].endpoint).collect()
+}
