@@ -23,7 +23,6 @@ pub mod pick;
 pub mod prompt;
 pub mod queue;
 pub mod request;
-pub mod runtime;
 pub mod service;
 pub mod shard;
 pub mod slot_set;

@@ -11,9 +11,9 @@ use common::events::{BLOCK_SIZE, chain_batch, prompt_tokens, removed_blocks};
 use common::publisher::TestPublisher;
 use common::{WAIT, config, wait_for_seq, wait_until};
 use futures_lite::future::block_on;
-use kvpick_core::runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService};
 use kvpick_core::{HashSeed, Millis, Prompt, RouterConfig, WorkerId, WorkerSpec};
 use kvpick_io::kv_events::{KvEventIngest, ShardSink};
+use kvpick_runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService};
 
 #[test]
 fn events_reach_the_shard_threads_in_order() {

@@ -24,13 +24,13 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kvpick_core::runtime::ThreadProducers;
 use kvpick_core::{HashSeed, LoadSnapshot, Prompt, WorkerId};
 use kvpick_io::app::settings::{self as var, Values};
 use kvpick_io::app::workers_file::{self, static_worker_id};
 use kvpick_io::app::{App, ServeConfig};
 use kvpick_io::kv_events::IngestCounters;
 use kvpick_io::testing::gateway::Gateway;
+use kvpick_runtime::ThreadProducers;
 use kvpick_sim::{Engine, EngineConfig, Fleet, RequestSpec, TimeModel};
 use serde_json::{Value, json};
 

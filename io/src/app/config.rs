@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kvpick_core::RouterConfig;
-use kvpick_core::runtime::{RuntimeChoice, RuntimeConfig, RuntimeKind};
+use kvpick_runtime::{RuntimeChoice, RuntimeConfig, RuntimeKind};
 
 use super::settings::{self as var, SettingError, Values};
 use crate::discovery::DiscoveryConfig;

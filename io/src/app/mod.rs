@@ -22,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvpick_core::runtime::{Clock, RuntimeError, ShardedService, ThreadProducers};
+use kvpick_runtime::{Clock, RuntimeError, ShardedService, ThreadProducers};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;

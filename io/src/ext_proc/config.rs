@@ -96,7 +96,7 @@ pub struct ExtProcConfig {
     pub tls: Tls,
     pub http2: Http2,
     /// Picks made in one pass of the I/O thread wake the shard once, after
-    /// that pass, rather than once each (`kvpick_core::runtime::RingScheduler`).
+    /// that pass, rather than once each (`kvpick_runtime::RingScheduler`).
     /// Off only to measure what it saves.
     pub ring_per_batch: bool,
 }

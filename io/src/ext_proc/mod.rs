@@ -14,7 +14,7 @@
 //! [`error`].
 //!
 //! Runs on the I/O tokio runtime; talks to the shards only through
-//! `kvpick_core::runtime::ShardedService`. Must never block a runtime
+//! `kvpick_runtime::ShardedService`. Must never block a runtime
 //! thread or trust a client-supplied routing header.
 
 pub mod body;

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use kvpick_core::runtime::{Clock, PendingRings, RingScheduler, ShardedService, ThreadProducers};
 use kvpick_core::{BookingError, EndpointFilter, HashSeed, Prompt, ReservationId, SelectError, SelectRequest};
+use kvpick_runtime::{Clock, PendingRings, RingScheduler, ShardedService, ThreadProducers};
 
 use super::body::RequestBody;
 use super::config::ExtProcConfig;

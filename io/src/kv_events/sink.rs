@@ -3,8 +3,8 @@
 use std::sync::{Arc, Mutex, PoisonError};
 
 use kvpick_core::index::{Applied, EventError};
-use kvpick_core::runtime::{Producer, ShardedService};
 use kvpick_core::{KvEvent, SelectionService, WorkerId};
+use kvpick_runtime::{Producer, ShardedService};
 
 /// What became of one event handed to a sink.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use kvpick_core::WorkerId;
-use kvpick_core::runtime::ThreadProducers;
+use kvpick_runtime::ThreadProducers;
 
 use super::Exposition;
 use crate::ext_proc::ExtProcMetrics;

@@ -10,9 +10,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvpick_core::runtime::{
-    Clock, Producer, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers,
-};
 use kvpick_core::{HashSeed, KvEvent, LoadSnapshot, Prompt, RouterConfig, WorkerId, WorkerSpec};
 use kvpick_io::ext_proc::headers::DESTINATION;
 use kvpick_io::ext_proc::metadata::{LB_NAMESPACE, SUBSET_NAMESPACE};
@@ -31,6 +28,7 @@ use kvpick_proto::ext_proc::{
     ProtocolConfiguration, body_mutation,
 };
 use kvpick_proto::protobuf::{Kind, ListValue, Struct, Value};
+use kvpick_runtime::{Clock, Producer, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
 use tokio::sync::{Semaphore, mpsc};
 use tonic::transport::Channel;
 use tonic::{Status, Streaming};

@@ -35,7 +35,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kvpick_core::runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
 use kvpick_core::{RouterConfig, WorkerId, WorkerSpec};
 use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker};
 use kvpick_io::testing::WordTokenizer;
@@ -49,6 +48,7 @@ use kvpick_proto::ext_proc::mode::BodySendMode;
 use kvpick_proto::ext_proc::processing_request::Request;
 use kvpick_proto::ext_proc::processing_response::Response;
 use kvpick_proto::ext_proc::{HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration};
+use kvpick_runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 

@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use futures_lite::future::block_on;
 use kvpick_core::hashing::HashSeed;
-use kvpick_core::runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, probe_glommio};
 use kvpick_core::{KvEvent, Millis, Prompt, ReservationId, RouterConfig, SelectRequest, SelectionService, WorkerId};
 use kvpick_perf::measure::{Latencies, LatencySummary};
 use kvpick_perf::report::{Table, cpu, load_average, millions, ns, thousands, utc_date};
 use kvpick_perf::setup::worker_spec;
 use kvpick_perf::workload::BLOCK_SIZE;
+use kvpick_runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, probe_glommio};
 
 const WORKERS: u32 = 64;
 const BLOCKS_PER_EVENT: usize = 16;
@@ -228,7 +228,7 @@ fn threaded_selection(
 
 fn threaded_loop(
     service: &ShardedService,
-    producer: &RefCell<kvpick_core::runtime::Producer>,
+    producer: &RefCell<kvpick_runtime::Producer>,
     ids: std::ops::Range<u64>,
     prompts: &[Prompt],
     between: Between,

@@ -11,12 +11,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kvpick_core::runtime::{Clock, RuntimeConfig, ShardedService, ThreadProducers};
 use kvpick_core::{RouterConfig, WorkerId, WorkerSpec};
 use kvpick_io::ext_proc::metrics::STATUSES;
 use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker, ServerHandle};
 use kvpick_io::testing::WordTokenizer;
 use kvpick_io::tokenizer::Tokenizer;
+use kvpick_runtime::{Clock, RuntimeConfig, ShardedService, ThreadProducers};
 
 use crate::args::{Options, SpawnKind};
 use crate::prompts;

@@ -43,18 +43,20 @@ use super::deferred_ring::{PendingRings, RingScheduler};
 use super::producer::{Producer, ProducerSource, PushFail, RingCounters, ShardGone};
 use super::shard_loop::{LoopShared, Owners, ShardLoop, ShardShared};
 use super::{RuntimeConfig, RuntimeError, RuntimeKind, SharedShards, choose_kind, pin_current_thread};
-use crate::booking::{Booking, BookingEvent, ReservationId};
-use crate::clock::Millis;
-use crate::cost::{Candidate, RouterConfig};
-use crate::directory::Directory;
-use crate::event::KvEvent;
-use crate::index::EventError;
-use crate::pick::{Decision, PickPolicy};
-use crate::prompt::Prompt;
-use crate::queue::AdmissionQueue;
-use crate::request::{Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError};
-use crate::shard::{BookingError, LoadSnapshot, ShardStats};
-use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
+use kvpick_core::booking::{Booking, BookingEvent, ReservationId};
+use kvpick_core::clock::Millis;
+use kvpick_core::cost::{Candidate, RouterConfig};
+use kvpick_core::directory::Directory;
+use kvpick_core::event::KvEvent;
+use kvpick_core::index::EventError;
+use kvpick_core::pick::{Decision, PickPolicy};
+use kvpick_core::prompt::Prompt;
+use kvpick_core::queue::AdmissionQueue;
+use kvpick_core::request::{
+    Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError,
+};
+use kvpick_core::shard::{BookingError, LoadSnapshot, ShardStats};
+use kvpick_core::worker::{EndpointFilter, WorkerId, WorkerSpec};
 
 /// What a free released: a queued request frees no capacity, a booking does.
 #[derive(PartialEq, Eq)]

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use futures_lite::future::block_on;
 use kvpick_core::hashing::HashSeed;
-use kvpick_core::runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, probe_glommio};
 use kvpick_core::{
     EndpointFilter, KvEvent, Millis, Prompt, ReservationId, RouterConfig, SelectRequest, SelectionService, WorkerId,
     WorkerSpec,
 };
+use kvpick_runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, probe_glommio};
 
 const BS: u32 = 4;
 
@@ -343,7 +343,7 @@ fn a_queued_request_is_awaited_until_capacity_frees() {
     let service = Arc::new(
         ShardedService::start(cfg, BS, runtime(2, RuntimeKind::StdThreads), Clock::manual(Millis(0))).expect("starts"),
     );
-    let producers = kvpick_core::runtime::ThreadProducers::new(service.clone());
+    let producers = kvpick_runtime::ThreadProducers::new(service.clone());
     let mut spec = WorkerSpec::new(WorkerId(1), addr(1), BS);
     spec.max_num_batched_tokens = Some(10);
     block_on(service.upsert_worker(&producers, spec, Millis(0))).expect("upsert");
@@ -471,7 +471,7 @@ fn selections_that_ring_once_per_batch_are_all_answered() {
         let cfg = RuntimeConfig { spin_before_park: Duration::ZERO, ..runtime(shards, RuntimeKind::StdThreads) };
         let service =
             Arc::new(ShardedService::start(RouterConfig::default(), BS, cfg, Clock::system()).expect("starts"));
-        let (to_ringer, batches) = std::sync::mpsc::channel::<kvpick_core::runtime::PendingRings>();
+        let (to_ringer, batches) = std::sync::mpsc::channel::<kvpick_runtime::PendingRings>();
         let ringer = std::thread::spawn(move || {
             let mut rung = 0usize;
             for pending in batches {
@@ -482,11 +482,11 @@ fn selections_that_ring_once_per_batch_are_all_answered() {
             rung
         });
         let to_ringer = Mutex::new(to_ringer);
-        let scheduler: kvpick_core::runtime::RingScheduler = Arc::new(move |pending| {
+        let scheduler: kvpick_runtime::RingScheduler = Arc::new(move |pending| {
             // The test ends by dropping this sender: a send cannot fail before.
             let _ = to_ringer.lock().unwrap_or_else(std::sync::PoisonError::into_inner).send(pending);
         });
-        let producers = kvpick_core::runtime::ThreadProducers::new(service.clone()).with_ring_scheduler(scheduler);
+        let producers = kvpick_runtime::ThreadProducers::new(service.clone()).with_ring_scheduler(scheduler);
         for w in 1..=4 {
             block_on(service.upsert_worker(&producers, WorkerSpec::new(WorkerId(w), addr(w), BS), Millis(0)))
                 .expect("upsert");

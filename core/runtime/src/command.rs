@@ -2,15 +2,15 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::booking::{BookingEvent, ReservationId};
-use crate::clock::Millis;
-use crate::cost::Candidate;
-use crate::event::KvEvent;
-use crate::hashing::SequenceHash;
-use crate::pick::{Decision, PickPolicy};
-use crate::request::{SelectError, SelectRequest, Selection};
-use crate::shard::{BookingError, LoadSnapshot, ShardStats};
-use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
+use kvpick_core::booking::{BookingEvent, ReservationId};
+use kvpick_core::clock::Millis;
+use kvpick_core::cost::Candidate;
+use kvpick_core::event::KvEvent;
+use kvpick_core::hashing::SequenceHash;
+use kvpick_core::pick::{Decision, PickPolicy};
+use kvpick_core::request::{SelectError, SelectRequest, Selection};
+use kvpick_core::shard::{BookingError, LoadSnapshot, ShardStats};
+use kvpick_core::worker::{EndpointFilter, WorkerId, WorkerSpec};
 
 /// Filled exactly once by the shard thread; the awaiting task is woken on
 /// whatever runtime it runs.

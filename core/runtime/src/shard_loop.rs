@@ -14,11 +14,11 @@ use super::clock::Clock;
 use super::command::{Command, PickJob, Picked, Picking};
 use super::doorbell::Doorbell;
 use super::spin_policy::SpinPolicy;
-use crate::booking::{BookingEvent, ReservationId};
-use crate::cost::Candidate;
-use crate::pick::Decision;
-use crate::request::SelectError;
-use crate::shard::{CandidateQuery, Shard};
+use kvpick_core::booking::{BookingEvent, ReservationId};
+use kvpick_core::cost::Candidate;
+use kvpick_core::pick::Decision;
+use kvpick_core::request::SelectError;
+use kvpick_core::shard::{CandidateQuery, Shard};
 
 /// The longest a posted booking change (`prefill_complete`, a free) waits
 /// in a ring while its shard sleeps. Until then the worker's load counts
@@ -344,15 +344,15 @@ fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::booking::Booking;
-    use crate::clock::Millis;
-    use crate::worker::{WorkerId, WorkerSpec};
+    use kvpick_core::booking::Booking;
+    use kvpick_core::clock::Millis;
+    use kvpick_core::worker::{WorkerId, WorkerSpec};
 
     fn shard_loop() -> ShardLoop {
         let common = LoopShared {
             clock: Clock::system(),
             owners: Owners::default(),
-            picking: Arc::new(Picking::new(crate::PickPolicy::new(Default::default(), 16))),
+            picking: Arc::new(Picking::new(kvpick_core::PickPolicy::new(Default::default(), 16))),
             spin: Duration::ZERO,
         };
         ShardLoop::new(Arc::default(), &common)

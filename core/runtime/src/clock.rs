@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::clock::Millis;
+use kvpick_core::clock::Millis;
 
 #[derive(Clone, Debug)]
 pub enum Clock {
