@@ -26,7 +26,6 @@ pub mod request;
 pub mod service;
 pub mod shard;
 pub mod slot_set;
-pub mod wire;
 pub mod worker;
 
 pub use booking::{Booking, BookingEvent, ReservationId};

@@ -1,7 +1,68 @@
-//! Arbitrary ZMQ messages through frame parsing, sequencing with replays,
-//! decoding and applying (see `kvpick_core::wire::fuzzing`).
+//! The whole per-message path of the ingest thread without sockets — frame
+//! parsing (live and both replay layouts), sequencing with replays, payload
+//! decoding and applying to a shard — driven by arbitrary bytes.
 #![no_main]
 
+use kvpick_core::{KvEvent, Shard, WorkerId, WorkerSpec};
+use kvpick_kv_events::wire::decode_batch;
+use kvpick_kv_events::wire::frames::{ReplayReply, parse_live, parse_replay};
+use kvpick_kv_events::wire::sequencer::{ReplayEnd, Sequencer, Step};
 use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| kvpick_core::wire::fuzzing::run(data));
+fuzz_target!(|data: &[u8]| run(data));
+
+/// Splits `data` into messages: byte 0 of each picks live / replay / replay
+/// end-failure, byte 1 the frame count, then frames as `len (1 byte) +
+/// bytes`. Panics only if an invariant of the ingest path breaks.
+fn run(data: &[u8]) {
+    let worker = WorkerId(1);
+    let mut shard = Shard::new();
+    shard.upsert_worker(WorkerSpec::new(worker, std::net::SocketAddr::from(([127, 0, 0, 1], 8000)), 16));
+    let mut sequencer: Sequencer<Vec<u8>> = Sequencer::new(true, 8);
+    let mut steps = Vec::new();
+    let mut rest = data;
+    let mut last_applied: Option<u64> = None;
+    while rest.len() >= 2 {
+        let (kind, count) = (rest[0] % 3, rest[1] % 6);
+        rest = &rest[2..];
+        let mut frames = Vec::new();
+        for _ in 0..count {
+            let Some((&len, tail)) = rest.split_first() else { break };
+            let len = (len as usize).min(tail.len());
+            frames.push(tail[..len].to_vec());
+            rest = &tail[len..];
+        }
+        steps.clear();
+        match kind {
+            0 => {
+                if let Ok(message) = parse_live(frames) {
+                    sequencer.live(message.seq, message.payload, &mut steps);
+                }
+            }
+            1 => match parse_replay(frames) {
+                Ok(ReplayReply::Batch { seq, payload }) => sequencer.replayed(seq, payload, &mut steps),
+                Ok(ReplayReply::End) => sequencer.end_replay(ReplayEnd::Completed, &mut steps),
+                Err(_) => {}
+            },
+            _ => sequencer.end_replay(ReplayEnd::Failed, &mut steps),
+        }
+        for step in steps.drain(..) {
+            match step {
+                Step::Apply { seq, payload, .. } => {
+                    assert!(last_applied.is_none_or(|last| seq > last), "batch {seq} applied after {last_applied:?}");
+                    last_applied = Some(seq);
+                    if let Ok(batch) = decode_batch(&payload) {
+                        for event in batch.events {
+                            let _ = shard.apply_event(worker, &event.event);
+                        }
+                    }
+                }
+                Step::Clear => {
+                    last_applied = None;
+                    let _ = shard.apply_event(worker, &KvEvent::Cleared);
+                }
+                _ => {}
+            }
+        }
+    }
+}

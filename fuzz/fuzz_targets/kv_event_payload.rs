@@ -6,7 +6,7 @@ use kvpick_core::{Shard, WorkerId, WorkerSpec};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(batch) = kvpick_core::wire::decode_batch(data) else { return };
+    let Ok(batch) = kvpick_kv_events::wire::decode_batch(data) else { return };
     let mut shard = Shard::new();
     let worker = WorkerId(7);
     shard.upsert_worker(WorkerSpec::new(worker, std::net::SocketAddr::from(([127, 0, 0, 1], 1)), 16));

@@ -3,8 +3,7 @@
 //!
 //! - [`ext_proc`]: the Envoy ext_proc server speaking the GAIE Endpoint
 //!   Picker Protocol; [`health`]: gRPC health.
-//! - [`kv_events`]: one thread subscribing to every engine's ZMQ KV-event
-//!   stream, in order (gaps replayed), into the owning shard.
+//! - KV-event ingest lives in its own crate, `kvpick-kv-events` (`io/kv-events`).
 //! - [`tokenizer`]: vLLM render and SGLang tokenize clients.
 //! - [`discovery`]: the InferencePool, its pods and the peer replicas.
 //! - [`metrics`]: Prometheus export of every part's counters.
@@ -24,7 +23,6 @@ pub mod app;
 pub mod discovery;
 pub mod ext_proc;
 pub mod health;
-pub mod kv_events;
 pub mod metrics;
 pub mod testing;
 pub mod tokenizer;

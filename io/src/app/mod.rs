@@ -32,10 +32,10 @@ pub use config::{ConfigError, DiscoveryMode, LogFormat, ServeConfig};
 use crate::discovery::{Discovery, WorkerUpdate};
 use crate::ext_proc::{ExtProcMetrics, ExtProcServer, KvPicker, Picker, ServeError, ServerHandle};
 use crate::health::{Health, Readiness};
-use crate::kv_events::{IngestConfig, IngestError, KvEventIngest, ShardSink};
 use crate::metrics::MetricsServer;
 use crate::metrics::collect::{Sources, WorkerNames};
 use crate::tokenizer::{TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
+use kvpick_kv_events::{IngestConfig, IngestError, KvEventIngest, ShardSink};
 use workers_file::{Defaults, WorkersFile};
 
 /// Why kvpick could not start.

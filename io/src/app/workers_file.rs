@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::discovery::{DiscoveredWorker, WorkerUpdate};
-use crate::kv_events::Publisher;
+use kvpick_kv_events::Publisher;
 
 /// Facts every worker shares unless its entry says otherwise.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::kv_events::DEFAULT_EVENT_PORT;
+use kvpick_kv_events::DEFAULT_EVENT_PORT;
 
 /// The replica-sync port (`DYN_EPP_REPLICA_SYNC_PORT`).
 pub const DEFAULT_PEER_PORT: u16 = 9092;

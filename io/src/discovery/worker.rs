@@ -6,7 +6,7 @@ use kvpick_core::{Lifecycle, WorkerId, WorkerSpec};
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::config::DiscoveryConfig;
-use crate::kv_events::Publisher;
+use kvpick_kv_events::Publisher;
 
 /// The id of the worker serving `port` of pod `pod` in `namespace`:
 /// xxh3-64 (seed 0) of the UTF-8 bytes of `"{namespace}/{pod}:{port}"`,

@@ -14,8 +14,8 @@ use kvpick_runtime::ThreadProducers;
 use super::Exposition;
 use crate::ext_proc::ExtProcMetrics;
 use crate::ext_proc::metrics::{FALLBACK_CLASSES, STATUSES};
-use crate::kv_events::IngestMetrics;
 use crate::tokenizer::{ErrorClass, TokenizerMetrics};
+use kvpick_kv_events::IngestMetrics;
 
 /// The workers in service now, by id: kept by whoever applies the
 /// discovery updates, read by the scrape for labels and `ready_pods`.

@@ -7,8 +7,8 @@ mod sim_support;
 
 use std::time::{Duration, Instant};
 
-use kvpick_core::wire::{DecodedBatch, decode_batch};
 use kvpick_core::{HashSeed, KvEvent};
+use kvpick_kv_events::wire::{DecodedBatch, decode_batch};
 use kvpick_sim::{Engine, EngineConfig, EventEncoding, ReplayLayout, RequestSpec};
 use sim_support::{DEADLINE, Subscriber, fast_config, replay};
 

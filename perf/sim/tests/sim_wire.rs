@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use kvpick_core::wire::{DecodedEvent, KvCacheSpecKind, Medium, decode_batch};
 use kvpick_core::{HashSeed, KvEvent};
+use kvpick_kv_events::wire::{DecodedEvent, KvCacheSpecKind, Medium, decode_batch};
 use kvpick_sim::{BatchEncoder, BlockDigest, CacheEvent, EventEncoding, HashFormat};
 use serde_json::Value;
 

@@ -6,7 +6,8 @@
 
 use std::time::Instant;
 
-use kvpick_core::{Shard, WorkerId, wire};
+use kvpick_core::{Shard, WorkerId};
+use kvpick_kv_events::wire;
 use kvpick_perf::report::{Table, cpu, load_average, millions, utc_date};
 use kvpick_perf::setup::worker_spec;
 use kvpick_perf::sim::event_batch::{BatchEncoder, CacheEvent};

@@ -12,7 +12,7 @@ use hyper::{Method, Request, StatusCode};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use kvpick_core::wire::{DecodedBatch, decode_batch};
+use kvpick_kv_events::wire::{DecodedBatch, decode_batch};
 use kvpick_sim::{EngineConfig, TimeModel};
 use serde_json::Value;
 

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use kvpick_core::wire::frames::replay_request;
+use crate::wire::frames::replay_request;
 
 pub(crate) struct ReplaySession {
     socket: zmq::Socket,

@@ -1,12 +1,10 @@
 //! Sequence gaps: healed by replay, or counted as lost.
 
-mod common;
-
 use std::time::Duration;
 
-use common::events::{batch, chain_batch, removed_blocks};
-use common::publisher::{ReplayLayout, TestPublisher};
-use common::{WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq};
+use crate::common::events::{batch, chain_batch, removed_blocks};
+use crate::common::publisher::{ReplayLayout, TestPublisher};
+use crate::common::{WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq};
 use kvpick_core::WorkerId;
 
 fn gap_is_healed_by_replay(layout: ReplayLayout) {

@@ -1,6 +1,5 @@
 //! Shared by the KV-event ingest scenarios: a real libzmq publisher, batch
 //! builders, and a `SelectionService` to apply into.
-#![allow(dead_code)] // each test file uses a different part
 
 pub mod events;
 pub mod msgpack;
@@ -11,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvpick_core::{HashSeed, Millis, RouterConfig, SelectionService, WorkerId, WorkerSpec};
-use kvpick_io::kv_events::{IngestConfig, KvEventIngest, SharedService};
+use kvpick_kv_events::{IngestConfig, KvEventIngest, SharedService};
 
 use events::{BLOCK_SIZE, prompt_tokens};
 use publisher::TestPublisher;

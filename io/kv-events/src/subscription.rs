@@ -7,8 +7,8 @@ use super::apply::{BatchApplier, Outlet};
 use super::config::{IngestConfig, Publisher, millis_i32};
 use super::metrics::{IngestMetrics, WorkerMetrics, add};
 use super::replay::ReplaySession;
-use kvpick_core::wire::frames::{FrameError, ReplayReply, parse_live, parse_replay};
-use kvpick_core::wire::sequencer::{ReplayEnd, ReplayKind, Sequencer, Step};
+use crate::wire::frames::{FrameError, ReplayReply, parse_live, parse_replay};
+use crate::wire::sequencer::{ReplayEnd, ReplayKind, Sequencer, Step};
 
 pub(crate) struct Subscription {
     publisher: Publisher,

@@ -1,18 +1,16 @@
 //! End to end into the thread-per-core runtime: a real ZMQ publisher, the
 //! ingest thread, its SPSC rings and the shard threads.
 
-mod common;
-
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use common::events::{BLOCK_SIZE, chain_batch, prompt_tokens, removed_blocks};
-use common::publisher::TestPublisher;
-use common::{WAIT, config, wait_for_seq, wait_until};
+use crate::common::events::{BLOCK_SIZE, chain_batch, prompt_tokens, removed_blocks};
+use crate::common::publisher::TestPublisher;
+use crate::common::{WAIT, config, wait_for_seq, wait_until};
 use futures_lite::future::block_on;
 use kvpick_core::{HashSeed, Millis, Prompt, RouterConfig, WorkerId, WorkerSpec};
-use kvpick_io::kv_events::{KvEventIngest, ShardSink};
+use kvpick_kv_events::{KvEventIngest, ShardSink};
 use kvpick_runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService};
 
 #[test]
@@ -43,7 +41,7 @@ fn events_reach_the_shard_threads_in_order() {
     for k in 0..2 {
         publishers[1].publish(k, chain_batch(k));
     }
-    publishers[0].publish(6, common::events::batch(vec![removed_blocks(&[5])]));
+    publishers[0].publish(6, crate::common::events::batch(vec![removed_blocks(&[5])]));
     wait_for_seq(&ingest, 1, 6);
     wait_for_seq(&ingest, 2, 1);
     let prompt = Prompt::from_tokens(&prompt_tokens(6), BLOCK_SIZE, HashSeed::default());

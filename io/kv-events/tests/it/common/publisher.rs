@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use kvpick_core::WorkerId;
-use kvpick_io::kv_events::{END_SEQ, Publisher};
+use kvpick_kv_events::{END_SEQ, Publisher};
 
 use super::WAIT;
 

@@ -1,10 +1,8 @@
 //! The ingest applies a publisher's batches in order, by the decoder's rules.
 
-mod common;
-
-use common::events::{batch, chain_batch, cleared, removed_blocks, stored_block_positional, stored_with};
-use common::publisher::TestPublisher;
-use common::{WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq};
+use crate::common::events::{batch, chain_batch, cleared, removed_blocks, stored_block_positional, stored_with};
+use crate::common::publisher::TestPublisher;
+use crate::common::{WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq};
 use kvpick_core::WorkerId;
 
 #[test]

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::hashing::HashSeed;
+use kvpick_core::hashing::HashSeed;
 
 // ---------------------------------------------------------------------------
 // A small msgpack encoder, for tests only.
@@ -1559,8 +1559,8 @@ fn group_kinds() {
 #[test]
 #[ignore = "benchmark; run in release mode"]
 fn throughput() {
-    use crate::shard::Shard;
-    use crate::worker::{WorkerId, WorkerSpec};
+    use kvpick_core::shard::Shard;
+    use kvpick_core::worker::{WorkerId, WorkerSpec};
     use std::time::Instant;
 
     const BLOCK: u32 = 16;

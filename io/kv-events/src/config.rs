@@ -107,6 +107,7 @@ impl Default for IngestConfig {
 }
 
 /// A duration as the milliseconds libzmq options take.
+#[cfg(feature = "ingest")]
 pub(crate) fn millis_i32(d: Duration) -> i32 {
     i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
 }

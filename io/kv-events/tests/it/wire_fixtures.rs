@@ -12,11 +12,11 @@ use std::process::Command;
 
 use kvpick_core::event::KvEvent;
 use kvpick_core::hashing::HashSeed;
-use kvpick_core::wire::{DecodedBatch, DecodedEvent, GroupKinds, Medium, decode_batch};
+use kvpick_kv_events::wire::{DecodedBatch, DecodedEvent, GroupKinds, Medium, decode_batch};
 use serde_json::{Value, json};
 
 fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/kv_events")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kv_events")
 }
 
 fn manifest() -> Vec<Value> {

@@ -1,15 +1,13 @@
 //! Engine restarts, garbage on the wire, and publishers coming and going.
 
-mod common;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use common::events::{batch, chain_batch, stored_block};
-use common::msgpack::{Mp, s};
-use common::publisher::TestPublisher;
-use common::{WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq, wait_until};
+use crate::common::events::{batch, chain_batch, stored_block};
+use crate::common::msgpack::{Mp, s};
+use crate::common::publisher::TestPublisher;
+use crate::common::{WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq, wait_until};
 use kvpick_core::WorkerId;
 
 #[test]

@@ -5,8 +5,8 @@ use super::{
     DecodedEvent, KvCacheSpecKind, MAX_BLOCKS_PER_EVENT, MAX_HASH_BYTES, MAX_NAME_LEN, MAX_TOKENS_PER_EVENT, Medium,
     WireError, unexpected,
 };
-use crate::event::{EngineBlockHash, KvEvent};
-use crate::hashing::HashSeed;
+use kvpick_core::event::{EngineBlockHash, KvEvent};
+use kvpick_core::hashing::HashSeed;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {

@@ -1,7 +1,7 @@
 //! Which KV cache groups to index, learned per publisher.
 
 use super::DecodedEvent;
-use crate::event::KvEvent;
+use kvpick_core::event::KvEvent;
 
 /// Groups past this index are never learned (judged undecided unless the
 /// event carries its kind). vLLM models have a handful.

@@ -1,14 +1,14 @@
 //! From a payload frame to events in the sink, counted.
 //!
-//! Decoding is `kvpick_core::wire::decode_batch`; which events are indexed
+//! Decoding is `crate::wire::decode_batch`; which events are indexed
 //! follows the decoder's rules: only full-attention groups (judged by a
 //! per-publisher [`GroupKinds`]) and only blocks on the GPU. The seed of a
 //! `Stored` event is the decoder's `HashSeed::new(lora_name, cache_salt)`.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::wire::{GroupKinds, decode_batch};
 use kvpick_core::index::EventError;
-use kvpick_core::wire::{GroupKinds, decode_batch};
 use kvpick_core::{KvEvent, WorkerId};
 
 use super::metrics::{IngestMetrics, WorkerMetrics, add};

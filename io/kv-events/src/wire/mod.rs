@@ -97,8 +97,6 @@
 
 mod decode;
 pub mod frames;
-#[doc(hidden)]
-pub mod fuzzing;
 mod groups;
 mod reader;
 pub mod sequencer;
@@ -106,8 +104,8 @@ pub mod sequencer;
 #[cfg(test)]
 mod tests;
 
-use crate::event::{EngineBlockHash, KvEvent};
 pub use groups::GroupKinds;
+use kvpick_core::event::{EngineBlockHash, KvEvent};
 use reader::{Reader, Token};
 
 /// Most events in one batch (SGLang with `page_size` 1 sends one event per
