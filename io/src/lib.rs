@@ -9,8 +9,8 @@
 //! - [`metrics`]: Prometheus export of every part's counters.
 //! - [`app`]: all of it started in order and stopped in reverse
 //!   (`kvpick serve`), with its configuration.
-//! - [`testing`]: a word tokenizer and a miniature gateway, for tests,
-//!   the demo and benchmarks.
+//! - `testing` (feature `testing`, on with `demo`): a word tokenizer and a
+//!   miniature gateway, for tests, the demo and benchmarks.
 //!
 //! The ext_proc server, health, metrics, tokenizer clients and watchers
 //! run on the tokio I/O runtime;
@@ -24,5 +24,6 @@ pub mod discovery;
 pub mod ext_proc;
 pub mod health;
 pub mod metrics;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod tokenizer;

@@ -3,7 +3,7 @@
 //! (its sequence numbers back at 0, its cache empty) is cleared in kvpick
 //! and learnt again from its new events.
 //!
-//! What the simulated publisher does (perf/sim/src/publisher.rs): a
+//! What the simulated publisher does (sim/src/publisher.rs): a
 //! dropped batch still takes a sequence number and stays in the replay
 //! buffer, so kvpick notices the loss only when the engine's next batch
 //! arrives (the sequencer, core/src/wire/sequencer.rs, sees `seq > last+1`)

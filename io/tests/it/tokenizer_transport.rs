@@ -3,13 +3,11 @@
 //! errors, malformed answers, the response cap (declared and streamed),
 //! keep-alive reuse and the one retry of an unanswered request.
 
-mod tokenizer_stub;
-
 use std::time::{Duration, Instant};
 
+use crate::tokenizer_stub::{CHAT_BODY, Reply, Stub, chat, client, rendered, vllm};
 use bytes::Bytes;
 use kvpick_io::tokenizer::{ERROR_MESSAGE_MAX_BYTES, ErrorClass, TokenizeError, TokenizerProtocol};
-use tokenizer_stub::{CHAT_BODY, Reply, Stub, chat, client, rendered, vllm};
 
 #[tokio::test]
 async fn a_slow_engine_times_out() {

@@ -1,9 +1,7 @@
 //! Candidate restrictions: the gateway's subset hint (a list or a comma
 //! string, `ip` or `ip:port`) and the GAIE conformance hooks.
 
-mod ext_proc_support;
-
-use ext_proc_support::*;
+use crate::ext_proc_support::*;
 use kvpick_io::ext_proc::ExtProcConfig;
 use kvpick_io::ext_proc::headers::{CONFORMANCE_SELECTION, CONFORMANCE_SERVED};
 

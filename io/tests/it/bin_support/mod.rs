@@ -1,7 +1,6 @@
 //! Runs the real `kvpick` binary as a child process (static mode, JSON
 //! logs on stderr) in front of simulated engines in this process, and
 //! reads its ports from its `listening` log line.
-#![allow(dead_code)] // each test file uses a different part
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -2,9 +2,7 @@
 //! and the `envoy.lb` metadata, the pick first, then the next cheapest;
 //! off by default, since agentgateway rejects a list.
 
-mod ext_proc_support;
-
-use ext_proc_support::*;
+use crate::ext_proc_support::*;
 use kvpick_core::RouterConfig;
 
 async fn destination_for(router: RouterConfig) -> String {

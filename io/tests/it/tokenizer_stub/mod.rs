@@ -2,7 +2,6 @@
 //! 127.0.0.1 (OS-picked port) that records what it is sent, counts the
 //! connections it accepts, and answers what the test's handler says.
 //! Stopped (with every connection) when dropped or by [`Stub::stop`].
-#![allow(dead_code)] // each test file uses a different part
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

@@ -1,10 +1,8 @@
 //! sglang-tokenize against a stub engine on 127.0.0.1: `{model, prompt}` to
 //! `/tokenize`, `tokens` read back; chat bodies are unsupported.
 
-mod tokenizer_stub;
-
+use crate::tokenizer_stub::{CHAT_BODY, Reply, Stub, chat, client, completion};
 use kvpick_io::tokenizer::{ErrorClass, TokenizeError, TokenizerProtocol};
-use tokenizer_stub::{CHAT_BODY, Reply, Stub, chat, client, completion};
 
 #[tokio::test]
 async fn completion_prompt_is_tokenized() {

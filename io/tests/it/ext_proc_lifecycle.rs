@@ -3,12 +3,10 @@
 //! booking freed exactly once however the stream ends, usage and the
 //! served endpoint read for metrics.
 
-mod ext_proc_support;
-
 use std::time::Duration;
 
-use ext_proc_support::h2_client::RawConnection;
-use ext_proc_support::*;
+use crate::ext_proc_support::h2_client::RawConnection;
+use crate::ext_proc_support::*;
 use kvpick_core::RouterConfig;
 
 async fn prefill_tokens(h: &Harness) -> u64 {

@@ -1,10 +1,8 @@
 //! Discovery against a fake API server: which pods are workers, as pods and
 //! the pool change.
 
-mod support;
-
+use crate::support::{APP, Harness, Kind, NS, POOL, config, pod, pool, terminating};
 use kvpick_io::discovery::{WorkerUpdate, worker_id};
-use support::{APP, Harness, Kind, NS, POOL, config, pod, pool, terminating};
 
 #[tokio::test]
 async fn pods_become_workers_and_stop_being_ones() {

@@ -5,12 +5,10 @@
 //! reset at once or mid-body: bursts of those are what trips h2's default
 //! rapid-reset guard (20 pending-accept resets → GOAWAY ENHANCE_YOUR_CALM).
 
-mod ext_proc_support;
-
 use std::time::{Duration, Instant};
 
-use ext_proc_support::h2_client::RawConnection;
-use ext_proc_support::*;
+use crate::ext_proc_support::h2_client::RawConnection;
+use crate::ext_proc_support::*;
 use futures::StreamExt;
 use kvpick_core::RouterConfig;
 

@@ -13,7 +13,7 @@ use serde_json::Value;
 const H_EXAMPLE: u64 = 15_760_518_052_499_183_552;
 
 fn fixture_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/kv_events")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/kv_events")
 }
 
 fn fixture(name: &str) -> Vec<u8> {

@@ -198,10 +198,6 @@ impl State {
     pub fn bookmark(&mut self) {
         self.bookmark_epoch += 1;
     }
-
-    pub fn resource_version(&self) -> u64 {
-        self.rv
-    }
 }
 
 struct Shared {

@@ -1,11 +1,9 @@
 //! Refusals: each reason's status and JSON error body, and the gRPC stream
 //! surviving every bad request.
 
-mod ext_proc_support;
-
 use std::sync::atomic::Ordering;
 
-use ext_proc_support::*;
+use crate::ext_proc_support::*;
 use kvpick_io::ext_proc::ExtProcConfig;
 use kvpick_io::tokenizer::{FallbackPolicy, TokenizeError};
 

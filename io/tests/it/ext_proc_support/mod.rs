@@ -1,7 +1,6 @@
 //! Shared by the ext_proc scenarios: a real server on 127.0.0.1 (port 0)
 //! over a 2-shard `ShardedService` on plain threads, a real tonic ext_proc
 //! client, message builders, answer readers, and a scriptable tokenizer.
-#![allow(dead_code)] // each test file uses a different part
 
 pub mod h2_client;
 

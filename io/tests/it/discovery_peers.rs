@@ -1,11 +1,9 @@
 //! Peer replicas from the EndpointSlices of kvpick's own Service.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
-use support::{APP, FakeKube, Harness, Kind, NS, POOL, config, pod, pool, slice};
+use crate::support::{APP, FakeKube, Harness, Kind, NS, POOL, config, pod, pool, slice};
 
 const SERVICE: &str = "kvpick-epp";
 const OWN_IP: &str = "10.9.0.1";

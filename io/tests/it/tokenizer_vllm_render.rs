@@ -1,10 +1,8 @@
 //! vllm-render against a stub engine on 127.0.0.1: the body forwarded byte
 //! for byte, chat and completion answers, several prompts, path prefixes.
 
-mod tokenizer_stub;
-
+use crate::tokenizer_stub::{CHAT_BODY, Reply, Stub, chat, client, completion, rendered, vllm};
 use kvpick_io::tokenizer::{TokenizeError, TokenizerProtocol};
-use tokenizer_stub::{CHAT_BODY, Reply, Stub, chat, client, completion, rendered, vllm};
 
 #[tokio::test]
 async fn chat_body_is_forwarded_byte_for_byte() {

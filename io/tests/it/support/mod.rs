@@ -4,7 +4,6 @@
 //! A test-support module rather than a crate of its own: only kvpick-io's
 //! tests use it, and it needs nothing the crate's dev-dependencies (hyper's
 //! server, tokio) do not already bring.
-#![allow(dead_code)] // each test file uses a different part
 
 pub mod fake_kube;
 

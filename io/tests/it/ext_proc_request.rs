@@ -2,9 +2,7 @@
 //! buffered gateways, KV-aware and load-aware picks, header-only requests,
 //! large bodies echoed in chunks, untrusted routing headers, TLS.
 
-mod ext_proc_support;
-
-use ext_proc_support::*;
+use crate::ext_proc_support::*;
 use kvpick_io::ext_proc::headers::DESTINATION;
 use kvpick_io::ext_proc::{ExtProcConfig, Tls};
 use kvpick_proto::core::HeaderAppendAction;

@@ -2,9 +2,7 @@
 //! once, readiness (and the names gateways probe) only with a schedulable
 //! worker; Watch streams the change.
 
-mod ext_proc_support;
-
-use ext_proc_support::*;
+use crate::ext_proc_support::*;
 use kvpick_io::health::{EXT_PROC, INFERENCE_EXTENSION, LIVENESS, READINESS};
 use kvpick_proto::health::HealthCheckRequest;
 use kvpick_proto::health::health_check_response::ServingStatus;

@@ -4,15 +4,12 @@
 //! port, its KV-event and replay ports as `DYN_EPP_KV_EVENT_*`). Readiness,
 //! routing and a pod leaving are seen through the ports a user sees.
 
-mod bin_support;
-mod support;
-
 use std::time::{Duration, Instant};
 
-use bin_support::{TempDir, WAIT, binary, chat, fleet, scrape, value};
+use crate::bin_support::{TempDir, WAIT, binary, chat, fleet, scrape, value};
+use crate::support::{APP, FakeKube, Kind, NS, POOL, pod, pool};
 use kvpick_io::testing::gateway::Gateway;
 use serde_json::Value;
-use support::{APP, FakeKube, Kind, NS, POOL, pod, pool};
 
 fn port_of(zmq: &str) -> String {
     zmq.rsplit(':').next().unwrap_or_default().to_owned()
@@ -52,7 +49,7 @@ async fn routes_to_the_pools_ready_pods_and_drops_one_that_leaves() {
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
-    let mut kvpick = bin_support::Kvpick::spawn(command);
+    let mut kvpick = crate::bin_support::Kvpick::spawn(command);
     // Logged before `listening`, so already read.
     let discovery = kvpick.log.iter().filter_map(|l| serde_json::from_str::<Value>(l).ok());
     let discovery = discovery.into_iter().find(|v| v["message"] == "discovery: Kubernetes InferencePool");

@@ -2,10 +2,8 @@
 //! do: slow and failing first lists, dropped and cut watches, 410 Gone,
 //! pagination, bookmarks.
 
-mod support;
-
+use crate::support::{APP, FakeKube, Harness, Kind, NS, POOL, config, pod, pool};
 use kvpick_io::discovery::{WorkerUpdate, worker_id};
-use support::{APP, FakeKube, Harness, Kind, NS, POOL, config, pod, pool};
 
 /// Lists: the pool and pods `p0..p{n}` at 10.0.0.{1..}, ready.
 fn seed(fake: &FakeKube, n: usize) {
@@ -174,7 +172,7 @@ async fn bookmarks_keep_a_quiet_watch_resumable_past_compaction() {
     // Unwatched writes move the resourceVersion on; a bookmark tells the
     // watches, so after compaction they resume from it instead of relisting.
     for i in 0..3 {
-        h.fake.put(Kind::EndpointSlice, support::slice(&format!("s{i}"), "unrelated", &[], &[]));
+        h.fake.put(Kind::EndpointSlice, crate::support::slice(&format!("s{i}"), "unrelated", &[], &[]));
     }
     h.fake.edit(|s| s.bookmark());
     h.wait_for("two bookmarks sent", |h| h.fake.bookmarks_sent() == 2).await;

@@ -2,11 +2,9 @@
 //! in front of simulated vLLM engines (real HTTP render tokenizer, real
 //! ZMQ KV events), driven by a miniature gateway over ext_proc.
 
-mod bin_support;
-
 use std::time::{Duration, Instant};
 
-use bin_support::{TempDir, WAIT, binary, chat, fleet, scrape, serve, value, write_workers};
+use crate::bin_support::{TempDir, WAIT, binary, chat, fleet, scrape, serve, value, write_workers};
 use kvpick_io::testing::gateway::Gateway;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,7 +113,7 @@ async fn sigterm_mid_stream_drains_and_exits_zero() {
     // Real time: the 300-token answer takes over a second.
     let base = kvpick_sim::EngineConfig {
         time: kvpick_sim::TimeModel { time_scale: 1.0, ..kvpick_sim::TimeModel::default() },
-        ..bin_support::engine_config()
+        ..crate::bin_support::engine_config()
     };
     let fleet = kvpick_sim::Fleet::start(1, &base).await.unwrap_or_else(|e| panic!("{e}"));
     let dir = TempDir::new("sigterm");
