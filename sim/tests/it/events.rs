@@ -3,14 +3,12 @@
 //! eviction, cleared on restart; replay healing a gap of dropped batches in
 //! both reply layouts; the bounded replay buffer; stalled events.
 
-mod sim_support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::{DEADLINE, Subscriber, fast_config, replay};
 use kvpick_core::{HashSeed, KvEvent};
 use kvpick_kv_events::wire::{DecodedBatch, decode_batch};
 use kvpick_sim::{Engine, EngineConfig, EventEncoding, ReplayLayout, RequestSpec};
-use sim_support::{DEADLINE, Subscriber, fast_config, replay};
 
 const TOPIC: &str = "kv@127.0.0.1@sim-model";
 const QUIET: Duration = Duration::from_millis(250);

@@ -2,14 +2,12 @@
 //! usage, cached tokens), render, metrics, errors, the stall knob, the time
 //! model on a scaled clock, and seeded determinism.
 
-mod sim_support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::{DEADLINE, Http, fast_config};
 use kvpick_sim::tokenizer::{render_chat, render_completion};
 use kvpick_sim::{Engine, EngineConfig, Fleet, Progress, RequestSpec, TimeModel};
 use serde_json::{Value, json};
-use sim_support::{DEADLINE, Http, fast_config};
 
 fn conversation(turns: usize) -> Value {
     let mut messages = vec![json!({"role": "system", "content":

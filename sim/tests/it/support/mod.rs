@@ -2,7 +2,6 @@
 //! SSE) and ZMQ subscriber / replay helpers, all bounded in time.
 
 // Each test binary uses a different part of this module.
-#![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 
