@@ -3,13 +3,15 @@
 //! It indexes the KV blocks each worker holds (from the engines' own KV
 //! events), tracks the load booked on each worker by reservations, and picks
 //! the cheapest worker for a prompt. Everything here is plain data and
-//! synchronous code: no I/O, no async runtime, no clock (time is passed in),
-//! so it runs the same in the thread-per-core runtime, in a test, or in a
-//! fuzzer. It must never depend on tokio, tonic, kube or any socket.
+//! synchronous code: no I/O, no threads, no async runtime, no clock (time
+//! is passed in), so it runs the same in the thread-per-core runtime
+//! (`kvpick-runtime`), in a test, or in a fuzzer. It must never depend on
+//! an executor, tokio, tonic, kube or any socket.
 //!
 //! State is owned by [`Shard`]s, each a set of workers touched by one thread
-//! only. [`SelectionService`] drives S shards from the caller's thread and
-//! is the reference the multi-threaded runtime must match exactly.
+//! only. Every pick is [`PickPolicy::decide`]; [`SelectionService`] drives S
+//! shards from the caller's thread and is the reference the multi-threaded
+//! runtime must match exactly.
 
 pub mod booking;
 pub mod clock;

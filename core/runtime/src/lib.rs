@@ -1,5 +1,8 @@
-//! The thread-per-core runtime: S shard threads, each owning one `Shard`,
-//! fed through per-producer SPSC rings, answering through one-shot slots.
+//! kvpick-runtime: the thread-per-core runtime over kvpick-core. S shard
+//! threads, each owning one `Shard`, fed through per-producer SPSC rings,
+//! answering through one-shot slots. The only crate of kvpick that spawns,
+//! pins and parks threads; the decisions it makes are kvpick-core's
+//! (`PickPolicy`), so it never decides differently from the facade.
 //!
 //! A shard thread is a glommio `LocalExecutor` pinned to its core. Where
 //! io_uring is unavailable (Docker's and containerd's default seccomp
