@@ -5,7 +5,8 @@
 //!   Picker Protocol; [`health`]: gRPC health.
 //! - KV-event ingest lives in its own crate, `kvpick-kv-events` (`io/kv-events`).
 //! - [`tokenizer`]: vLLM render and SGLang tokenize clients.
-//! - [`discovery`]: the InferencePool, its pods and the peer replicas.
+//! - Discovery (the InferencePool, its pods, the peer replicas, or a static
+//!   workers file) is its own crate, `kvpick-discovery` (`io/discovery`).
 //! - [`metrics`]: Prometheus export of every part's counters.
 //! - [`app`]: all of it started in order and stopped in reverse
 //!   (`kvpick serve`), with its configuration.
@@ -20,7 +21,6 @@
 //! and nothing in it may touch a shard's state except through a sink.
 
 pub mod app;
-pub mod discovery;
 pub mod ext_proc;
 pub mod health;
 pub mod metrics;

@@ -25,8 +25,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use kvpick_core::{HashSeed, LoadSnapshot, Prompt, WorkerId};
+use kvpick_discovery::workers_file::{self, static_worker_id};
 use kvpick_io::app::settings::{self as var, Values};
-use kvpick_io::app::workers_file::{self, static_worker_id};
 use kvpick_io::app::{App, ServeConfig};
 use kvpick_io::testing::gateway::Gateway;
 use kvpick_kv_events::IngestCounters;

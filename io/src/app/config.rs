@@ -9,9 +9,9 @@ use kvpick_core::RouterConfig;
 use kvpick_runtime::{RuntimeChoice, RuntimeConfig, RuntimeKind};
 
 use super::settings::{self as var, SettingError, Values};
-use crate::discovery::DiscoveryConfig;
 use crate::ext_proc::ExtProcConfig;
 use crate::tokenizer::{FallbackPolicy, TokenizerConfig};
+use kvpick_discovery::DiscoveryConfig;
 
 /// Where the workers come from.
 #[derive(Clone, Debug, PartialEq)]

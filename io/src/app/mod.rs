@@ -16,7 +16,6 @@
 
 pub mod config;
 pub mod settings;
-pub mod workers_file;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,14 +28,14 @@ use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, DiscoveryMode, LogFormat, ServeConfig};
 
-use crate::discovery::{Discovery, WorkerUpdate};
 use crate::ext_proc::{ExtProcMetrics, ExtProcServer, KvPicker, Picker, ServeError, ServerHandle};
 use crate::health::{Health, Readiness};
 use crate::metrics::MetricsServer;
 use crate::metrics::collect::{Sources, WorkerNames};
 use crate::tokenizer::{TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
+use kvpick_discovery::workers_file::{Defaults, WorkersFile};
+use kvpick_discovery::{Discovery, WorkerUpdate};
 use kvpick_kv_events::{IngestConfig, IngestError, KvEventIngest, ShardSink};
-use workers_file::{Defaults, WorkersFile};
 
 /// Why kvpick could not start.
 #[derive(Debug, thiserror::Error)]

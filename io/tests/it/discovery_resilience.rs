@@ -3,7 +3,7 @@
 //! pagination, bookmarks.
 
 use crate::support::{APP, FakeKube, Harness, Kind, NS, POOL, config, pod, pool};
-use kvpick_io::discovery::{WorkerUpdate, worker_id};
+use kvpick_discovery::{WorkerUpdate, worker_id};
 
 /// Lists: the pool and pods `p0..p{n}` at 10.0.0.{1..}, ready.
 fn seed(fake: &FakeKube, n: usize) {

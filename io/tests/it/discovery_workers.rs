@@ -2,7 +2,7 @@
 //! the pool change.
 
 use crate::support::{APP, Harness, Kind, NS, POOL, config, pod, pool, terminating};
-use kvpick_io::discovery::{WorkerUpdate, worker_id};
+use kvpick_discovery::{WorkerUpdate, worker_id};
 
 #[tokio::test]
 async fn pods_become_workers_and_stop_being_ones() {

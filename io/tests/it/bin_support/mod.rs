@@ -9,7 +9,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use kvpick_io::app::workers_file::{self, Entry};
+use kvpick_discovery::workers_file::{self, Entry};
 use kvpick_sim::{EngineConfig, Fleet, TimeModel};
 use serde_json::{Value, json};
 

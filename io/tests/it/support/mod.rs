@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvpick_core::WorkerId;
-use kvpick_io::discovery::{DiscoveredWorker, Discovery, DiscoveryConfig, DiscoveryState, WorkerUpdate};
+use kvpick_discovery::{DiscoveredWorker, Discovery, DiscoveryConfig, DiscoveryState, WorkerUpdate};
 use tokio::time::Instant;
 
 #[allow(unused_imports)] // not every test file builds every object

@@ -2,7 +2,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use super::*;
-use crate::discovery::worker_id;
+use crate::worker_id;
 
 const NS: &str = "llm";
 const POOL: &str = "pool";

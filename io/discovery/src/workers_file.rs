@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::discovery::{DiscoveredWorker, WorkerUpdate};
+use crate::{DiscoveredWorker, WorkerUpdate};
 use kvpick_kv_events::Publisher;
 
 /// Facts every worker shares unless its entry says otherwise.

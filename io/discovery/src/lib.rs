@@ -1,5 +1,6 @@
-//! Kubernetes discovery: which workers kvpick routes to, and which peer
-//! replicas it syncs with.
+//! kvpick-discovery: which workers kvpick routes to, and which peer
+//! replicas it syncs with; from Kubernetes, or from a static workers file
+//! ([`workers_file`]).
 //!
 //! kvpick serves one GAIE `InferencePool` (`inference.networking.k8s.io/v1`,
 //! named by `DYN_EPP_INFERENCE_POOL_NAME` in `POD_NAMESPACE`). Three watches
@@ -48,6 +49,7 @@ pub mod pool;
 mod store;
 mod watch;
 mod worker;
+pub mod workers_file;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
