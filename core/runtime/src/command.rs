@@ -89,4 +89,10 @@ impl Command {
     pub(crate) fn is_fire_and_forget(&self) -> bool {
         matches!(self, Command::Event(..) | Command::Posted(_))
     }
+
+    /// A KV event: throughput work, which a glommio shard runs on its
+    /// background task queue, behind selections.
+    pub(crate) fn is_event(&self) -> bool {
+        matches!(self, Command::Event(..))
+    }
 }

@@ -81,8 +81,28 @@ impl Doorbell {
         true
     }
 
+    /// Wakes the shard's own sleeping task from its own thread (a glommio
+    /// shard's background task that found a selection waiting).
+    pub(crate) fn ring_here(&self) {
+        if self.sleeping.load(Ordering::Relaxed) {
+            self.rung.store(true, Ordering::Release);
+            self.waker.wake();
+        }
+    }
+
+    /// Async side of `sleep_blocking`, for a task on an executor: resolves
+    /// once rung. A producer on another thread wakes the task through the
+    /// executor's own cross-thread wake-up (glommio: its eventfd).
+    pub(crate) async fn rung(&self) {
+        std::future::poll_fn(|cx| {
+            self.waker.register(cx.waker());
+            if self.rung.load(Ordering::Acquire) { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
+        })
+        .await
+    }
+
     /// Resets the flags; returns when the shard was rung, if it was.
-    fn woke(&self) -> Option<Instant> {
+    pub(crate) fn woke(&self) -> Option<Instant> {
         self.sleeping.store(false, Ordering::Relaxed);
         self.rung.store(false, Ordering::Relaxed);
         match self.rung_at.swap(NEVER, Ordering::Relaxed) {

@@ -16,6 +16,7 @@ mod clock;
 mod command;
 mod deferred_ring;
 mod doorbell;
+mod glommio_shard;
 mod producer;
 mod service;
 mod shard_loop;

@@ -188,7 +188,7 @@ impl ShardedService {
                     let placement = cpu.map_or(glommio::Placement::Unbound, glommio::Placement::Fixed);
                     glommio::LocalExecutorBuilder::new(placement)
                         .name(&name)
-                        .spawn(move || async move { shard_loop.run() })
+                        .spawn(move || super::glommio_shard::run(shard_loop))
                         .map(ShardThread::Glommio)
                         .map_err(|e| RuntimeError::Spawn { shard: i, source: std::io::Error::other(e.to_string()) })
                 }

@@ -167,7 +167,77 @@ impl ShardLoop {
         self.shared.has_new_rings.load(Ordering::Acquire) || self.rings.iter().any(|r| !r.is_empty())
     }
 
-    fn expire_due(&mut self) {
+    /// A glommio shard's latency-sensitive pass: posted booking changes at
+    /// every ring head first (as `pass`), then every command but KV events,
+    /// which its background task applies. Returns how many ran.
+    pub(crate) fn pass_selections(&mut self) -> usize {
+        self.take_new_rings();
+        let mut handled = 0;
+        for i in 0..self.rings.len() {
+            handled += self.drain(i, |c| matches!(c, Command::Posted(_)));
+        }
+        for i in 0..self.rings.len() {
+            handled += self.drain(i, |c| !c.is_event());
+        }
+        self.rings.retain(|ring| !(ring.is_abandoned() && ring.is_empty()));
+        handled
+    }
+
+    /// A glommio shard's background pass: up to `FAIR_SHARE` KV events at
+    /// the head of each ring. Returns how many ran.
+    pub(crate) fn pass_events(&mut self) -> usize {
+        (0..self.rings.len()).map(|i| self.drain(i, Command::is_event)).sum()
+    }
+
+    /// A command other than a KV event waits at a ring head (or a new ring).
+    pub(crate) fn has_selection_work(&self) -> bool {
+        self.shared.has_new_rings.load(Ordering::Acquire)
+            || self.rings.iter().any(|r| r.peek().is_ok_and(|c| !c.is_event()))
+    }
+
+    /// A KV event waits at a ring head.
+    pub(crate) fn has_event_work(&self) -> bool {
+        self.rings.iter().any(|r| r.peek().is_ok_and(Command::is_event))
+    }
+
+    pub(crate) fn shared(&self) -> &ShardShared {
+        &self.shared
+    }
+
+    /// Polls the rings for the spin policy's budget before a glommio shard
+    /// sleeps, as the std loop does: while it polls, producers see it awake
+    /// and do not ring, so a selection costs no wake-up. Returns whether
+    /// work arrived, and records the idle gap either way from `since`.
+    pub(crate) fn spin_before_sleep(&mut self, since: Instant) -> bool {
+        let found = self.spin_for_work();
+        if found {
+            self.spin.work_arrived(since, Instant::now());
+        }
+        found
+    }
+
+    /// Work arrived at `at` after the shard went idle at `since`.
+    pub(crate) fn work_arrived(&mut self, since: Instant, at: Instant) {
+        self.spin.work_arrived(since, at);
+    }
+
+    pub(crate) fn shared_arc(&self) -> Arc<ShardShared> {
+        self.shared.clone()
+    }
+
+    /// How long until the posted-change drain is due: while bookings are
+    /// held, posted frees (which do not ring) must not wait longer.
+    pub(crate) fn posted_drain_due(&self) -> Option<Duration> {
+        (self.shard.booking_count() > 0).then_some(POSTED_DRAIN)
+    }
+
+    /// How long until the next lease ends, if the clock can say.
+    pub(crate) fn until_next_lease_end(&self) -> Option<Duration> {
+        let end = self.clock.instant_of(self.shard.next_lease_end()?)?;
+        Some(end.saturating_duration_since(Instant::now()))
+    }
+
+    pub(crate) fn expire_due(&mut self) {
         let now = self.clock.now();
         if self.shard.next_lease_end().is_some_and(|end| end <= now) {
             let expired = self.shard.expire(now);
@@ -212,7 +282,7 @@ impl ShardLoop {
 
     /// Last drain: whatever a producer pushed before it could see `exited`
     /// is still answered.
-    fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         self.shared.exited.store(true, Ordering::SeqCst);
         std::sync::atomic::fence(Ordering::SeqCst);
         self.pass();
