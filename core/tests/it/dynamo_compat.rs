@@ -1,5 +1,5 @@
 //! Compatibility of kvpick-core with NVIDIA Dynamo's KV router, crate
-//! `dynamo-kv-router` 1.6.1 (DESIGN.md §3): Dynamo is only *called* here, as
+//! `dynamo-kv-router` 1.6.1: Dynamo is only *called* here, as
 //! an oracle; none of its code is part of kvpick.
 //!
 //! 1. Hashing: local block hashes, sequence hashes and the LoRA / cache-salt

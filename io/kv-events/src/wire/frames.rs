@@ -1,4 +1,4 @@
-//! The ZMQ framing of KV events, live and replayed (DESIGN.md §5).
+//! The ZMQ framing of KV events, live and replayed.
 //!
 //! Live: exactly `[topic, seq (8-byte big-endian), payload]`. Replay replies,
 //! as a DEALER receives them: `["", topic, seq, payload]` (vLLM ≥ 0.26,

@@ -3,7 +3,7 @@
 //! sent there (no engine events), next to queue and KV-usage scorers fed by
 //! scraped metrics.
 //!
-//! As in the reference (facts in /work/shared/reference/gaie.md): score =
+//! As GAIE documents its approximate prefix scorer: score =
 //! 2 × queue + 2 × KV usage + 3 × prefix, the highest wins, ties at random.
 //! queue = `(max − q)/(max − min)` over waiting-queue lengths (1 if all
 //! equal); KV = `1 − usage`; prefix = matched blocks / hashed blocks, where
