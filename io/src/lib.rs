@@ -2,7 +2,8 @@
 //! `kvpick` binary that wires it to the selection core.
 //!
 //! - [`ext_proc`]: the Envoy ext_proc server speaking the GAIE Endpoint
-//!   Picker Protocol; [`health`]: gRPC health.
+//!   Picker Protocol. Serving a gRPC port (HTTP/2 settings, TLS, shutdown)
+//!   and gRPC health are their own crate, `kvpick-grpc` (`io/grpc`).
 //! - KV-event ingest lives in its own crate, `kvpick-kv-events` (`io/kv-events`).
 //! - [`tokenizer`]: vLLM render and SGLang tokenize clients.
 //! - Discovery (the InferencePool, its pods, the peer replicas, or a static
@@ -22,7 +23,6 @@
 
 pub mod app;
 pub mod ext_proc;
-pub mod health;
 pub mod metrics;
 #[cfg(feature = "testing")]
 pub mod testing;

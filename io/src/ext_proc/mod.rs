@@ -31,11 +31,10 @@ pub mod reservation;
 pub mod responses;
 pub mod server;
 pub mod stream;
-pub mod tls;
 pub mod usage;
 
-pub use config::{AssumedBodyMode, ConfigError, ExtProcConfig, Http2, Tls};
+pub use config::{AssumedBodyMode, ExtProcConfig};
 pub use error::RequestError;
 pub use metrics::{ExtProcMetrics, ExtProcMetricsSnapshot};
-pub use picker::{KvPicker, NullPicker, Picker};
-pub use server::{ExtProcServer, ServeError, ServerHandle};
+pub use picker::{KvPicker, NullPicker, Picker, PickerConfig};
+pub use server::ExtProcServer;

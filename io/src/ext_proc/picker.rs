@@ -15,7 +15,6 @@ use kvpick_core::{BookingError, EndpointFilter, HashSeed, Prompt, ReservationId,
 use kvpick_runtime::{Clock, PendingRings, RingScheduler, ShardedService, ThreadProducers};
 
 use super::body::RequestBody;
-use super::config::ExtProcConfig;
 use super::error::RequestError;
 use super::metrics::{ExtProcMetrics, Fallback, Phase};
 use super::reservation::{Reservation, ReservationIds};
@@ -119,6 +118,27 @@ fn ring_after_ready_tasks() -> RingScheduler {
     })
 }
 
+/// How [`KvPicker`] picks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PickerConfig {
+    /// The pool's base model: any other `model` in a body is a LoRA adapter
+    /// and hashes with its own seed, as the engine does. `None`: no request
+    /// is treated as a LoRA.
+    pub base_model: Option<String>,
+    /// What to do when tokenizing fails or is not supported.
+    pub fallback: FallbackPolicy,
+    /// Picks made in one pass of the I/O thread wake the shard once, after
+    /// that pass, rather than once each (`kvpick_runtime::RingScheduler`).
+    /// Off only to measure what it saves.
+    pub ring_per_batch: bool,
+}
+
+impl Default for PickerConfig {
+    fn default() -> Self {
+        PickerConfig { base_model: None, fallback: FallbackPolicy::default(), ring_per_batch: true }
+    }
+}
+
 /// kvpick's pick: tokenize (or fall back to load only), hash once, select
 /// and book on the shards.
 #[derive(Clone)]
@@ -141,7 +161,7 @@ impl KvPicker {
         service: Arc<ShardedService>,
         clock: Clock,
         tokenizer: Arc<dyn Tokenizer>,
-        config: &ExtProcConfig,
+        config: &PickerConfig,
         metrics: Arc<ExtProcMetrics>,
     ) -> Self {
         let producers = ThreadProducers::new(service);

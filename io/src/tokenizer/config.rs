@@ -1,6 +1,8 @@
-//! Which tokenizer to ask, and how: settings named after Dynamo's
-//! standalone EPP variables (DESIGN.md §7), validated with errors that name
-//! the setting, the bad value and what is allowed, and turned into a client.
+//! Which tokenizer to ask, and how: values validated with errors that name
+//! the field, the bad value and what is allowed, and turned into a client.
+//! The flags and environment variables that set them (named after Dynamo's
+//! standalone EPP, DESIGN.md §7) are the app's: it names the setting when
+//! it reports one of these errors.
 
 use std::fmt;
 use std::str::FromStr;
@@ -13,30 +15,51 @@ use super::sglang::SglangTokenizer;
 use super::vllm_render::VllmRenderTokenizer;
 use super::{FallbackPolicy, Tokenizer};
 
-pub const SERVICE_URL_VAR: &str = "DYN_EPP_TOKENIZER_SERVICE_URL";
-pub const PROTOCOL_VAR: &str = "DYN_EPP_TOKENIZER_PROTOCOL";
-pub const TIMEOUT_VAR: &str = "DYN_EPP_TOKENIZATION_TIMEOUT_MS";
-pub const MAX_RESPONSE_BYTES_VAR: &str = "DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES";
-/// kvpick's own (Dynamo's EPP always fails): `fail` or `load-only`.
-pub const FALLBACK_VAR: &str = "DYN_EPP_TOKENIZER_FALLBACK";
-
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(5000);
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
-/// A setting's value that cannot be used.
+/// A field of [`TokenizerConfig`], as an error names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TokenizerField {
+    BaseUrl,
+    Protocol,
+    Timeout,
+    MaxResponseBytes,
+    Fallback,
+}
+
+impl TokenizerField {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenizerField::BaseUrl => "base_url",
+            TokenizerField::Protocol => "protocol",
+            TokenizerField::Timeout => "timeout",
+            TokenizerField::MaxResponseBytes => "max_response_bytes",
+            TokenizerField::Fallback => "fallback",
+        }
+    }
+}
+
+impl fmt::Display for TokenizerField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A value that cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{setting}={value:?} is invalid: {allowed}")]
+#[error("tokenizer {field}={value:?} is invalid: {allowed}")]
 pub struct TokenizerConfigError {
-    /// The environment variable (the flag of the same name says the same).
-    pub setting: &'static str,
+    /// Which value; the app names the setting (flag or variable) that gave it.
+    pub field: TokenizerField,
     pub value: String,
     /// What is wrong and what is allowed.
     pub allowed: String,
 }
 
 impl TokenizerConfigError {
-    fn new(setting: &'static str, value: impl Into<String>, allowed: impl Into<String>) -> Self {
-        TokenizerConfigError { setting, value: value.into(), allowed: allowed.into() }
+    fn new(field: TokenizerField, value: impl Into<String>, allowed: impl Into<String>) -> Self {
+        TokenizerConfigError { field, value: value.into(), allowed: allowed.into() }
     }
 }
 
@@ -71,7 +94,11 @@ impl FromStr for TokenizerProtocol {
         match text.trim() {
             "vllm-render" => Ok(TokenizerProtocol::VllmRender),
             "sglang-tokenize" => Ok(TokenizerProtocol::SglangTokenize),
-            _ => Err(TokenizerConfigError::new(PROTOCOL_VAR, text, "expected `vllm-render` or `sglang-tokenize`")),
+            _ => Err(TokenizerConfigError::new(
+                TokenizerField::Protocol,
+                text,
+                "expected `vllm-render` or `sglang-tokenize`",
+            )),
         }
     }
 }
@@ -98,7 +125,7 @@ impl FromStr for FallbackPolicy {
         match text.trim() {
             "fail" => Ok(FallbackPolicy::Fail),
             "load-only" => Ok(FallbackPolicy::LoadOnly),
-            _ => Err(TokenizerConfigError::new(FALLBACK_VAR, text, "expected `fail` or `load-only`")),
+            _ => Err(TokenizerConfigError::new(TokenizerField::Fallback, text, "expected `fail` or `load-only`")),
         }
     }
 }
@@ -131,49 +158,19 @@ impl TokenizerConfig {
         }
     }
 
-    /// From the process environment; see [`TokenizerConfig::from_lookup`].
-    pub fn from_env() -> Result<TokenizerConfig, TokenizerConfigError> {
-        TokenizerConfig::from_lookup(|name| std::env::var(name).ok())
-    }
-
-    /// From settings looked up by variable name. The URL is required; the
-    /// protocol defaults to `vllm-render`, the timeout to 5000 ms, the cap
-    /// to 16 MiB, the fallback to `load-only`. Empty values count as unset.
-    /// The URL is checked too, so a config that loads also builds.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<TokenizerConfig, TokenizerConfigError> {
-        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let base_url = get(SERVICE_URL_VAR).ok_or_else(|| {
-            TokenizerConfigError::new(SERVICE_URL_VAR, "", "required: the tokenizer service, e.g. http://vllm:8000")
-        })?;
-        let protocol = get(PROTOCOL_VAR).map_or(Ok(TokenizerProtocol::VllmRender), |v| v.parse())?;
-        let timeout = match get(TIMEOUT_VAR) {
-            None => DEFAULT_TIMEOUT,
-            Some(text) => Duration::from_millis(positive(TIMEOUT_VAR, &text, "milliseconds")?),
-        };
-        let max_response_bytes = match get(MAX_RESPONSE_BYTES_VAR) {
-            None => DEFAULT_MAX_RESPONSE_BYTES,
-            Some(text) => usize::try_from(positive(MAX_RESPONSE_BYTES_VAR, &text, "bytes")?)
-                .map_err(|_| TokenizerConfigError::new(MAX_RESPONSE_BYTES_VAR, text, "too large for this machine"))?,
-        };
-        let fallback = get(FALLBACK_VAR).map_or(Ok(FallbackPolicy::default()), |v| v.parse())?;
-        let config = TokenizerConfig { protocol, base_url, timeout, max_response_bytes, fallback };
-        config.validate()?;
-        Ok(config)
-    }
-
     /// Checks every value, naming the first bad one.
     pub fn validate(&self) -> Result<(), TokenizerConfigError> {
         super::endpoint(&self.base_url, "/")
-            .map_err(|allowed| TokenizerConfigError::new(SERVICE_URL_VAR, &self.base_url, allowed))?;
+            .map_err(|allowed| TokenizerConfigError::new(TokenizerField::BaseUrl, &self.base_url, allowed))?;
         if self.timeout < Duration::from_millis(1) {
             return Err(TokenizerConfigError::new(
-                TIMEOUT_VAR,
+                TokenizerField::Timeout,
                 self.timeout.as_millis().to_string(),
                 "expected at least 1 ms",
             ));
         }
         if self.max_response_bytes == 0 {
-            return Err(TokenizerConfigError::new(MAX_RESPONSE_BYTES_VAR, "0", "expected at least 1 byte"));
+            return Err(TokenizerConfigError::new(TokenizerField::MaxResponseBytes, "0", "expected at least 1 byte"));
         }
         Ok(())
     }
@@ -183,7 +180,7 @@ impl TokenizerConfig {
     pub fn build(&self, metrics: Arc<TokenizerMetrics>) -> Result<Arc<dyn Tokenizer>, TokenizerConfigError> {
         self.validate()?;
         let http = HttpClient::new(self.timeout, self.max_response_bytes);
-        let bad_url = |allowed: String| TokenizerConfigError::new(SERVICE_URL_VAR, &self.base_url, allowed);
+        let bad_url = |allowed: String| TokenizerConfigError::new(TokenizerField::BaseUrl, &self.base_url, allowed);
         Ok(match self.protocol {
             TokenizerProtocol::VllmRender => {
                 Arc::new(VllmRenderTokenizer::new(&self.base_url, http, metrics).map_err(bad_url)?)
@@ -195,76 +192,32 @@ impl TokenizerConfig {
     }
 }
 
-/// A whole number ≥ 1 (`_` separators allowed).
-fn positive(setting: &'static str, text: &str, unit: &str) -> Result<u64, TokenizerConfigError> {
-    match text.trim().replace('_', "").parse::<u64>() {
-        Ok(n) if n >= 1 => Ok(n),
-        _ => Err(TokenizerConfigError::new(setting, text, format!("expected a whole number of {unit}, at least 1"))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn lookup(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        move |name| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
-    }
-
     #[test]
     fn defaults() {
-        let config = TokenizerConfig::from_lookup(lookup(&[(SERVICE_URL_VAR, "http://vllm:8000")]));
-        assert_eq!(config, Ok(TokenizerConfig::new(TokenizerProtocol::VllmRender, "http://vllm:8000")));
         let config = TokenizerConfig::new(TokenizerProtocol::VllmRender, "http://x");
         assert_eq!((config.timeout.as_millis(), config.max_response_bytes), (5000, 16 << 20));
         assert_eq!(config.fallback, FallbackPolicy::LoadOnly);
     }
 
     #[test]
-    fn every_setting_parses() {
-        let config = TokenizerConfig::from_lookup(lookup(&[
-            (SERVICE_URL_VAR, "http://sglang:30000/prefix/"),
-            (PROTOCOL_VAR, "sglang-tokenize"),
-            (TIMEOUT_VAR, "250"),
-            (MAX_RESPONSE_BYTES_VAR, "1_048_576"),
-            (FALLBACK_VAR, "fail"),
-        ]));
-        assert_eq!(
-            config,
-            Ok(TokenizerConfig {
-                protocol: TokenizerProtocol::SglangTokenize,
-                base_url: "http://sglang:30000/prefix/".into(),
-                timeout: Duration::from_millis(250),
-                max_response_bytes: 1 << 20,
-                fallback: FallbackPolicy::Fail,
-            })
-        );
-    }
-
-    #[test]
-    fn errors_name_the_setting_and_value() {
-        type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
-        let url = (SERVICE_URL_VAR, "http://vllm:8000");
-        let cases: &[Case] = &[
-            (&[], SERVICE_URL_VAR, ""),
-            (&[url, (PROTOCOL_VAR, "trtllm")], PROTOCOL_VAR, "trtllm"),
-            (&[url, (TIMEOUT_VAR, "0")], TIMEOUT_VAR, "0"),
-            (&[url, (TIMEOUT_VAR, "5s")], TIMEOUT_VAR, "5s"),
-            (&[url, (MAX_RESPONSE_BYTES_VAR, "-1")], MAX_RESPONSE_BYTES_VAR, "-1"),
-            (&[url, (FALLBACK_VAR, "ignore")], FALLBACK_VAR, "ignore"),
-            (&[(SERVICE_URL_VAR, "vllm:8000")], SERVICE_URL_VAR, "vllm:8000"),
-            (&[(SERVICE_URL_VAR, "https://vllm")], SERVICE_URL_VAR, "https://vllm"),
-            (&[(SERVICE_URL_VAR, "http://vllm/?q=1")], SERVICE_URL_VAR, "http://vllm/?q=1"),
-            (&[(SERVICE_URL_VAR, "http://u:p@vllm")], SERVICE_URL_VAR, "http://u:p@vllm"),
-        ];
-        for (pairs, setting, value) in cases {
-            let err = TokenizerConfig::from_lookup(lookup(pairs)).expect_err(value);
-            assert_eq!((err.setting, err.value.as_str()), (*setting, *value), "{err}");
-            assert!(err.to_string().contains(setting), "{err}");
+    fn errors_name_the_field_and_value() {
+        let protocol = "trtllm".parse::<TokenizerProtocol>().err();
+        assert_eq!(protocol.map(|e| (e.field, e.value)), Some((TokenizerField::Protocol, "trtllm".into())));
+        let fallback = "ignore".parse::<FallbackPolicy>().err();
+        assert_eq!(fallback.map(|e| (e.field, e.value)), Some((TokenizerField::Fallback, "ignore".into())));
+        for url in ["vllm:8000", "https://vllm", "http://vllm/?q=1", "http://u:p@vllm"] {
+            let err = TokenizerConfig::new(TokenizerProtocol::VllmRender, url).validate().expect_err(url);
+            assert_eq!((err.field, err.value.as_str()), (TokenizerField::BaseUrl, url), "{err}");
         }
         let mut zero = TokenizerConfig::new(TokenizerProtocol::VllmRender, "http://x");
         zero.max_response_bytes = 0;
-        assert_eq!(zero.validate().map_err(|e| e.setting), Err(MAX_RESPONSE_BYTES_VAR));
+        assert_eq!(zero.validate().map_err(|e| e.field), Err(TokenizerField::MaxResponseBytes));
+        let mut zero = TokenizerConfig::new(TokenizerProtocol::VllmRender, "http://x");
+        zero.timeout = Duration::ZERO;
+        assert_eq!(zero.validate().map_err(|e| e.field), Err(TokenizerField::Timeout));
     }
 }

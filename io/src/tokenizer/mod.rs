@@ -5,7 +5,8 @@
 //! `/tokenize`). The clients live in submodules; the ext_proc server only
 //! sees this trait.
 //!
-//! - [`TokenizerConfig`] (from the `DYN_EPP_TOKENIZER_*` settings) builds
+//! - [`TokenizerConfig`] (the app fills it from the `DYN_EPP_TOKENIZER_*`
+//!   settings) builds
 //!   the client for its [`TokenizerProtocol`]: [`VllmRenderTokenizer`]
 //!   (`vllm-render`) or [`SglangTokenizer`] (`sglang-tokenize`).
 //! - Both send through one [`HttpClient`]: pooled keep-alive HTTP/1, one
@@ -30,8 +31,8 @@ mod sglang;
 mod vllm_render;
 
 pub use config::{
-    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, FALLBACK_VAR, MAX_RESPONSE_BYTES_VAR, PROTOCOL_VAR, SERVICE_URL_VAR,
-    TIMEOUT_VAR, TokenizerConfig, TokenizerConfigError, TokenizerProtocol,
+    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TokenizerConfig, TokenizerConfigError, TokenizerField,
+    TokenizerProtocol,
 };
 pub use http_client::{ERROR_MESSAGE_MAX_BYTES, HttpClient};
 pub use metrics::{ErrorClass, TokenizerMetrics, TokenizerMetricsSnapshot};
@@ -95,8 +96,8 @@ pub trait Tokenizer: Send + Sync + 'static {
     fn tokenize(&self, request: TokenizeRequest) -> TokenizeFuture<'_>;
 }
 
-/// What to do when tokenizing fails or is not supported
-/// (`DYN_EPP_TOKENIZER_FALLBACK`: `fail` | `load-only`).
+/// What to do when tokenizing fails or is not supported (`fail` |
+/// `load-only`).
 ///
 /// The default, for unsupported bodies and tokenizer outages alike, is
 /// `LoadOnly`. The token ids only buy KV-cache overlap: the engines can

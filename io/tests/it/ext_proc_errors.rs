@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::ext_proc_support::*;
-use kvpick_io::ext_proc::ExtProcConfig;
+use kvpick_io::ext_proc::{ExtProcConfig, PickerConfig};
 use kvpick_io::tokenizer::{FallbackPolicy, TokenizeError};
 
 /// Sends headers and `body` in one chunk; returns the immediate response.
@@ -104,8 +104,8 @@ async fn inflight_limit_is_429_with_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokenizer_errors_fail_or_fall_back_by_policy() {
-    let fail = ExtProcConfig { fallback: FallbackPolicy::Fail, ..Options::default().config };
-    let h = Harness::start(Options { config: fail, ..Options::default() }).await;
+    let fail = PickerConfig { fallback: FallbackPolicy::Fail, ..PickerConfig::default() };
+    let h = Harness::start(Options { picker: fail, ..Options::default() }).await;
     for (error, status) in [
         (TokenizeError::Timeout, 504),
         (TokenizeError::Upstream("engine said 500".into()), 502),

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kvpick_core::{RouterConfig, WorkerId, WorkerSpec};
-use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker};
+use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_io::testing::WordTokenizer;
 use kvpick_io::tokenizer::Tokenizer;
 use kvpick_perf::args::{TimeBudget, parse_or_exit};
@@ -205,11 +205,11 @@ fn run(budget: &Budget) -> Result<String, String> {
     // `KVPICK_BENCH_RING_PER_PUSH=1`: every pick rings its shard (what
     // ringing once per batch saves).
     let ring_per_batch = std::env::var_os("KVPICK_BENCH_RING_PER_PUSH").is_none();
-    let config =
-        ExtProcConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ring_per_batch, ..ExtProcConfig::default() };
+    let config = ExtProcConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..ExtProcConfig::default() };
+    let picker = PickerConfig { ring_per_batch, ..PickerConfig::default() };
     let tokenizer: Arc<dyn Tokenizer> = Arc::new(WordTokenizer);
     let kv_metrics = Arc::new(ExtProcMetrics::new());
-    let kv = Picker::Kv(KvPicker::new(service.clone(), clock.clone(), tokenizer.clone(), &config, kv_metrics.clone()));
+    let kv = Picker::Kv(KvPicker::new(service.clone(), clock.clone(), tokenizer.clone(), &picker, kv_metrics.clone()));
     let null = NullPicker::new((0..WORKERS).map(endpoint).collect::<Vec<_>>());
     let null_tokenizing = Picker::Null(null.clone().tokenizing(tokenizer));
     let null = Picker::Null(null);
