@@ -9,10 +9,13 @@ use kvpick_core::RouterConfig;
 use kvpick_runtime::{RuntimeChoice, RuntimeConfig, RuntimeKind};
 
 use super::settings::{self as var, SettingError, Values};
-use crate::ext_proc::{ExtProcConfig, PickerConfig};
-use crate::tokenizer::{FallbackPolicy, TokenizerConfig, TokenizerConfigError, TokenizerField, TokenizerProtocol};
 use kvpick_discovery::DiscoveryConfig;
+use kvpick_ext_proc::ExtProcConfig;
 use kvpick_grpc::Tls;
+use kvpick_router::PickerConfig;
+use kvpick_router::tokenizer::{
+    FallbackPolicy, TokenizerConfig, TokenizerConfigError, TokenizerField, TokenizerProtocol,
+};
 
 /// Where the workers come from.
 #[derive(Clone, Debug, PartialEq)]

@@ -28,14 +28,15 @@ use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, DiscoveryMode, LogFormat, ServeConfig};
 
-use crate::ext_proc::{ExtProcMetrics, ExtProcServer, KvPicker, Picker};
 use crate::metrics::MetricsServer;
 use crate::metrics::collect::{Sources, WorkerNames};
-use crate::tokenizer::{TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
 use kvpick_discovery::workers_file::{Defaults, WorkersFile};
 use kvpick_discovery::{Discovery, WorkerUpdate};
+use kvpick_ext_proc::{ExtProcMetrics, ExtProcServer};
 use kvpick_grpc::{Health, Readiness, ServeError, ServerHandle};
 use kvpick_kv_events::{IngestConfig, IngestError, KvEventIngest, ShardSink};
+use kvpick_router::tokenizer::{TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
+use kvpick_router::{KvPicker, Picker};
 
 /// Why kvpick could not start.
 #[derive(Debug, thiserror::Error)]

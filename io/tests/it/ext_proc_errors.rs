@@ -4,8 +4,9 @@
 use std::sync::atomic::Ordering;
 
 use crate::ext_proc_support::*;
-use kvpick_io::ext_proc::{ExtProcConfig, PickerConfig};
-use kvpick_io::tokenizer::{FallbackPolicy, TokenizeError};
+use kvpick_ext_proc::ExtProcConfig;
+use kvpick_router::PickerConfig;
+use kvpick_router::tokenizer::{FallbackPolicy, TokenizeError};
 
 /// Sends headers and `body` in one chunk; returns the immediate response.
 async fn refused(h: &Harness, body: &[u8]) -> Refusal {

@@ -10,13 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvpick_core::{HashSeed, KvEvent, LoadSnapshot, Prompt, RouterConfig, WorkerId, WorkerSpec};
+use kvpick_ext_proc::headers::DESTINATION;
+use kvpick_ext_proc::metadata::{LB_NAMESPACE, SUBSET_NAMESPACE};
+use kvpick_ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer};
 use kvpick_grpc::{Health, ServerHandle};
-use kvpick_io::ext_proc::headers::DESTINATION;
-use kvpick_io::ext_proc::metadata::{LB_NAMESPACE, SUBSET_NAMESPACE};
-use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_io::testing::WordTokenizer;
 use kvpick_io::testing::gateway::header_map;
-use kvpick_io::tokenizer::{TokenizeError, TokenizeFuture, TokenizeRequest, Tokenizer};
 use kvpick_proto::core::Metadata;
 use kvpick_proto::ext_proc::external_processor_client::ExternalProcessorClient;
 use kvpick_proto::ext_proc::mode::BodySendMode;
@@ -27,6 +26,8 @@ use kvpick_proto::ext_proc::{
     ProtocolConfiguration, body_mutation,
 };
 use kvpick_proto::protobuf::{Kind, ListValue, Struct, Value};
+use kvpick_router::tokenizer::{TokenizeError, TokenizeFuture, TokenizeRequest, Tokenizer};
+use kvpick_router::{KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_runtime::{Clock, Producer, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
 use tokio::sync::{Semaphore, mpsc};
 use tonic::transport::Channel;

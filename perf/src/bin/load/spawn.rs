@@ -12,11 +12,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kvpick_core::{RouterConfig, WorkerId, WorkerSpec};
+use kvpick_ext_proc::metrics::STATUSES;
+use kvpick_ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer};
 use kvpick_grpc::ServerHandle;
-use kvpick_io::ext_proc::metrics::STATUSES;
-use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_io::testing::WordTokenizer;
-use kvpick_io::tokenizer::Tokenizer;
+use kvpick_router::tokenizer::Tokenizer;
+use kvpick_router::{KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_runtime::{Clock, RuntimeConfig, ShardedService, ThreadProducers};
 
 use crate::args::{Options, SpawnKind};

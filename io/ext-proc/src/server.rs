@@ -18,21 +18,21 @@ use kvpick_proto::health::health_server::HealthServer;
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::config::ExtProcConfig;
-use super::inflight::InflightLimiter;
-use super::metrics::ExtProcMetrics;
-use super::picker::Picker;
-use super::stream::{ExtProcStream, Shared};
+use crate::config::ExtProcConfig;
+use crate::inflight::InflightLimiter;
+use crate::metrics::ExtProcMetrics;
+use crate::pick::Picks;
+use crate::stream::{ExtProcStream, Shared};
 
 /// The `envoy.service.ext_proc.v3.ExternalProcessor` implementation.
-pub struct ExtProcService {
-    shared: Arc<Shared>,
+pub struct ExtProcService<P> {
+    shared: Arc<Shared<P>>,
 }
 
 type Answers = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
-impl ExternalProcessor for ExtProcService {
+impl<P: Picks> ExternalProcessor for ExtProcService<P> {
     type ProcessStream = Answers;
 
     async fn process(&self, request: Request<Streaming<ProcessingRequest>>) -> Result<Response<Answers>, Status> {
@@ -44,8 +44,8 @@ impl ExternalProcessor for ExtProcService {
 /// Reads the gateway's messages as answers are asked for; ends when the
 /// gateway closes its side (or it fails), or with an error status for a
 /// configuration kvpick cannot serve.
-fn answers(
-    state: ExtProcStream,
+fn answers<P: Picks>(
+    state: ExtProcStream<P>,
     inbound: Streaming<ProcessingRequest>,
 ) -> impl Stream<Item = Result<ProcessingResponse, Status>> + Send + 'static {
     futures::stream::unfold(Some((state, inbound)), |running| async move {
@@ -71,13 +71,13 @@ fn answers(
 }
 
 /// The ext_proc server, before it listens.
-pub struct ExtProcServer {
-    shared: Arc<Shared>,
+pub struct ExtProcServer<P> {
+    shared: Arc<Shared<P>>,
     health: Option<HealthServer<HealthService>>,
 }
 
-impl ExtProcServer {
-    pub fn new(config: ExtProcConfig, picker: Picker, metrics: Arc<ExtProcMetrics>) -> Self {
+impl<P: Picks> ExtProcServer<P> {
+    pub fn new(config: ExtProcConfig, picker: P, metrics: Arc<ExtProcMetrics>) -> Self {
         let inflight = InflightLimiter::new(config.max_inflight_requests, metrics.clone());
         ExtProcServer { shared: Arc::new(Shared { config, picker, metrics, inflight }), health: None }
     }
