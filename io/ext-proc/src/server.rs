@@ -1,5 +1,5 @@
 //! The gRPC side: the `ExternalProcessor` service that turns each ext_proc
-//! stream into an [`ExtProcStream`], served on a port set up by
+//! stream into an `ExtProcStream`, served on a port set up by
 //! `kvpick-grpc` (HTTP/2 settings, TLS, shutdown).
 //!
 //! Each stream's answers are produced as hyper polls for them: no task and

@@ -1,6 +1,6 @@
 //! Support for tests and benchmarks: a deterministic in-process
 //! [`Tokenizer`]. Not for production: real deployments tokenize with the
-//! engine's own tokenizer service (`crate::tokenizer`).
+//! engine's own tokenizer service (`kvpick_router::tokenizer`).
 
 pub mod gateway;
 

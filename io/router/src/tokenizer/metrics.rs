@@ -4,7 +4,7 @@
 //!
 //! What is counted where: the clients record every call
 //! ([`TokenizerMetrics::record_call`]: latency, success or error class); the
-//! ext_proc server records each fallback to load-only routing
+//! picker records each fallback to load-only routing
 //! ([`TokenizerMetrics::record_fallback`]) because only it applies the
 //! [`FallbackPolicy`](super::FallbackPolicy).
 
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-use super::TokenizeError;
+use kvpick_ext_proc::TokenizeError;
 
 /// A [`TokenizeError`] without its details: the label of the error and
 /// fallback counters.
