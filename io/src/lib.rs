@@ -1,29 +1,31 @@
-//! kvpick's I/O side: everything that talks to the network, and the
-//! `kvpick` binary that wires it to the selection core.
+//! kvpick's app: the `kvpick` binary and what wires the other crates
+//! together. The parts live in crates of their own:
 //!
-//! - [`ext_proc`]: the Envoy ext_proc server speaking the GAIE Endpoint
-//!   Picker Protocol; [`health`]: gRPC health.
-//! - KV-event ingest lives in its own crate, `kvpick-kv-events` (`io/kv-events`).
-//! - [`tokenizer`]: vLLM render and SGLang tokenize clients.
-//! - Discovery (the InferencePool, its pods, the peer replicas, or a static
-//!   workers file) is its own crate, `kvpick-discovery` (`io/discovery`).
+//! - `kvpick-ext-proc` (`io/ext-proc`): the Envoy ext_proc server speaking
+//!   the GAIE Endpoint Picker Protocol, generic over who picks.
+//! - `kvpick-router` (`io/router`): the KV-aware picker, its bookings and
+//!   the engines' tokenizer clients.
+//! - `kvpick-grpc` (`io/grpc`): serving a gRPC port (HTTP/2, TLS,
+//!   shutdown) and gRPC health.
+//! - `kvpick-kv-events` (`io/kv-events`): KV-event ingest.
+//! - `kvpick-discovery` (`io/discovery`): the InferencePool, its pods, the
+//!   peer replicas, or a static workers file.
+//!
+//! What is left here:
+//!
+//! - [`app`]: the one settings table (every flag, environment variable and
+//!   default: no other crate knows their names), the typed configs built
+//!   from it, and all of it started in order and stopped in reverse
+//!   (`kvpick serve`).
 //! - [`metrics`]: Prometheus export of every part's counters.
-//! - [`app`]: all of it started in order and stopped in reverse
-//!   (`kvpick serve`), with its configuration.
 //! - `testing` (feature `testing`, on with `demo`): a word tokenizer and a
 //!   miniature gateway, for tests, the demo and benchmarks.
 //!
-//! The ext_proc server, health, metrics, tokenizer clients and watchers
-//! run on the tokio I/O runtime;
-//! the ingest runs on one dedicated blocking thread (libzmq sockets
-//! are not thread-safe and block); nothing here runs on a shard's core.
-//! This crate depends on `kvpick-core`; `kvpick-core` must never depend on it,
-//! and nothing in it may touch a shard's state except through a sink.
+//! Nothing here runs on a shard's core; `kvpick-core` must never depend on
+//! this crate, and nothing in it may touch a shard's state except through a
+//! sink.
 
 pub mod app;
-pub mod ext_proc;
-pub mod health;
 pub mod metrics;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod tokenizer;

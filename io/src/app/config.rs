@@ -9,9 +9,13 @@ use kvpick_core::RouterConfig;
 use kvpick_runtime::{RuntimeChoice, RuntimeConfig, RuntimeKind};
 
 use super::settings::{self as var, SettingError, Values};
-use crate::ext_proc::ExtProcConfig;
-use crate::tokenizer::{FallbackPolicy, TokenizerConfig};
 use kvpick_discovery::DiscoveryConfig;
+use kvpick_ext_proc::ExtProcConfig;
+use kvpick_grpc::Tls;
+use kvpick_router::PickerConfig;
+use kvpick_router::tokenizer::{
+    FallbackPolicy, TokenizerConfig, TokenizerConfigError, TokenizerField, TokenizerProtocol,
+};
 
 /// Where the workers come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,6 +41,7 @@ pub struct ServeConfig {
     pub router: RouterConfig,
     pub runtime: RuntimeConfig,
     pub ext_proc: ExtProcConfig,
+    pub picker: PickerConfig,
     /// `None`: static mode picks the first worker's endpoint at start.
     pub tokenizer: Option<TokenizerConfig>,
     pub health_listen: SocketAddr,
@@ -74,30 +79,23 @@ impl ServeConfig {
             let port = v.parse(name, "expected a port, 0 to 65535", |t| t.parse::<u16>().ok())?;
             Ok(SocketAddr::new(address, port.unwrap_or(default)))
         };
-        let mut ext_proc = ExtProcConfig::from_lookup(v.lookup()).map_err(|e| {
-            ConfigError::Setting(SettingError {
-                name: v.name_of(e.var),
-                value: e.value,
-                allowed: format!("expected {}", e.allowed),
-            })
-        })?;
+        let mut ext_proc = ext_proc(v)?;
         ext_proc.listen = port(var::EXT_PROC_PORT, 9002)?;
-        let tokenizer = match v.get("DYN_EPP_TOKENIZER_SERVICE_URL") {
+        let tokenizer = match v.get(var::TOKENIZER_URL) {
             None => None,
-            Some(_) => Some(TokenizerConfig::from_lookup(v.lookup()).map_err(|e| {
-                ConfigError::Setting(SettingError { name: v.name_of(e.setting), value: e.value, allowed: e.allowed })
-            })?),
+            Some(url) => Some(tokenizer(v, url)?),
         };
         // The fallback rides in the tokenizer's settings but is applied by
-        // the server; read it even when the URL is left to static mode.
-        ext_proc.fallback = match v.one_of("DYN_EPP_TOKENIZER_FALLBACK", &["load-only", "fail"])? {
+        // the picker; read it even when the URL is left to static mode.
+        let fallback = match v.one_of(var::TOKENIZER_FALLBACK, &["load-only", "fail"])? {
             Some("fail") => FallbackPolicy::Fail,
             _ => FallbackPolicy::LoadOnly,
         };
+        let picker = PickerConfig { base_model: model.clone(), fallback, ..PickerConfig::default() };
         let discovery = discovery(v, block_size, &model, max_num_batched_tokens, total_kv_blocks)?;
         if tokenizer.is_none() && matches!(discovery, DiscoveryMode::Kubernetes(_)) {
             return Err(ConfigError::Missing(
-                v.name_of("DYN_EPP_TOKENIZER_SERVICE_URL"),
+                v.name_of(var::TOKENIZER_URL),
                 "the tokenizer service in Kubernetes mode, e.g. http://vllm-render:8000",
             ));
         }
@@ -115,6 +113,7 @@ impl ServeConfig {
             router,
             runtime,
             ext_proc,
+            picker,
             tokenizer,
             health_listen: port(var::HEALTH_PORT, 9003)?,
             metrics_listen: port(var::METRICS_PORT, 9090)?,
@@ -125,6 +124,69 @@ impl ServeConfig {
             profile: v.get(var::PROFILE).map(PathBuf::from),
         })
     }
+}
+
+fn ext_proc(v: &Values) -> Result<ExtProcConfig, ConfigError> {
+    // No `_` separators here, unlike `Values::whole`: these took none before.
+    let positive = |name: &str| {
+        v.parse(name, "expected a whole number of at least 1", |t| t.parse::<usize>().ok().filter(|n| *n > 0))
+    };
+    let mut config = ExtProcConfig::default();
+    if let Some(n) = positive(var::MAX_INFLIGHT_REQUESTS)? {
+        config.max_inflight_requests = n;
+    }
+    if let Some(n) = positive(var::MAX_REQUEST_BODY_BYTES)? {
+        config.max_body_bytes = n;
+    }
+    if v.boolean(var::SECURE_SERVING)? == Some(true) {
+        config.tls = Tls::SelfSigned { names: vec!["localhost".into()] };
+    }
+    if let Some(on) = v.boolean(var::CONFORMANCE_HOOKS)? {
+        config.conformance_hooks = on;
+    }
+    Ok(config)
+}
+
+/// The tokenizer's settings, checked (so a config that loads also builds).
+fn tokenizer(v: &Values, url: &str) -> Result<TokenizerConfig, ConfigError> {
+    let protocol = v.parse(var::TOKENIZER_PROTOCOL, "expected `vllm-render` or `sglang-tokenize`", |t| {
+        t.parse::<TokenizerProtocol>().ok()
+    })?;
+    let mut config = TokenizerConfig::new(protocol.unwrap_or(TokenizerProtocol::VllmRender), url);
+    // A whole number of at least 1, `_` separators allowed.
+    let positive = |name: &str, unit: &str| {
+        let allowed = format!("expected a whole number of {unit}, at least 1");
+        v.parse(name, &allowed, |t| t.replace('_', "").parse::<u64>().ok().filter(|n| *n >= 1))
+    };
+    if let Some(ms) = positive(var::TOKENIZATION_TIMEOUT_MS, "milliseconds")? {
+        config.timeout = Duration::from_millis(ms);
+    }
+    if let Some(bytes) = positive(var::TOKENIZER_MAX_RESPONSE_BYTES, "bytes")? {
+        config.max_response_bytes = usize::try_from(bytes)
+            .map_err(|_| v.error(var::TOKENIZER_MAX_RESPONSE_BYTES, "too large for this machine"))?;
+    }
+    let fallback =
+        v.parse(var::TOKENIZER_FALLBACK, "expected `fail` or `load-only`", |t| t.parse::<FallbackPolicy>().ok())?;
+    config.fallback = fallback.unwrap_or_default();
+    config.validate().map_err(|e| tokenizer_error(v, e))?;
+    Ok(config)
+}
+
+/// The setting (its variable) that gives a tokenizer config field.
+pub(crate) fn tokenizer_setting(field: TokenizerField) -> &'static str {
+    match field {
+        TokenizerField::BaseUrl => var::TOKENIZER_URL,
+        TokenizerField::Protocol => var::TOKENIZER_PROTOCOL,
+        TokenizerField::Timeout => var::TOKENIZATION_TIMEOUT_MS,
+        TokenizerField::MaxResponseBytes => var::TOKENIZER_MAX_RESPONSE_BYTES,
+        TokenizerField::Fallback => var::TOKENIZER_FALLBACK,
+    }
+}
+
+/// A tokenizer config error named after the setting that gave the value.
+fn tokenizer_error(v: &Values, e: TokenizerConfigError) -> ConfigError {
+    let name = v.name_of(tokenizer_setting(e.field));
+    ConfigError::Setting(SettingError { name, value: e.value, allowed: e.allowed })
 }
 
 /// A longer list only makes the header longer: gateways try a few.
@@ -237,7 +299,7 @@ fn discovery(
 mod tests {
     use super::*;
 
-    fn config(pairs: &[(&'static str, &'static str)]) -> Result<ServeConfig, ConfigError> {
+    fn config(pairs: &[(&'static str, &str)]) -> Result<ServeConfig, ConfigError> {
         ServeConfig::from_values(&Values::from_pairs(pairs.iter().copied()))
     }
 
@@ -300,5 +362,97 @@ mod tests {
         );
         let e = config(&[(var::WORKERS_FILE, "w"), ("DYN_EPP_TOKENIZER_SERVICE_URL", "ftp://x")]).err();
         assert!(matches!(e, Some(ConfigError::Setting(ref s)) if s.name == "DYN_EPP_TOKENIZER_SERVICE_URL"));
+    }
+
+    #[test]
+    fn ext_proc_defaults_and_overrides() {
+        let c = config(&[(var::WORKERS_FILE, "w")]).unwrap_or_else(|e| panic!("{e}"));
+        let e = &c.ext_proc;
+        assert_eq!((e.max_inflight_requests, e.max_body_bytes, e.tls.clone()), (1024, 16 << 20, Tls::Off));
+        assert_eq!(c.picker, PickerConfig::default());
+        let c = config(&[
+            (var::WORKERS_FILE, "w"),
+            (var::MAX_INFLIGHT_REQUESTS, "8"),
+            (var::SECURE_SERVING, "true"),
+            (var::MODEL, "llama"),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ext_proc.max_inflight_requests, 8);
+        assert!(matches!(c.ext_proc.tls, Tls::SelfSigned { .. }));
+        assert_eq!(c.picker.base_model.as_deref(), Some("llama"));
+    }
+
+    #[test]
+    fn ext_proc_bad_values_name_the_variable() {
+        let e = config(&[(var::WORKERS_FILE, "w"), (var::MAX_INFLIGHT_REQUESTS, "0")]).err();
+        assert_eq!(
+            e.map(|e| e.to_string()),
+            Some(format!("{}=\"0\" is not valid: expected a whole number of at least 1", var::MAX_INFLIGHT_REQUESTS))
+        );
+        assert!(config(&[(var::WORKERS_FILE, "w"), (var::SECURE_SERVING, "maybe")]).is_err());
+    }
+
+    #[test]
+    fn tokenizer_defaults() {
+        let c = config(&[(var::WORKERS_FILE, "w"), (var::TOKENIZER_URL, "http://vllm:8000")]);
+        let c = c.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.tokenizer, Some(TokenizerConfig::new(TokenizerProtocol::VllmRender, "http://vllm:8000")));
+    }
+
+    #[test]
+    fn every_tokenizer_setting_parses() {
+        let c = config(&[
+            (var::WORKERS_FILE, "w"),
+            (var::TOKENIZER_URL, "http://sglang:30000/prefix/"),
+            (var::TOKENIZER_PROTOCOL, "sglang-tokenize"),
+            (var::TOKENIZATION_TIMEOUT_MS, "250"),
+            (var::TOKENIZER_MAX_RESPONSE_BYTES, "1_048_576"),
+            (var::TOKENIZER_FALLBACK, "fail"),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.tokenizer,
+            Some(TokenizerConfig {
+                protocol: TokenizerProtocol::SglangTokenize,
+                base_url: "http://sglang:30000/prefix/".into(),
+                timeout: Duration::from_millis(250),
+                max_response_bytes: 1 << 20,
+                fallback: FallbackPolicy::Fail,
+            })
+        );
+        assert_eq!(c.picker.fallback, FallbackPolicy::Fail);
+    }
+
+    #[test]
+    fn tokenizer_errors_name_the_setting_and_value() {
+        type Case<'a> = (&'a [(&'static str, &'a str)], &'a str, &'a str);
+        let url = (var::TOKENIZER_URL, "http://vllm:8000");
+        let cases: &[Case] = &[
+            (&[url, (var::TOKENIZER_PROTOCOL, "trtllm")], var::TOKENIZER_PROTOCOL, "trtllm"),
+            (&[url, (var::TOKENIZATION_TIMEOUT_MS, "0")], var::TOKENIZATION_TIMEOUT_MS, "0"),
+            (&[url, (var::TOKENIZATION_TIMEOUT_MS, "5s")], var::TOKENIZATION_TIMEOUT_MS, "5s"),
+            (&[url, (var::TOKENIZER_MAX_RESPONSE_BYTES, "-1")], var::TOKENIZER_MAX_RESPONSE_BYTES, "-1"),
+            (&[url, (var::TOKENIZER_FALLBACK, "ignore")], var::TOKENIZER_FALLBACK, "ignore"),
+            (&[(var::TOKENIZER_URL, "vllm:8000")], var::TOKENIZER_URL, "vllm:8000"),
+            (&[(var::TOKENIZER_URL, "https://vllm")], var::TOKENIZER_URL, "https://vllm"),
+            (&[(var::TOKENIZER_URL, "http://vllm/?q=1")], var::TOKENIZER_URL, "http://vllm/?q=1"),
+            (&[(var::TOKENIZER_URL, "http://u:p@vllm")], var::TOKENIZER_URL, "http://u:p@vllm"),
+        ];
+        for (pairs, setting, value) in cases {
+            let pairs: Vec<_> = [(var::WORKERS_FILE, "w")].into_iter().chain(pairs.iter().copied()).collect();
+            let err = config(&pairs).expect_err(value);
+            match &err {
+                ConfigError::Setting(s) => assert_eq!((s.name.as_str(), s.value.as_str()), (*setting, *value), "{err}"),
+                other => panic!("expected a setting error, got {other:?}"),
+            }
+            assert!(err.to_string().contains(setting), "{err}");
+        }
+        // Without a URL there is no tokenizer config in static mode (the
+        // first worker renders); Kubernetes mode requires it, by name.
+        let c = config(&[(var::WORKERS_FILE, "w")]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.tokenizer, None);
+        let e = config(&[(var::POOL_NAME, "pool"), (var::NAMESPACE, "ns")]).err().map(|e| e.to_string());
+        assert!(e.is_some_and(|e| e.contains(var::TOKENIZER_URL)));
+        assert_eq!(tokenizer_setting(TokenizerField::MaxResponseBytes), var::TOKENIZER_MAX_RESPONSE_BYTES);
     }
 }

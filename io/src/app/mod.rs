@@ -28,14 +28,15 @@ use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, DiscoveryMode, LogFormat, ServeConfig};
 
-use crate::ext_proc::{ExtProcMetrics, ExtProcServer, KvPicker, Picker, ServeError, ServerHandle};
-use crate::health::{Health, Readiness};
 use crate::metrics::MetricsServer;
 use crate::metrics::collect::{Sources, WorkerNames};
-use crate::tokenizer::{TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
 use kvpick_discovery::workers_file::{Defaults, WorkersFile};
 use kvpick_discovery::{Discovery, WorkerUpdate};
+use kvpick_ext_proc::{ExtProcMetrics, ExtProcServer};
+use kvpick_grpc::{Health, Readiness, ServeError, ServerHandle};
 use kvpick_kv_events::{IngestConfig, IngestError, KvEventIngest, ShardSink};
+use kvpick_router::tokenizer::{TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
+use kvpick_router::{KvPicker, Picker};
 
 /// Why kvpick could not start.
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +139,7 @@ impl App {
             (Some(t), _) => t.clone(),
             (None, Some(endpoint)) => {
                 let mut t = TokenizerConfig::new(TokenizerProtocol::VllmRender, format!("http://{endpoint}"));
-                t.fallback = config.ext_proc.fallback;
+                t.fallback = config.picker.fallback;
                 tracing::info!(url = %t.base_url, "tokenizer: DYN_EPP_TOKENIZER_SERVICE_URL unset, rendering with the first worker");
                 t
             }
@@ -148,16 +149,17 @@ impl App {
                 ));
             }
         };
-        let tokenizer =
-            tokenizer_config.build(tokenizer_metrics.clone()).map_err(|e| StartError::Tokenizer(e.to_string()))?;
+        let tokenizer = tokenizer_config.build(tokenizer_metrics.clone()).map_err(|e| {
+            let setting = config::tokenizer_setting(e.field);
+            StartError::Tokenizer(format!("{setting}={:?} is invalid: {}", e.value, e.allowed))
+        })?;
         tracing::info!(protocol = tokenizer_config.protocol.as_str(), url = %tokenizer_config.base_url, "tokenizer");
 
         let health_listener = bind("health", config.health_listen).await?;
         let health_server = health.spawn_on(health_listener)?;
 
         let ext_proc_metrics = Arc::new(ExtProcMetrics::new());
-        let picker =
-            KvPicker::new(service.clone(), clock.clone(), tokenizer, &config.ext_proc, ext_proc_metrics.clone());
+        let picker = KvPicker::new(service.clone(), clock.clone(), tokenizer, &config.picker, ext_proc_metrics.clone());
         let server = ExtProcServer::new(config.ext_proc.clone(), Picker::Kv(picker), ext_proc_metrics.clone())
             .with_health(&health);
         let ext_proc_listener = bind("ext_proc", config.ext_proc.listen).await?;

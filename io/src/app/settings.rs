@@ -47,6 +47,16 @@ pub const PEER_SERVICE: &str = "DYN_EPP_PEER_SERVICE";
 pub const POD_IP: &str = "POD_IP";
 pub const REPLICA_SYNC_PORT: &str = "DYN_EPP_REPLICA_SYNC_PORT";
 pub const EXT_PROC_PORT: &str = "KVPICK_EXT_PROC_PORT";
+pub const TOKENIZER_URL: &str = "DYN_EPP_TOKENIZER_SERVICE_URL";
+pub const TOKENIZER_PROTOCOL: &str = "DYN_EPP_TOKENIZER_PROTOCOL";
+pub const TOKENIZATION_TIMEOUT_MS: &str = "DYN_EPP_TOKENIZATION_TIMEOUT_MS";
+pub const TOKENIZER_MAX_RESPONSE_BYTES: &str = "DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES";
+/// kvpick's own (Dynamo's EPP always fails): `fail` or `load-only`.
+pub const TOKENIZER_FALLBACK: &str = "DYN_EPP_TOKENIZER_FALLBACK";
+pub const MAX_INFLIGHT_REQUESTS: &str = "DYN_EPP_MAX_INFLIGHT_REQUESTS";
+pub const MAX_REQUEST_BODY_BYTES: &str = "KVPICK_MAX_REQUEST_BODY_BYTES";
+pub const SECURE_SERVING: &str = "DYN_SECURE_SERVING";
+pub const CONFORMANCE_HOOKS: &str = "KVPICK_CONFORMANCE_HOOKS";
 pub const HEALTH_PORT: &str = "KVPICK_HEALTH_PORT";
 pub const METRICS_PORT: &str = "KVPICK_METRICS_PORT";
 pub const LISTEN_ADDRESS: &str = "KVPICK_LISTEN_ADDRESS";
@@ -68,8 +78,8 @@ pub const LOG_FORMAT: &str = "KVPICK_LOG_FORMAT";
 pub const LOG_LEVEL: &str = "KVPICK_LOG";
 pub const PROFILE: &str = "KVPICK_PROFILE";
 
-/// Every setting, in `--help` order. The ext_proc and tokenizer variables
-/// are the ones their modules read (`ext_proc::config`, `tokenizer::config`).
+/// Every setting, in `--help` order. Only this module and `app::config`
+/// (which turns [`Values`] into the typed configs) know these names.
 pub const SETTINGS: &[Setting] = &[
     s(
         DISCOVERY,
@@ -125,45 +135,35 @@ pub const SETTINGS: &[Setting] = &[
     s(HEALTH_PORT, "health-port", Some("9003"), "The gRPC health port (0: any free port)"),
     s(METRICS_PORT, "metrics-port", Some("9090"), "The Prometheus /metrics port (0: any free port)"),
     s(
-        "DYN_EPP_TOKENIZER_SERVICE_URL",
+        TOKENIZER_URL,
         "tokenizer-url",
         None,
         "Tokenizer service, http://host[:port][/prefix]; static mode defaults to the first worker's endpoint (vllm serve renders itself)",
     ),
-    s("DYN_EPP_TOKENIZER_PROTOCOL", "tokenizer-protocol", Some("vllm-render"), "`vllm-render` or `sglang-tokenize`"),
+    s(TOKENIZER_PROTOCOL, "tokenizer-protocol", Some("vllm-render"), "`vllm-render` or `sglang-tokenize`"),
+    s(TOKENIZATION_TIMEOUT_MS, "tokenization-timeout-ms", Some("5000"), "Bound on one tokenizer round trip, in ms"),
+    s(TOKENIZER_MAX_RESPONSE_BYTES, "tokenizer-max-response-bytes", Some("16777216"), "Largest tokenizer answer read"),
     s(
-        "DYN_EPP_TOKENIZATION_TIMEOUT_MS",
-        "tokenization-timeout-ms",
-        Some("5000"),
-        "Bound on one tokenizer round trip, in ms",
-    ),
-    s(
-        "DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES",
-        "tokenizer-max-response-bytes",
-        Some("16777216"),
-        "Largest tokenizer answer read",
-    ),
-    s(
-        "DYN_EPP_TOKENIZER_FALLBACK",
+        TOKENIZER_FALLBACK,
         "tokenizer-fallback",
         Some("load-only"),
         "When tokenizing fails: `load-only` (route by load, counted) or `fail` (answer with the error's status)",
     ),
     s(
-        "DYN_EPP_MAX_INFLIGHT_REQUESTS",
+        MAX_INFLIGHT_REQUESTS,
         "max-inflight-requests",
         Some("1024"),
         "Requests between their headers and their pick at once; more get 429",
     ),
-    s("KVPICK_MAX_REQUEST_BODY_BYTES", "max-request-body-bytes", Some("16777216"), "Larger request bodies get 413"),
+    s(MAX_REQUEST_BODY_BYTES, "max-request-body-bytes", Some("16777216"), "Larger request bodies get 413"),
     s(
-        "DYN_SECURE_SERVING",
+        SECURE_SERVING,
         "secure-serving",
         Some("false"),
         "TLS on the ext_proc port with a self-signed certificate made at start",
     ),
     s(
-        "KVPICK_CONFORMANCE_HOOKS",
+        CONFORMANCE_HOOKS,
         "conformance-hooks",
         Some("false"),
         "GAIE conformance hooks: test-epp-endpoint-selection and the served-endpoint echo",
@@ -401,12 +401,6 @@ impl Values {
     pub fn one_of<'a>(&self, var: &str, choices: &[&'a str]) -> Result<Option<&'a str>, SettingError> {
         let allowed = format!("expected one of {}", choices.join(", "));
         self.parse(var, &allowed, |t| choices.iter().copied().find(|c| c.eq_ignore_ascii_case(t)))
-    }
-
-    /// A lookup for the modules that read their own variables
-    /// (`ExtProcConfig::from_lookup`, `TokenizerConfig::from_lookup`).
-    pub fn lookup(&self) -> impl Fn(&str) -> Option<String> + '_ {
-        move |var| self.get(var).map(str::to_owned)
     }
 }
 

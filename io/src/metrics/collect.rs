@@ -12,10 +12,10 @@ use kvpick_core::WorkerId;
 use kvpick_runtime::ThreadProducers;
 
 use super::Exposition;
-use crate::ext_proc::ExtProcMetrics;
-use crate::ext_proc::metrics::{FALLBACK_CLASSES, STATUSES};
-use crate::tokenizer::{ErrorClass, TokenizerMetrics};
+use kvpick_ext_proc::ExtProcMetrics;
+use kvpick_ext_proc::metrics::{FALLBACK_CLASSES, STATUSES};
 use kvpick_kv_events::IngestMetrics;
+use kvpick_router::tokenizer::{ErrorClass, TokenizerMetrics};
 
 /// The workers in service now, by id: kept by whoever applies the
 /// discovery updates, read by the scrape for labels and `ready_pods`.

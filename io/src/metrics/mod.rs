@@ -1,5 +1,6 @@
-//! Prometheus export: fixed-bucket histograms the request path records
-//! into, the text exposition format, and the `/metrics` HTTP endpoint.
+//! Prometheus export: the text exposition format of the fixed-bucket
+//! histograms the request path records into (`kvpick_ext_proc::buckets`),
+//! and the `/metrics` HTTP endpoint.
 //!
 //! Every subsystem keeps its own counters (plain atomics, read as
 //! snapshots); [`collect`] reads them all at scrape time and writes one
@@ -10,11 +11,10 @@
 //! so two runs, two replicas or two versions can be compared bucket by
 //! bucket.
 
-mod buckets;
 pub mod collect;
 mod exposition;
 mod server;
 
-pub use buckets::{BucketSnapshot, Buckets, LATENCY_BUCKETS, TOKEN_BUCKETS};
 pub use exposition::Exposition;
+pub use kvpick_ext_proc::buckets::{BucketSnapshot, Buckets, LATENCY_BUCKETS, TOKEN_BUCKETS};
 pub use server::{MetricsServer, MetricsSource};

@@ -30,8 +30,8 @@ use tokio::sync::mpsc;
 use tonic::Streaming;
 use tonic::transport::Channel;
 
-use crate::ext_proc::headers::{DESTINATION, DESTINATION_SERVED};
-use crate::ext_proc::metadata::LB_NAMESPACE;
+use kvpick_ext_proc::headers::{DESTINATION, DESTINATION_SERVED};
+use kvpick_ext_proc::metadata::LB_NAMESPACE;
 
 /// Longest the gateway waits for any one answer.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,6 +1,6 @@
 //! Support for tests and benchmarks: a deterministic in-process
 //! [`Tokenizer`]. Not for production: real deployments tokenize with the
-//! engine's own tokenizer service (`crate::tokenizer`).
+//! engine's own tokenizer service (`kvpick_router::tokenizer`).
 
 pub mod gateway;
 
@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use serde::Deserialize;
 
-use crate::tokenizer::{TokenizeError, TokenizeFuture, TokenizeRequest, Tokenizer};
+use kvpick_router::tokenizer::{TokenizeError, TokenizeFuture, TokenizeRequest, Tokenizer};
 
 /// One token per (ASCII-)whitespace-separated word of the chat messages' text (or
 /// the completion prompt), the token being a hash of the word: equal text

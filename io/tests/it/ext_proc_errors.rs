@@ -4,8 +4,9 @@
 use std::sync::atomic::Ordering;
 
 use crate::ext_proc_support::*;
-use kvpick_io::ext_proc::ExtProcConfig;
-use kvpick_io::tokenizer::{FallbackPolicy, TokenizeError};
+use kvpick_ext_proc::ExtProcConfig;
+use kvpick_router::PickerConfig;
+use kvpick_router::tokenizer::{FallbackPolicy, TokenizeError};
 
 /// Sends headers and `body` in one chunk; returns the immediate response.
 async fn refused(h: &Harness, body: &[u8]) -> Refusal {
@@ -104,8 +105,8 @@ async fn inflight_limit_is_429_with_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokenizer_errors_fail_or_fall_back_by_policy() {
-    let fail = ExtProcConfig { fallback: FallbackPolicy::Fail, ..Options::default().config };
-    let h = Harness::start(Options { config: fail, ..Options::default() }).await;
+    let fail = PickerConfig { fallback: FallbackPolicy::Fail, ..PickerConfig::default() };
+    let h = Harness::start(Options { picker: fail, ..Options::default() }).await;
     for (error, status) in [
         (TokenizeError::Timeout, 504),
         (TokenizeError::Upstream("engine said 500".into()), 502),

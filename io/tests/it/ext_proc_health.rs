@@ -3,7 +3,7 @@
 //! worker; Watch streams the change.
 
 use crate::ext_proc_support::*;
-use kvpick_io::health::{EXT_PROC, INFERENCE_EXTENSION, LIVENESS, READINESS};
+use kvpick_grpc::health::{EXT_PROC, INFERENCE_EXTENSION, LIVENESS, READINESS};
 use kvpick_proto::health::HealthCheckRequest;
 use kvpick_proto::health::health_check_response::ServingStatus;
 use kvpick_proto::health::health_client::HealthClient;

@@ -3,8 +3,9 @@
 //! large bodies echoed in chunks, untrusted routing headers, TLS.
 
 use crate::ext_proc_support::*;
-use kvpick_io::ext_proc::headers::DESTINATION;
-use kvpick_io::ext_proc::{ExtProcConfig, Tls};
+use kvpick_ext_proc::ExtProcConfig;
+use kvpick_ext_proc::headers::DESTINATION;
+use kvpick_grpc::Tls;
 use kvpick_proto::core::HeaderAppendAction;
 use kvpick_proto::ext_proc::external_processor_client::ExternalProcessorClient;
 use kvpick_proto::ext_proc::mode::BodySendMode;

@@ -2,8 +2,8 @@
 //! string, `ip` or `ip:port`) and the GAIE conformance hooks.
 
 use crate::ext_proc_support::*;
-use kvpick_io::ext_proc::ExtProcConfig;
-use kvpick_io::ext_proc::headers::{CONFORMANCE_SELECTION, CONFORMANCE_SERVED};
+use kvpick_ext_proc::ExtProcConfig;
+use kvpick_ext_proc::headers::{CONFORMANCE_SELECTION, CONFORMANCE_SERVED};
 
 /// Picks one chat request with the subset `hint` attached to its headers;
 /// returns the pick, or the immediate response's status.

@@ -2,7 +2,7 @@
 //! `/tokenize`, `tokens` read back; chat bodies are unsupported.
 
 use crate::tokenizer_stub::{CHAT_BODY, Reply, Stub, chat, client, completion};
-use kvpick_io::tokenizer::{ErrorClass, TokenizeError, TokenizerProtocol};
+use kvpick_router::tokenizer::{ErrorClass, TokenizeError, TokenizerProtocol};
 
 #[tokio::test]
 async fn completion_prompt_is_tokenized() {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::tokenizer_stub::{CHAT_BODY, Reply, Stub, chat, client, rendered, vllm};
 use bytes::Bytes;
-use kvpick_io::tokenizer::{ERROR_MESSAGE_MAX_BYTES, ErrorClass, TokenizeError, TokenizerProtocol};
+use kvpick_router::tokenizer::{ERROR_MESSAGE_MAX_BYTES, ErrorClass, TokenizeError, TokenizerProtocol};
 
 #[tokio::test]
 async fn a_slow_engine_times_out() {

@@ -2,7 +2,7 @@
 //! for byte, chat and completion answers, several prompts, path prefixes.
 
 use crate::tokenizer_stub::{CHAT_BODY, Reply, Stub, chat, client, completion, rendered, vllm};
-use kvpick_io::tokenizer::{TokenizeError, TokenizerProtocol};
+use kvpick_router::tokenizer::{TokenizeError, TokenizerProtocol};
 
 #[tokio::test]
 async fn chat_body_is_forwarded_byte_for_byte() {

@@ -36,9 +36,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use kvpick_core::{RouterConfig, WorkerId, WorkerSpec};
-use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker};
+use kvpick_ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer};
 use kvpick_io::testing::WordTokenizer;
-use kvpick_io::tokenizer::Tokenizer;
 use kvpick_perf::args::{TimeBudget, parse_or_exit};
 use kvpick_perf::measure::{Latencies, LatencySummary};
 use kvpick_perf::report::{self, Table, at_least, at_most, thousands};
@@ -48,6 +47,8 @@ use kvpick_proto::ext_proc::mode::BodySendMode;
 use kvpick_proto::ext_proc::processing_request::Request;
 use kvpick_proto::ext_proc::processing_response::Response;
 use kvpick_proto::ext_proc::{HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration};
+use kvpick_router::tokenizer::Tokenizer;
+use kvpick_router::{KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
@@ -205,11 +206,11 @@ fn run(budget: &Budget) -> Result<String, String> {
     // `KVPICK_BENCH_RING_PER_PUSH=1`: every pick rings its shard (what
     // ringing once per batch saves).
     let ring_per_batch = std::env::var_os("KVPICK_BENCH_RING_PER_PUSH").is_none();
-    let config =
-        ExtProcConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ring_per_batch, ..ExtProcConfig::default() };
+    let config = ExtProcConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..ExtProcConfig::default() };
+    let picker = PickerConfig { ring_per_batch, ..PickerConfig::default() };
     let tokenizer: Arc<dyn Tokenizer> = Arc::new(WordTokenizer);
     let kv_metrics = Arc::new(ExtProcMetrics::new());
-    let kv = Picker::Kv(KvPicker::new(service.clone(), clock.clone(), tokenizer.clone(), &config, kv_metrics.clone()));
+    let kv = Picker::Kv(KvPicker::new(service.clone(), clock.clone(), tokenizer.clone(), &picker, kv_metrics.clone()));
     let null = NullPicker::new((0..WORKERS).map(endpoint).collect::<Vec<_>>());
     let null_tokenizing = Picker::Null(null.clone().tokenizing(tokenizer));
     let null = Picker::Null(null);

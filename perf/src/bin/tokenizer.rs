@@ -31,12 +31,12 @@ use hyper::{Request, Response};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use kvpick_io::tokenizer::{
-    Api, TokenizeRequest, TokenizerConfig, TokenizerMetrics, TokenizerProtocol, VllmRenderTokenizer,
-};
 use kvpick_perf::args::{TimeBudget, parse_or_exit};
 use kvpick_perf::measure::{self, Latencies, LatencySummary, time_each};
 use kvpick_perf::report::{self, Table, ratio, thousands};
+use kvpick_router::tokenizer::{
+    Api, TokenizeRequest, TokenizerConfig, TokenizerMetrics, TokenizerProtocol, VllmRenderTokenizer,
+};
 use tokio::net::TcpListener;
 
 const BIN: &str = "kvpick-bench-tokenizer";

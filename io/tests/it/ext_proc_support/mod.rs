@@ -10,13 +10,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvpick_core::{HashSeed, KvEvent, LoadSnapshot, Prompt, RouterConfig, WorkerId, WorkerSpec};
-use kvpick_io::ext_proc::headers::DESTINATION;
-use kvpick_io::ext_proc::metadata::{LB_NAMESPACE, SUBSET_NAMESPACE};
-use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker, ServerHandle};
-use kvpick_io::health::Health;
+use kvpick_ext_proc::headers::DESTINATION;
+use kvpick_ext_proc::metadata::{LB_NAMESPACE, SUBSET_NAMESPACE};
+use kvpick_ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer};
+use kvpick_grpc::{Health, ServerHandle};
 use kvpick_io::testing::WordTokenizer;
 use kvpick_io::testing::gateway::header_map;
-use kvpick_io::tokenizer::{TokenizeError, TokenizeFuture, TokenizeRequest, Tokenizer};
 use kvpick_proto::core::Metadata;
 use kvpick_proto::ext_proc::external_processor_client::ExternalProcessorClient;
 use kvpick_proto::ext_proc::mode::BodySendMode;
@@ -27,6 +26,8 @@ use kvpick_proto::ext_proc::{
     ProtocolConfiguration, body_mutation,
 };
 use kvpick_proto::protobuf::{Kind, ListValue, Struct, Value};
+use kvpick_router::tokenizer::{TokenizeError, TokenizeFuture, TokenizeRequest, Tokenizer};
+use kvpick_router::{KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_runtime::{Clock, Producer, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
 use tokio::sync::{Semaphore, mpsc};
 use tonic::transport::Channel;
@@ -79,6 +80,7 @@ impl Tokenizer for TestTokenizer {
 
 pub struct Options {
     pub config: ExtProcConfig,
+    pub picker: PickerConfig,
     pub workers: usize,
     /// Models the workers serve (`None`: any).
     pub model: Option<String>,
@@ -93,6 +95,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             config: ExtProcConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..ExtProcConfig::default() },
+            picker: PickerConfig::default(),
             workers: 3,
             model: None,
             null_picker: false,
@@ -147,7 +150,7 @@ impl Harness {
                 service.clone(),
                 clock.clone(),
                 harness_tokenizer,
-                &options.config,
+                &options.picker,
                 metrics.clone(),
             ))
         };

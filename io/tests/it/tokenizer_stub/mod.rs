@@ -20,7 +20,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use kvpick_io::tokenizer::{Api, TokenizeRequest, Tokenizer, TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
+use kvpick_router::tokenizer::{Api, TokenizeRequest, Tokenizer, TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 

@@ -12,10 +12,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kvpick_core::{RouterConfig, WorkerId, WorkerSpec};
-use kvpick_io::ext_proc::metrics::STATUSES;
-use kvpick_io::ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, KvPicker, NullPicker, Picker, ServerHandle};
+use kvpick_ext_proc::metrics::STATUSES;
+use kvpick_ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer};
+use kvpick_grpc::ServerHandle;
 use kvpick_io::testing::WordTokenizer;
-use kvpick_io::tokenizer::Tokenizer;
+use kvpick_router::tokenizer::Tokenizer;
+use kvpick_router::{KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_runtime::{Clock, RuntimeConfig, ShardedService, ThreadProducers};
 
 use crate::args::{Options, SpawnKind};
@@ -57,7 +59,8 @@ impl Spawned {
                 );
                 runtime.block_on(populate(&service, &clock, options))?;
                 let tokenizer: Arc<dyn Tokenizer> = Arc::new(WordTokenizer);
-                let picker = KvPicker::new(service.clone(), clock, tokenizer, &config, metrics.clone());
+                let picker =
+                    KvPicker::new(service.clone(), clock, tokenizer, &PickerConfig::default(), metrics.clone());
                 (Picker::Kv(picker), Some(service))
             }
         };

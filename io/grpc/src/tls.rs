@@ -5,7 +5,7 @@
 
 use tonic::transport::{Identity, ServerTlsConfig};
 
-use super::config::Tls;
+use crate::config::Tls;
 
 #[derive(Debug, thiserror::Error)]
 #[error("could not make a self-signed certificate: {0}")]

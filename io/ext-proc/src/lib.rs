@@ -3,21 +3,25 @@
 //!
 //! Per ext_proc stream (one HTTP request at the gateway, see [`stream`]):
 //! request headers, then the body buffered until it ends, parsed
-//! ([`body`]), tokenized and picked ([`picker`]); the answer is the
+//! ([`body`]) and handed to the picker ([`pick`]); the answer is the
 //! `x-gateway-destination-endpoint` header set with overwrite,
 //! `clear_route_cache`, the same value in `envoy.lb` dynamic metadata, and
 //! the body echoed back in chunks of at most 62,000 bytes ([`responses`]).
 //! On the response path every message is answered, the first body chunk
 //! completes the prefill, and the end of the response (or of the stream,
-//! however it ends) frees the booking exactly once ([`reservation`]).
+//! however it ends) frees the booking exactly once ([`pick::Booking`]).
 //! Refusals are `ImmediateResponse`s with one status per reason, chosen in
 //! [`error`].
 //!
-//! Runs on the I/O tokio runtime; talks to the shards only through
-//! `kvpick_runtime::ShardedService`. Must never block a runtime
+//! Protocol only: who picks (kvpick's router in `kvpick-router`, or a
+//! baseline) is behind the [`Picks`] trait, and the gRPC port itself is
+//! `kvpick-grpc`'s. This crate must never depend on the picker, the
+//! reservations, the tokenizer clients or the shard runtime; they depend
+//! on it. Runs on the I/O tokio runtime; must never block a runtime
 //! thread or trust a client-supplied routing header.
 
 pub mod body;
+pub mod buckets;
 pub mod config;
 pub mod endpoints;
 pub mod error;
@@ -25,17 +29,16 @@ pub mod headers;
 pub mod inflight;
 pub mod metadata;
 pub mod metrics;
-pub mod picker;
+pub mod pick;
 pub mod protocol;
-pub mod reservation;
 pub mod responses;
 pub mod server;
 pub mod stream;
-pub mod tls;
 pub mod usage;
 
-pub use config::{AssumedBodyMode, ConfigError, ExtProcConfig, Http2, Tls};
-pub use error::RequestError;
+pub use body::Api;
+pub use config::{AssumedBodyMode, ExtProcConfig};
+pub use error::{RequestError, TokenizeError};
 pub use metrics::{ExtProcMetrics, ExtProcMetricsSnapshot};
-pub use picker::{KvPicker, NullPicker, Picker};
-pub use server::{ExtProcServer, ServeError, ServerHandle};
+pub use pick::{BodyInput, Booking, Pick, PickInput, Picks};
+pub use server::ExtProcServer;

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::metrics::ExtProcMetrics;
+use crate::metrics::ExtProcMetrics;
 
 #[derive(Debug)]
 pub struct InflightLimiter {

@@ -29,8 +29,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
-use super::TokenizeError;
 use super::metrics::TokenizerMetrics;
+use kvpick_ext_proc::TokenizeError;
 
 /// The engine's error message is passed on to the client cut to this many
 /// bytes (on a character boundary).

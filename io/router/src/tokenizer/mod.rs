@@ -2,10 +2,11 @@
 //!
 //! KV-aware routing needs exactly the tokens the engine will cache, so the
 //! engine's tokenizer service is asked (vLLM's render endpoints, SGLang's
-//! `/tokenize`). The clients live in submodules; the ext_proc server only
-//! sees this trait.
+//! `/tokenize`). The clients live in submodules; the picker only sees
+//! this trait.
 //!
-//! - [`TokenizerConfig`] (from the `DYN_EPP_TOKENIZER_*` settings) builds
+//! - [`TokenizerConfig`] (the app fills it from the `DYN_EPP_TOKENIZER_*`
+//!   settings) builds
 //!   the client for its [`TokenizerProtocol`]: [`VllmRenderTokenizer`]
 //!   (`vllm-render`) or [`SglangTokenizer`] (`sglang-tokenize`).
 //! - Both send through one [`HttpClient`]: pooled keep-alive HTTP/1, one
@@ -22,6 +23,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use hyper::Uri;
 use hyper::http::uri::Scheme;
+/// Defined by the ext_proc server (a body's API, a tokenizer failure's
+/// status and fallback class); the clients here produce them.
+pub use kvpick_ext_proc::{Api, TokenizeError};
 
 mod config;
 mod http_client;
@@ -30,20 +34,13 @@ mod sglang;
 mod vllm_render;
 
 pub use config::{
-    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, FALLBACK_VAR, MAX_RESPONSE_BYTES_VAR, PROTOCOL_VAR, SERVICE_URL_VAR,
-    TIMEOUT_VAR, TokenizerConfig, TokenizerConfigError, TokenizerProtocol,
+    DEFAULT_MAX_RESPONSE_BYTES, DEFAULT_TIMEOUT, TokenizerConfig, TokenizerConfigError, TokenizerField,
+    TokenizerProtocol,
 };
 pub use http_client::{ERROR_MESSAGE_MAX_BYTES, HttpClient};
 pub use metrics::{ErrorClass, TokenizerMetrics, TokenizerMetricsSnapshot};
 pub use sglang::SglangTokenizer;
 pub use vllm_render::VllmRenderTokenizer;
-
-/// Which OpenAI API the body belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Api {
-    ChatCompletions,
-    Completions,
-}
 
 #[derive(Clone, Debug)]
 pub struct TokenizeRequest {
@@ -56,47 +53,14 @@ pub struct TokenizeRequest {
     pub prompt: Option<String>,
 }
 
-/// What went wrong, classified by who is to blame and what the gateway is
-/// told (mapped to a status in one place: `TokenizeError::http_status`).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum TokenizeError {
-    /// This tokenizer cannot handle this kind of body (e.g. chat on
-    /// SGLang's `/tokenize`): not a failure, the policy decides.
-    #[error("tokenizer does not support this request: {0}")]
-    Unsupported(&'static str),
-    #[error("tokenizer unreachable: {0}")]
-    Unreachable(String),
-    #[error("tokenizer timed out")]
-    Timeout,
-    /// The engine refused the request (4xx): the client's fault.
-    #[error("tokenizer rejected the request ({status}): {message}")]
-    Rejected { status: u16, message: String },
-    /// The engine failed (5xx), answered something unreadable, or too much.
-    #[error("tokenizer failed: {0}")]
-    Upstream(String),
-}
-
-impl TokenizeError {
-    /// The status the gateway gets when the policy is to fail.
-    pub fn http_status(&self) -> u16 {
-        match self {
-            TokenizeError::Unsupported(_) => 400,
-            TokenizeError::Unreachable(_) => 503,
-            TokenizeError::Timeout => 504,
-            TokenizeError::Rejected { .. } => 400,
-            TokenizeError::Upstream(_) => 502,
-        }
-    }
-}
-
 pub type TokenizeFuture<'a> = Pin<Box<dyn Future<Output = Result<Vec<u32>, TokenizeError>> + Send + 'a>>;
 
 pub trait Tokenizer: Send + Sync + 'static {
     fn tokenize(&self, request: TokenizeRequest) -> TokenizeFuture<'_>;
 }
 
-/// What to do when tokenizing fails or is not supported
-/// (`DYN_EPP_TOKENIZER_FALLBACK`: `fail` | `load-only`).
+/// What to do when tokenizing fails or is not supported (`fail` |
+/// `load-only`).
 ///
 /// The default, for unsupported bodies and tokenizer outages alike, is
 /// `LoadOnly`. The token ids only buy KV-cache overlap: the engines can
@@ -152,7 +116,7 @@ pub(crate) async fn metered(
     let result = call.await;
     metrics.record_call(start.elapsed(), &result);
     if let Err(error) = &result {
-        tracing::debug!(protocol, class = error.class().as_str(), %error, "tokenize failed");
+        tracing::debug!(protocol, class = ErrorClass::of(error).as_str(), %error, "tokenize failed");
     }
     result
 }

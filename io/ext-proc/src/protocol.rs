@@ -13,7 +13,7 @@
 use kvpick_proto::ext_proc::ProtocolConfiguration;
 use kvpick_proto::ext_proc::mode::BodySendMode;
 
-use super::config::AssumedBodyMode;
+use crate::config::AssumedBodyMode;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Modes {

@@ -12,8 +12,15 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use kvpick_core::ReservationId;
+use kvpick_ext_proc::Booking;
 
-use super::picker::KvPicker;
+/// Who frees a booking and marks its prefill complete: the picker that made
+/// it (`KvPicker`). A trait so this module needs nothing of the picker's;
+/// generic, not `dyn`, so the calls stay static.
+pub trait Release: Send + Sync + 'static {
+    fn prefill_complete(&self, id: ReservationId);
+    fn free(&self, id: ReservationId);
+}
 
 /// Reservation ids unique across replicas: 32 random bits chosen once per
 /// process (from the OS-seeded keys of std's `RandomState`) above a 32-bit
@@ -45,24 +52,24 @@ impl ReservationIds {
 }
 
 /// A booking made for one request; freed exactly once, on drop.
-pub struct Reservation {
+pub struct Reservation<R: Release> {
     id: ReservationId,
-    picker: KvPicker,
+    picker: R,
     /// Nothing to free: the selection failed, so nothing was booked.
     disarmed: bool,
     prefill_completed: bool,
 }
 
-impl std::fmt::Debug for Reservation {
+impl<R: Release> std::fmt::Debug for Reservation<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reservation").field("id", &self.id).field("disarmed", &self.disarmed).finish()
     }
 }
 
-impl Reservation {
+impl<R: Release> Reservation<R> {
     /// Armed before the selection starts, so a selection dropped while
     /// queued is withdrawn too.
-    pub(crate) fn new(id: ReservationId, picker: KvPicker) -> Self {
+    pub(crate) fn new(id: ReservationId, picker: R) -> Self {
         Reservation { id, picker, disarmed: false, prefill_completed: false }
     }
 
@@ -74,20 +81,22 @@ impl Reservation {
     pub(crate) fn disarm(mut self) {
         self.disarmed = true;
     }
+}
 
+impl<R: Release> Booking for Reservation<R> {
     /// The engine started answering: its prompt is no longer prefill
     /// load. Posted, so it never delays the echo of the first token; only
     /// the first call does anything. The free that follows comes after it
     /// in the same ring when the same thread sends both; if another thread
     /// sends the free and it overtakes, the end state is the same.
-    pub fn prefill_complete(&mut self) {
+    fn prefill_complete(&mut self) {
         if !std::mem::replace(&mut self.prefill_completed, true) {
             self.picker.prefill_complete(self.id);
         }
     }
 }
 
-impl Drop for Reservation {
+impl<R: Release> Drop for Reservation<R> {
     fn drop(&mut self) {
         if !self.disarmed {
             self.picker.free(self.id);

@@ -8,8 +8,14 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
-use super::error::RequestError;
-use crate::tokenizer::Api;
+use crate::error::RequestError;
+
+/// Which OpenAI API the body belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    ChatCompletions,
+    Completions,
+}
 
 /// What routing reads from a request body.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

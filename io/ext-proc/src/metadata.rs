@@ -6,8 +6,8 @@
 use kvpick_proto::core::Metadata;
 use kvpick_proto::protobuf::{Kind, Struct, Value};
 
-use super::endpoints::{Endpoint, parse_csv, parse_list};
-use super::headers::{DESTINATION, DESTINATION_SERVED, DESTINATION_SUBSET};
+use crate::endpoints::{Endpoint, parse_csv, parse_list};
+use crate::headers::{DESTINATION, DESTINATION_SERVED, DESTINATION_SUBSET};
 
 /// Namespace of the pick (kvpick → gateway) and the served endpoint.
 pub const LB_NAMESPACE: &str = "envoy.lb";

@@ -4,7 +4,7 @@
 //!
 //! What is counted where: the clients record every call
 //! ([`TokenizerMetrics::record_call`]: latency, success or error class); the
-//! ext_proc server records each fallback to load-only routing
+//! picker records each fallback to load-only routing
 //! ([`TokenizerMetrics::record_fallback`]) because only it applies the
 //! [`FallbackPolicy`](super::FallbackPolicy).
 
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-use super::TokenizeError;
+use kvpick_ext_proc::TokenizeError;
 
 /// A [`TokenizeError`] without its details: the label of the error and
 /// fallback counters.
@@ -50,11 +50,11 @@ impl ErrorClass {
     fn index(self) -> usize {
         self as usize
     }
-}
 
-impl TokenizeError {
-    pub fn class(&self) -> ErrorClass {
-        match self {
+    /// The class of `error` (a free function: `TokenizeError` is
+    /// `kvpick-ext-proc`'s).
+    pub fn of(error: &TokenizeError) -> ErrorClass {
+        match error {
             TokenizeError::Unsupported(_) => ErrorClass::Unsupported,
             TokenizeError::Unreachable(_) => ErrorClass::Unreachable,
             TokenizeError::Timeout => ErrorClass::Timeout,
@@ -113,8 +113,8 @@ impl TokenizerMetrics {
                 self.tokenized.fetch_add(1, Relaxed);
             }
             Err(error) => {
-                self.errors[error.class().index()].fetch_add(1, Relaxed);
-                if error.class() == ErrorClass::Unsupported {
+                self.errors[ErrorClass::of(error).index()].fetch_add(1, Relaxed);
+                if ErrorClass::of(error) == ErrorClass::Unsupported {
                     return;
                 }
             }
@@ -127,7 +127,7 @@ impl TokenizerMetrics {
     /// A request routed by load alone because tokenizing it failed (or was
     /// not supported) under the `load-only` policy.
     pub fn record_fallback(&self, error: &TokenizeError) {
-        self.fallbacks[error.class().index()].fetch_add(1, Relaxed);
+        self.fallbacks[ErrorClass::of(error).index()].fetch_add(1, Relaxed);
     }
 
     /// A completion body with several prompts: only the first prompt's

@@ -13,10 +13,9 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-use crate::tokenizer::TokenizeError;
-
-use super::usage::Usage;
-use crate::metrics::{BucketSnapshot, Buckets, LATENCY_BUCKETS, TOKEN_BUCKETS};
+use crate::buckets::{BucketSnapshot, Buckets, LATENCY_BUCKETS, TOKEN_BUCKETS};
+use crate::error::TokenizeError;
+use crate::usage::Usage;
 
 /// Distinct model names tracked with their own labels; later ones share
 /// `other`, so a client sending random names cannot grow the exposition.
@@ -238,31 +237,31 @@ impl ExtProcMetrics {
         self.streams_open.fetch_sub(1, Relaxed);
     }
 
-    pub(crate) fn record_header_only(&self) {
+    pub fn record_header_only(&self) {
         self.header_only.fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn record_fallback(&self, why: Fallback) {
+    pub fn record_fallback(&self, why: Fallback) {
         self.fallbacks[why.index()].fetch_add(1, Relaxed);
     }
 
-    pub(crate) fn record_tokenize(&self, elapsed: Duration) {
+    pub fn record_tokenize(&self, elapsed: Duration) {
         record(&self.tokenize_micros, elapsed);
         self.record_phase(Phase::Tokenize, elapsed);
     }
 
-    pub(crate) fn record_select(&self, elapsed: Duration) {
+    pub fn record_select(&self, elapsed: Duration) {
         record(&self.select_micros, elapsed);
         self.record_phase(Phase::Select, elapsed);
     }
 
-    pub(crate) fn record_prefill_complete(&self) {
+    pub fn record_prefill_complete(&self) {
         self.prefill_completes.fetch_add(1, Relaxed);
     }
 
     /// A reservation freed; `found` is false when the shard no longer knew
     /// it (its lease expired, or its worker was deleted).
-    pub(crate) fn record_free(&self, found: bool) {
+    pub fn record_free(&self, found: bool) {
         if found { &self.frees } else { &self.frees_not_found }.fetch_add(1, Relaxed);
     }
 
@@ -296,7 +295,7 @@ impl ExtProcMetrics {
         }
     }
 
-    pub(crate) fn record_phase(&self, phase: Phase, elapsed: Duration) {
+    pub fn record_phase(&self, phase: Phase, elapsed: Duration) {
         self.exported.phases[phase as usize].observe_duration(elapsed);
     }
 
@@ -313,7 +312,7 @@ impl ExtProcMetrics {
 
     /// A pick made with a prompt of `prompt_tokens`, of which the chosen
     /// worker held `overlap_tokens`.
-    pub(crate) fn record_overlap(&self, prompt_tokens: u64, overlap_tokens: u64) {
+    pub fn record_overlap(&self, prompt_tokens: u64, overlap_tokens: u64) {
         self.exported.prompt_tokens_picked.fetch_add(prompt_tokens, Relaxed);
         self.exported.overlap_tokens.fetch_add(overlap_tokens.min(prompt_tokens), Relaxed);
     }

@@ -12,7 +12,7 @@
 //! and trailers message is answered (body chunks echoed in full-duplex
 //! mode); the first non-empty body chunk completes the prefill; the end of
 //! the response frees the booking. However the stream ends, dropping it
-//! frees the booking (see [`Reservation`]).
+//! frees the booking (see [`Booking`]).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -24,24 +24,23 @@ use kvpick_proto::core::Metadata;
 use kvpick_proto::ext_proc::processing_request::Request;
 use kvpick_proto::ext_proc::{HeaderMutation, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse};
 
-use super::body::{RequestBody, api_of_path};
-use super::config::ExtProcConfig;
-use super::endpoints::{Endpoint, intersect, parse_csv, to_filter};
-use super::error::RequestError;
-use super::headers::{CONFORMANCE_SERVED, RequestHeaders, ResponseHeaders, set_header};
-use super::inflight::{InflightLimiter, InflightPermit};
-use super::metadata::{Served, destination_metadata, served_endpoint, subset_hint};
-use super::metrics::{ExtProcMetrics, Phase};
-use super::picker::{BodyInput, PickInput, Picker};
-use super::protocol::Modes;
-use super::reservation::Reservation;
-use super::responses::{self, Path};
-use super::usage::UsageParser;
+use crate::body::{RequestBody, api_of_path};
+use crate::config::ExtProcConfig;
+use crate::endpoints::{Endpoint, intersect, parse_csv, to_filter};
+use crate::error::RequestError;
+use crate::headers::{CONFORMANCE_SERVED, RequestHeaders, ResponseHeaders, set_header};
+use crate::inflight::{InflightLimiter, InflightPermit};
+use crate::metadata::{Served, destination_metadata, served_endpoint, subset_hint};
+use crate::metrics::{ExtProcMetrics, Phase};
+use crate::pick::{BodyInput, Booking, PickInput, Picks};
+use crate::protocol::Modes;
+use crate::responses::{self, Path};
+use crate::usage::UsageParser;
 
 /// What every stream of one server shares.
-pub(crate) struct Shared {
+pub(crate) struct Shared<P> {
     pub config: ExtProcConfig,
-    pub picker: Picker,
+    pub picker: P,
     pub metrics: Arc<ExtProcMetrics>,
     pub inflight: Arc<InflightLimiter>,
 }
@@ -69,13 +68,13 @@ enum End {
     Trailers,
 }
 
-struct Picked {
+struct Picked<B> {
     endpoint: SocketAddr,
     fallbacks: Vec<SocketAddr>,
-    reservation: Option<Reservation>,
+    reservation: Option<B>,
 }
 
-impl Picked {
+impl<B> Picked<B> {
     /// `ip:port`, or `ip:port,ip:port,…` with the ordered fallbacks.
     fn destination(&self) -> String {
         let mut destination = self.endpoint.to_string();
@@ -87,8 +86,8 @@ impl Picked {
     }
 }
 
-pub(crate) struct ExtProcStream {
-    shared: Arc<Shared>,
+pub(crate) struct ExtProcStream<P: Picks> {
+    shared: Arc<Shared<P>>,
     modes: Modes,
     first_message: bool,
     stage: Stage,
@@ -99,7 +98,7 @@ pub(crate) struct ExtProcStream {
     body: Vec<u8>,
     subset: Option<Vec<Endpoint>>,
     permit: Option<InflightPermit>,
-    picked: Option<Picked>,
+    picked: Option<Picked<P::Booking>>,
     usage: Option<UsageParser>,
     first_response_chunk_seen: bool,
     response_finished: bool,
@@ -109,8 +108,8 @@ pub(crate) struct ExtProcStream {
     model: String,
 }
 
-impl ExtProcStream {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+impl<P: Picks> ExtProcStream<P> {
+    pub(crate) fn new(shared: Arc<Shared<P>>) -> Self {
         shared.metrics.stream_opened();
         ExtProcStream {
             modes: Modes::assumed(shared.config.assumed_body_mode),
@@ -282,7 +281,7 @@ impl ExtProcStream {
         }
     }
 
-    async fn pick(&mut self, body: &Bytes) -> Result<Picked, RequestError> {
+    async fn pick(&mut self, body: &Bytes) -> Result<Picked<P::Booking>, RequestError> {
         let allowed = self.allowed()?.map(|list| to_filter(&list));
         let body = if body.is_empty() {
             None
@@ -440,7 +439,7 @@ impl ExtProcStream {
     }
 }
 
-impl Drop for ExtProcStream {
+impl<P: Picks> Drop for ExtProcStream<P> {
     fn drop(&mut self) {
         self.shared.metrics.stream_closed();
     }

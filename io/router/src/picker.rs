@@ -10,53 +10,29 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use kvpick_core::{BookingError, EndpointFilter, HashSeed, Prompt, ReservationId, SelectError, SelectRequest};
+use kvpick_core::{BookingError, HashSeed, Prompt, ReservationId, SelectError, SelectRequest};
+use kvpick_ext_proc::metrics::{ExtProcMetrics, Fallback, Phase};
+use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError};
 use kvpick_runtime::{Clock, PendingRings, RingScheduler, ShardedService, ThreadProducers};
 
-use super::body::RequestBody;
-use super::config::ExtProcConfig;
-use super::error::RequestError;
-use super::metrics::{ExtProcMetrics, Fallback, Phase};
-use super::reservation::{Reservation, ReservationIds};
+use crate::reservation::{Release, Reservation, ReservationIds};
 use crate::tokenizer::{Api, FallbackPolicy, TokenizeError, TokenizeRequest, Tokenizer};
 
-/// What a pick is made from.
-#[derive(Debug)]
-pub struct PickInput {
-    /// `None`: a request without a body (GET `/v1/models`, a probe).
-    pub body: Option<BodyInput>,
-    /// Only these endpoints may serve (subset hint, conformance header).
-    pub allowed: Option<EndpointFilter>,
-}
-
-#[derive(Debug)]
-pub struct BodyInput {
-    pub bytes: Bytes,
-    pub parsed: RequestBody,
-}
-
-impl BodyInput {
-    /// What the tokenizer is asked for this body, as `api`.
-    fn tokenize_request(&self, api: Api) -> TokenizeRequest {
-        TokenizeRequest {
-            api,
-            body: self.bytes.clone(),
-            model: self.parsed.model.clone(),
-            prompt: self.parsed.prompt.clone(),
-        }
+/// What the tokenizer is asked for `body`, as `api`.
+fn tokenize_request(body: &BodyInput, api: Api) -> TokenizeRequest {
+    TokenizeRequest {
+        api,
+        body: body.bytes.clone(),
+        model: body.parsed.model.clone(),
+        prompt: body.parsed.prompt.clone(),
     }
 }
 
-/// The endpoint, and the booking to release when the request ends.
-#[derive(Debug)]
-pub struct Pick {
-    pub endpoint: SocketAddr,
-    /// Where the gateway may go next if `endpoint` fails, in order; empty
-    /// unless fallbacks are configured (agentgateway rejects a list).
-    pub fallbacks: Vec<SocketAddr>,
-    pub reservation: Option<Reservation>,
-}
+/// A booking on the shards, freed through the [`KvPicker`] that made it.
+pub type KvReservation = Reservation<KvPicker>;
+
+/// A pick with kvpick's booking, if any.
+pub type KvPick = Pick<KvReservation>;
 
 #[derive(Clone)]
 pub enum Picker {
@@ -64,8 +40,10 @@ pub enum Picker {
     Null(NullPicker),
 }
 
-impl Picker {
-    pub async fn pick(&self, input: PickInput) -> Result<Pick, RequestError> {
+impl Picks for Picker {
+    type Booking = KvReservation;
+
+    async fn pick(&self, input: PickInput) -> Result<KvPick, RequestError> {
         match self {
             Picker::Kv(kv) => kv.pick(input).await,
             Picker::Null(null) => null.pick(&input).await,
@@ -92,10 +70,10 @@ impl NullPicker {
         NullPicker { tokenizer: Some(tokenizer), ..self }
     }
 
-    async fn pick(&self, input: &PickInput) -> Result<Pick, RequestError> {
+    async fn pick(&self, input: &PickInput) -> Result<KvPick, RequestError> {
         let tokenize = self.tokenizer.as_ref().zip(input.body.as_ref());
         if let Some((tokenizer, body, api)) = tokenize.and_then(|(t, b)| Some((t, b, b.parsed.api?))) {
-            tokenizer.tokenize(body.tokenize_request(api)).await?;
+            tokenizer.tokenize(tokenize_request(body, api)).await?;
         }
         let allowed = |e: &&SocketAddr| input.allowed.as_ref().is_none_or(|f| f.allows(e));
         let endpoint = self.endpoints.iter().find(allowed).ok_or(SelectError::NoEligibleWorkers)?;
@@ -117,6 +95,27 @@ fn ring_after_ready_tasks() -> RingScheduler {
             });
         }
     })
+}
+
+/// How [`KvPicker`] picks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PickerConfig {
+    /// The pool's base model: any other `model` in a body is a LoRA adapter
+    /// and hashes with its own seed, as the engine does. `None`: no request
+    /// is treated as a LoRA.
+    pub base_model: Option<String>,
+    /// What to do when tokenizing fails or is not supported.
+    pub fallback: FallbackPolicy,
+    /// Picks made in one pass of the I/O thread wake the shard once, after
+    /// that pass, rather than once each (`kvpick_runtime::RingScheduler`).
+    /// Off only to measure what it saves.
+    pub ring_per_batch: bool,
+}
+
+impl Default for PickerConfig {
+    fn default() -> Self {
+        PickerConfig { base_model: None, fallback: FallbackPolicy::default(), ring_per_batch: true }
+    }
 }
 
 /// kvpick's pick: tokenize (or fall back to load only), hash once, select
@@ -141,7 +140,7 @@ impl KvPicker {
         service: Arc<ShardedService>,
         clock: Clock,
         tokenizer: Arc<dyn Tokenizer>,
-        config: &ExtProcConfig,
+        config: &PickerConfig,
         metrics: Arc<ExtProcMetrics>,
     ) -> Self {
         let producers = ThreadProducers::new(service);
@@ -162,7 +161,7 @@ impl KvPicker {
         self.0.producers.service()
     }
 
-    pub async fn pick(&self, input: PickInput) -> Result<Pick, RequestError> {
+    pub async fn pick(&self, input: PickInput) -> Result<KvPick, RequestError> {
         let inner = &*self.0;
         let (prompt, model, priority) = match &input.body {
             None => {
@@ -215,7 +214,7 @@ impl KvPicker {
             inner.metrics.record_fallback(Fallback::UnknownApi);
             return Ok(Prompt::load_only(estimate));
         };
-        let request = body.tokenize_request(api);
+        let request = tokenize_request(body, api);
         let start = Instant::now();
         let result = inner.tokenizer.tokenize(request).await;
         match result {
@@ -243,34 +242,6 @@ impl KvPicker {
         }
     }
 
-    /// Posted to the owning shard, not awaited (see `ShardedService`).
-    pub(crate) fn prefill_complete(&self, id: ReservationId) {
-        let inner = &*self.0;
-        match self.service().post_prefill_complete(&inner.producers, id) {
-            Ok(()) => {
-                inner.metrics.record_prefill_complete();
-                self.admit_queued();
-            }
-            Err(error) => tracing::debug!(reservation = id.0, %error, "prefill_complete on a booking already gone"),
-        }
-    }
-
-    /// Posted to the owning shard, not awaited (see `ShardedService`).
-    pub(crate) fn free(&self, id: ReservationId) {
-        let inner = &*self.0;
-        match self.service().post_free(&inner.producers, id) {
-            Ok(()) => {
-                inner.metrics.record_free(true);
-                self.admit_queued();
-            }
-            Err(BookingError::NotFound(_)) => inner.metrics.record_free(false),
-            Err(error) => {
-                inner.metrics.record_free(false);
-                tracing::warn!(reservation = id.0, %error, "could not free a booking; its lease will");
-            }
-        }
-    }
-
     /// Capacity was released: requests queued for it are admitted on a
     /// task of their own, so the stream that released it never waits for
     /// them. Without a tokio runtime here, the next release does it.
@@ -287,5 +258,35 @@ impl KvPicker {
             let inner = &*picker.0;
             picker.service().admit_waiting(&inner.producers, inner.clock.now()).await;
         });
+    }
+}
+
+impl Release for KvPicker {
+    /// Posted to the owning shard, not awaited (see `ShardedService`).
+    fn prefill_complete(&self, id: ReservationId) {
+        let inner = &*self.0;
+        match self.service().post_prefill_complete(&inner.producers, id) {
+            Ok(()) => {
+                inner.metrics.record_prefill_complete();
+                self.admit_queued();
+            }
+            Err(error) => tracing::debug!(reservation = id.0, %error, "prefill_complete on a booking already gone"),
+        }
+    }
+
+    /// Posted to the owning shard, not awaited (see `ShardedService`).
+    fn free(&self, id: ReservationId) {
+        let inner = &*self.0;
+        match self.service().post_free(&inner.producers, id) {
+            Ok(()) => {
+                inner.metrics.record_free(true);
+                self.admit_queued();
+            }
+            Err(BookingError::NotFound(_)) => inner.metrics.record_free(false),
+            Err(error) => {
+                inner.metrics.record_free(false);
+                tracing::warn!(reservation = id.0, %error, "could not free a booking; its lease will");
+            }
+        }
     }
 }

@@ -19,8 +19,8 @@ use kvpick_proto::health::{HealthReporter, HealthService, ServingStatus};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::ext_proc::config::Http2;
-use crate::ext_proc::server::{ServeError, ServerHandle, builder, spawn_router};
+use crate::config::Http2;
+use crate::server::{ServeError, ServerHandle, builder, spawn_router};
 
 pub const LIVENESS: &str = "liveness";
 pub const READINESS: &str = "readiness";

@@ -11,7 +11,7 @@ use kvpick_proto::ext_proc::{
 };
 use kvpick_proto::protobuf::Struct;
 
-use super::config::BODY_CHUNK_BYTES;
+use crate::config::BODY_CHUNK_BYTES;
 
 /// Which HTTP message a response belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

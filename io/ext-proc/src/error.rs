@@ -10,8 +10,40 @@ use kvpick_core::SelectError;
 use kvpick_proto::ext_proc::{HeaderMutation, ImmediateResponse, ProcessingResponse, processing_response};
 use kvpick_proto::http_status::HttpStatus;
 
-use super::headers::set_header;
-use crate::tokenizer::TokenizeError;
+use crate::headers::set_header;
+
+/// What went wrong, classified by who is to blame and what the gateway is
+/// told (mapped to a status in one place: `TokenizeError::http_status`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenizeError {
+    /// This tokenizer cannot handle this kind of body (e.g. chat on
+    /// SGLang's `/tokenize`): not a failure, the policy decides.
+    #[error("tokenizer does not support this request: {0}")]
+    Unsupported(&'static str),
+    #[error("tokenizer unreachable: {0}")]
+    Unreachable(String),
+    #[error("tokenizer timed out")]
+    Timeout,
+    /// The engine refused the request (4xx): the client's fault.
+    #[error("tokenizer rejected the request ({status}): {message}")]
+    Rejected { status: u16, message: String },
+    /// The engine failed (5xx), answered something unreadable, or too much.
+    #[error("tokenizer failed: {0}")]
+    Upstream(String),
+}
+
+impl TokenizeError {
+    /// The status the gateway gets when the policy is to fail.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            TokenizeError::Unsupported(_) => 400,
+            TokenizeError::Unreachable(_) => 503,
+            TokenizeError::Timeout => 504,
+            TokenizeError::Rejected { .. } => 400,
+            TokenizeError::Upstream(_) => 502,
+        }
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {

@@ -1,0 +1,57 @@
+//! What the server asks of whoever picks the endpoint: the Pick API.
+//!
+//! The server parses the body and knows the allowed endpoints; a [`Picks`]
+//! implementor (kvpick's router, or a baseline) turns that into an
+//! endpoint and, optionally, a [`Booking`] that the stream holds until the
+//! request ends. The server is generic over the picker: static dispatch,
+//! no boxed futures on the request path.
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use kvpick_core::EndpointFilter;
+
+use crate::body::RequestBody;
+use crate::error::RequestError;
+
+/// What a pick is made from.
+#[derive(Debug)]
+pub struct PickInput {
+    /// `None`: a request without a body (GET `/v1/models`, a probe).
+    pub body: Option<BodyInput>,
+    /// Only these endpoints may serve (subset hint, conformance header).
+    pub allowed: Option<EndpointFilter>,
+}
+
+#[derive(Debug)]
+pub struct BodyInput {
+    pub bytes: Bytes,
+    pub parsed: RequestBody,
+}
+
+/// The endpoint, and the booking to release when the request ends.
+#[derive(Debug)]
+pub struct Pick<B> {
+    pub endpoint: SocketAddr,
+    /// Where the gateway may go next if `endpoint` fails, in order; empty
+    /// unless fallbacks are configured (agentgateway rejects a list).
+    pub fallbacks: Vec<SocketAddr>,
+    pub reservation: Option<B>,
+}
+
+/// Load booked for one request. Dropping it frees the load, exactly once,
+/// however the stream ends (response finished, gateway cancelled,
+/// connection broken).
+pub trait Booking: Send + 'static {
+    /// The engine started answering: its prompt is no longer prefill load.
+    /// Only the first call does anything.
+    fn prefill_complete(&mut self);
+}
+
+/// Picks the endpoint for one request.
+pub trait Picks: Send + Sync + 'static {
+    type Booking: Booking;
+
+    fn pick(&self, input: PickInput) -> impl Future<Output = Result<Pick<Self::Booking>, RequestError>> + Send;
+}
