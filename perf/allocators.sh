@@ -20,11 +20,11 @@ OUT=target/allocators
 mkdir -p "$OUT"
 
 echo "== building (release): kvpick with mimalloc, with jemalloc; kvpick-load; kvpick-sim" >&2
-cargo build --release -q -p kvpick-io --bin kvpick
+cargo build --release -q -p kvpick-app --bin kvpick
 cp target/release/kvpick "$OUT/kvpick-mimalloc"
-cargo build --release -q -p kvpick-io --bin kvpick --features jemalloc
+cargo build --release -q -p kvpick-app --bin kvpick --features jemalloc
 cp target/release/kvpick "$OUT/kvpick-jemalloc"
-cargo build --release -q -p kvpick-io --bin kvpick   # leave the default build in place
+cargo build --release -q -p kvpick-app --bin kvpick   # leave the default build in place
 cargo build --release -q -p kvpick-perf --bin kvpick-load
 cargo build --release -q -p kvpick-sim --bin kvpick-sim
 

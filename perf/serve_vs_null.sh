@@ -15,7 +15,7 @@ OUT=target/serve-vs-null
 mkdir -p "$OUT"
 
 echo "== building (release): kvpick, kvpick-load, kvpick-sim" >&2
-cargo build --release -q -p kvpick-io --bin kvpick -p kvpick-perf --bin kvpick-load -p kvpick-sim --bin kvpick-sim
+cargo build --release -q -p kvpick-app --bin kvpick -p kvpick-perf --bin kvpick-load -p kvpick-sim --bin kvpick-sim
 
 # shellcheck source=perf/serve_env.sh
 source perf/serve_env.sh

@@ -24,14 +24,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use kvpick_app::app::settings::{self as var, Values};
+use kvpick_app::app::{App, ServeConfig};
 use kvpick_core::{HashSeed, LoadSnapshot, Prompt, WorkerId};
 use kvpick_discovery::workers_file::{self, static_worker_id};
-use kvpick_io::app::settings::{self as var, Values};
-use kvpick_io::app::{App, ServeConfig};
-use kvpick_io::testing::gateway::Gateway;
 use kvpick_kv_events::IngestCounters;
 use kvpick_runtime::ThreadProducers;
 use kvpick_sim::{Engine, EngineConfig, Fleet, RequestSpec, TimeModel};
+use kvpick_test_support::gateway::Gateway;
 use serde_json::{Value, json};
 
 /// The longest any condition is waited for.

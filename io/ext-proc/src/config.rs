@@ -1,6 +1,6 @@
 //! The ext_proc server's settings and their defaults. Values only: the
 //! flags and environment variables that set them are the app's
-//! (`kvpick_io::app::settings`).
+//! (`kvpick_app::app::settings`).
 
 use std::net::SocketAddr;
 

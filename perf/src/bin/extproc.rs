@@ -1,7 +1,7 @@
 //! `kvpick-bench-extproc`: ext_proc round trips through kvpick's real
 //! server, as a gateway drives them, at concurrency 1, 16 and 64 on one
 //! HTTP/2 connection, with a 1,000-token chat prompt and an in-process
-//! tokenizer (`kvpick_io::testing::WordTokenizer`).
+//! tokenizer (`kvpick_test_support::WordTokenizer`).
 //!
 //! One round trip is a whole request's ext_proc life: request headers and
 //! body (end of stream) → the pick (headers answer) and the body echoed →
@@ -37,7 +37,6 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kvpick_core::{RouterConfig, WorkerId, WorkerSpec};
 use kvpick_ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer};
-use kvpick_io::testing::WordTokenizer;
 use kvpick_perf::args::{TimeBudget, parse_or_exit};
 use kvpick_perf::measure::{Latencies, LatencySummary};
 use kvpick_perf::report::{self, Table, at_least, at_most, thousands};
@@ -50,6 +49,7 @@ use kvpick_proto::ext_proc::{HttpBody, HttpHeaders, ProcessingRequest, Processin
 use kvpick_router::tokenizer::Tokenizer;
 use kvpick_router::{KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
+use kvpick_test_support::WordTokenizer;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 

@@ -15,10 +15,10 @@ use kvpick_core::{RouterConfig, WorkerId, WorkerSpec};
 use kvpick_ext_proc::metrics::STATUSES;
 use kvpick_ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer};
 use kvpick_grpc::ServerHandle;
-use kvpick_io::testing::WordTokenizer;
 use kvpick_router::tokenizer::Tokenizer;
 use kvpick_router::{KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_runtime::{Clock, RuntimeConfig, ShardedService, ThreadProducers};
+use kvpick_test_support::WordTokenizer;
 
 use crate::args::{Options, SpawnKind};
 use crate::prompts;

@@ -29,6 +29,11 @@
 //! expire open watches (a 410 `ERROR` event mid-stream), fail the next LISTs
 //! with a status code, hold LISTs until released.
 
+/// The namespace, pool and pod labels the scenarios use.
+pub const NS: &str = "llm";
+pub const POOL: &str = "vllm-pool";
+pub const APP: &[(&str, &str)] = &[("app", "vllm")];
+
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
 use std::io;

@@ -1,7 +1,15 @@
-//! Support for tests and benchmarks: a deterministic in-process
-//! [`Tokenizer`]. Not for production: real deployments tokenize with the
-//! engine's own tokenizer service (`kvpick_router::tokenizer`).
+//! kvpick-test-support: what several crates' tests, the benchmarks and
+//! the demo share. Never part of a serving path.
+//!
+//! - [`WordTokenizer`]: a deterministic in-process [`Tokenizer`] (real
+//!   deployments tokenize with the engine's own tokenizer service,
+//!   `kvpick_router::tokenizer`).
+//! - [`gateway`]: a miniature GAIE gateway driving the ext_proc stream as
+//!   Envoy does, in front of real HTTP engines.
+//! - [`fake_kube`]: a fake Kubernetes API server on 127.0.0.1 (LIST with
+//!   pagination, chunked WATCH, bookmarks, 410 Gone, dropped watches).
 
+pub mod fake_kube;
 pub mod gateway;
 
 use std::borrow::Cow;

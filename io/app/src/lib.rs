@@ -18,8 +18,6 @@
 //!   from it, and all of it started in order and stopped in reverse
 //!   (`kvpick serve`).
 //! - [`metrics`]: Prometheus export of every part's counters.
-//! - `testing` (feature `testing`, on with `demo`): a word tokenizer and a
-//!   miniature gateway, for tests, the demo and benchmarks.
 //!
 //! Nothing here runs on a shard's core; `kvpick-core` must never depend on
 //! this crate, and nothing in it may touch a shard's state except through a
@@ -27,5 +25,3 @@
 
 pub mod app;
 pub mod metrics;
-#[cfg(feature = "testing")]
-pub mod testing;

@@ -7,8 +7,9 @@
 use std::time::{Duration, Instant};
 
 use crate::bin_support::{TempDir, WAIT, binary, chat, fleet, scrape, value};
-use crate::support::{APP, FakeKube, Kind, NS, POOL, pod, pool};
-use kvpick_io::testing::gateway::Gateway;
+use kvpick_test_support::fake_kube::objects::{pod, pool};
+use kvpick_test_support::fake_kube::{APP, FakeKube, Kind, NS, POOL};
+use kvpick_test_support::gateway::Gateway;
 use serde_json::Value;
 
 fn port_of(zmq: &str) -> String {

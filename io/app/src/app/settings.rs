@@ -237,7 +237,7 @@ pub const SETTINGS: &[Setting] = &[
         LOG_LEVEL,
         "log",
         Some("info"),
-        "Log filter, e.g. `info` or `kvpick_io=debug,info` (per-request lines are at debug)",
+        "Log filter, e.g. `info` or `kvpick_app=debug,info` (per-request lines are at debug)",
     ),
     s(PROFILE, "profile", None, "Write a CPU flame graph (SVG) of the whole run to this file at exit"),
 ];

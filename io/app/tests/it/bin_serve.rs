@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use crate::bin_support::{TempDir, WAIT, binary, chat, fleet, scrape, serve, value, write_workers};
-use kvpick_io::testing::gateway::Gateway;
+use kvpick_test_support::gateway::Gateway;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_requests_and_metrics_move() {
@@ -101,7 +101,7 @@ fn help_lists_every_variable_with_its_default() {
     let output = binary().args(["serve", "--help"]).output().unwrap_or_else(|e| panic!("{e}"));
     assert!(output.status.success());
     let help = String::from_utf8_lossy(&output.stdout);
-    for setting in kvpick_io::app::settings::SETTINGS {
+    for setting in kvpick_app::app::settings::SETTINGS {
         assert!(help.contains(&format!("--{}", setting.flag)), "--{} missing from --help", setting.flag);
         assert!(help.contains(setting.var), "{} missing from --help", setting.var);
     }

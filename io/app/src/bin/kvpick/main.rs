@@ -19,8 +19,8 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Arg, ArgAction, Command};
-use kvpick_io::app::settings::{self, Values};
-use kvpick_io::app::{App, ServeConfig};
+use kvpick_app::app::settings::{self, Values};
+use kvpick_app::app::{App, ServeConfig};
 
 #[cfg(not(feature = "jemalloc"))]
 #[global_allocator]

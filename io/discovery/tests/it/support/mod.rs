@@ -1,11 +1,5 @@
-//! Shared by the discovery scenarios: the fake API server and a harness
-//! that runs the real discovery against it and applies its updates.
-//!
-//! A test-support module rather than a crate of its own: only kvpick-io's
-//! tests use it, and it needs nothing the crate's dev-dependencies (hyper's
-//! server, tokio) do not already bring.
-
-pub mod fake_kube;
+//! The discovery scenarios' harness: runs the real discovery against the
+//! fake API server (kvpick-test-support) and applies its updates.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -15,18 +9,14 @@ use kvpick_core::WorkerId;
 use kvpick_discovery::{DiscoveredWorker, Discovery, DiscoveryConfig, DiscoveryState, WorkerUpdate};
 use tokio::time::Instant;
 
-#[allow(unused_imports)] // not every test file builds every object
-pub use fake_kube::objects::{pod, pool, slice, terminating};
-pub use fake_kube::{FakeKube, Kind};
+pub use kvpick_test_support::fake_kube::objects::{pod, pool, slice, terminating};
+pub use kvpick_test_support::fake_kube::{APP, FakeKube, Kind, NS, POOL};
 
 /// Longest any test waits for something that should happen.
 pub const WAIT: Duration = Duration::from_secs(10);
 /// How often [`Harness::wait_for`] re-checks its condition when nothing
 /// arrives.
 const POLL: Duration = Duration::from_millis(5);
-pub const NS: &str = "llm";
-pub const POOL: &str = "vllm-pool";
-pub const APP: &[(&str, &str)] = &[("app", "vllm")];
 
 /// Discovery of `POOL` in `NS`, retrying after 10–200 ms.
 pub fn config() -> DiscoveryConfig {

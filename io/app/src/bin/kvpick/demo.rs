@@ -23,11 +23,11 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use kvpick_app::app::settings::{self as var, Values};
+use kvpick_app::app::{App, ServeConfig};
 use kvpick_discovery::workers_file::{self, Entry};
-use kvpick_io::app::settings::{self as var, Values};
-use kvpick_io::app::{App, ServeConfig};
-use kvpick_io::testing::gateway::Gateway;
 use kvpick_sim::{EngineConfig, Fleet, TimeModel};
+use kvpick_test_support::gateway::Gateway;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
@@ -75,7 +75,7 @@ pub fn run(m: &ArgMatches) -> ExitCode {
         }
     };
     // kvpick's own logs would drown the table: warnings only.
-    let _ = crate::logging::init(kvpick_io::app::LogFormat::Text, "warn");
+    let _ = crate::logging::init(kvpick_app::app::LogFormat::Text, "warn");
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

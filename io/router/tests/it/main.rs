@@ -1,0 +1,9 @@
+//! kvpick-router's integration tests, one binary: the tokenizer clients
+//! against stub engines on 127.0.0.1 (vLLM render, SGLang tokenize, the
+//! HTTP transport's limits and errors).
+
+mod tokenizer_stub;
+
+mod sglang;
+mod transport;
+mod vllm_render;
