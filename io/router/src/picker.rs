@@ -185,7 +185,8 @@ impl KvPicker {
         match result {
             Ok(selection) => {
                 if selection.isl_tokens > 0 {
-                    let overlap = u64::from(selection.overlap_blocks) * u64::from(self.service().block_size());
+                    // What the worker holds of the prompt: everything not booked as prefill.
+                    let overlap = u64::from(selection.isl_tokens - selection.prefill_tokens);
                     inner.metrics.record_overlap(u64::from(selection.isl_tokens), overlap);
                 }
                 Ok(Pick {
@@ -222,7 +223,7 @@ impl KvPicker {
                 inner.metrics.record_tokenize(start.elapsed());
                 let seed = HashSeed::new(lora, body.parsed.cache_salt.as_deref());
                 let hashing = Instant::now();
-                let prompt = Prompt::from_tokens(&tokens, self.service().block_size(), seed);
+                let prompt = self.service().policy().prompt(&tokens, seed);
                 inner.metrics.record_phase(Phase::Hash, hashing.elapsed());
                 Ok(prompt)
             }
