@@ -4,11 +4,13 @@
 //! pins and parks threads; the decisions it makes are kvpick-core's
 //! (`PickPolicy`), so it never decides differently from the facade.
 //!
-//! A shard thread is a glommio `LocalExecutor` pinned to its core. Where
-//! io_uring is unavailable (Docker's and containerd's default seccomp
-//! profiles block it) the same loop runs on a plain pinned thread; the
-//! choice is made once at start-up, logged with its reason, and can be
-//! forced. `ShardedService` is the scatter–gather front: it returns
+//! A shard runs either on a plain pinned thread (`shard_loop`: drain the
+//! rings, spin briefly, park on a futex), the default because it measures
+//! faster, or as a glommio executor pinned to its core doing executor work
+//! (`glommio_shard`: prioritised task queues, timers, glommio's own
+//! cross-thread wake-up), which needs io_uring (Docker's and containerd's
+//! default seccomp profiles block it). The choice is made once at start-up,
+//! logged with its reason, and can be forced. `ShardedService` is the scatter–gather front: it returns
 //! exactly what `SelectionService` returns for the same seed and the same
 //! operations issued from one producer.
 
@@ -40,7 +42,11 @@ pub enum RuntimeKind {
 /// How to choose the executor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RuntimeChoice {
-    /// glommio when io_uring works here, else plain threads.
+    /// The executor that measured faster in the same run
+    /// (`kvpick-bench-runtime` and `kvpick-bench-extproc`, both kinds side by
+    /// side): today pinned std threads. A glommio shard's sleep and
+    /// cross-thread wake-up (io_uring, eventfd, a process-wide memory
+    /// barrier) cost a selection several times the CPU of a futex park.
     #[default]
     Auto,
     Force(RuntimeKind),
@@ -113,10 +119,9 @@ pub(crate) fn choose_kind(config: &RuntimeConfig) -> Result<(RuntimeKind, String
             Ok(()) => Ok((RuntimeKind::Glommio, "forced by configuration".into())),
             Err(why) => Err(RuntimeError::GlommioUnavailable(why)),
         },
-        RuntimeChoice::Auto => match probe_glommio(cpu) {
-            Ok(()) => Ok((RuntimeKind::Glommio, "io_uring is available".into())),
-            Err(why) => Ok((RuntimeKind::StdThreads, format!("glommio cannot start here ({why})"))),
-        },
+        RuntimeChoice::Auto => {
+            Ok((RuntimeKind::StdThreads, "the default: std-thread shards measure faster than glommio executors".into()))
+        }
     }
 }
 

@@ -218,7 +218,7 @@ pub const SETTINGS: &[Setting] = &[
         RUNTIME,
         "runtime",
         Some("auto"),
-        "Shard executor: `auto` (glommio where io_uring works, else pinned threads), `glommio` or `threads`",
+        "Shard executor: `auto` (the faster in kvpick's benchmarks: pinned threads today), `glommio` (io_uring executors with prioritised task queues) or `threads`",
     ),
     s(
         IO_THREADS,
