@@ -13,6 +13,7 @@
 //! shards from the caller's thread and is the reference the multi-threaded
 //! runtime must match exactly.
 
+pub mod admission;
 pub mod booking;
 pub mod clock;
 pub mod cost;
@@ -30,6 +31,7 @@ pub mod shard;
 pub mod slot_set;
 pub mod worker;
 
+pub use admission::AdmissionLedger;
 pub use booking::{Booking, BookingEvent, ReservationId};
 pub use clock::Millis;
 pub use cost::{Candidate, RouterConfig};

@@ -5,8 +5,7 @@
 //! thread-per-core runtime must return exactly what this returns for the
 //! same seed and the same operations.
 
-use std::collections::HashMap;
-
+use crate::admission::AdmissionLedger;
 use crate::booking::{Booking, BookingEvent, ReservationId};
 use crate::clock::Millis;
 use crate::cost::{Candidate, RouterConfig};
@@ -16,7 +15,6 @@ use crate::hashing::HashSeed;
 use crate::index::{Applied, EventError};
 use crate::pick::{Decision, PickPolicy};
 use crate::prompt::Prompt;
-use crate::queue::AdmissionQueue;
 use crate::request::{Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError};
 use crate::shard::{BookingError, CandidateQuery, LoadSnapshot, Shard, ShardStats};
 use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
@@ -25,13 +23,10 @@ pub struct SelectionService {
     policy: PickPolicy,
     shards: Vec<Shard>,
     directory: Directory,
-    owners: HashMap<ReservationId, usize>,
-    queue: AdmissionQueue,
-    admissions: Vec<AdmissionEvent>,
+    ledger: AdmissionLedger,
     rng: fastrand::Rng,
     candidates: Vec<Candidate>,
     costs: Vec<f64>,
-    stats: ServiceStats,
 }
 
 impl SelectionService {
@@ -40,15 +35,12 @@ impl SelectionService {
     pub fn new(cfg: RouterConfig, block_size: u32, shards: usize) -> Self {
         SelectionService {
             rng: fastrand::Rng::with_seed(cfg.seed),
-            queue: AdmissionQueue::new(cfg.queue_capacity),
+            ledger: AdmissionLedger::new(cfg.queue_capacity),
             policy: PickPolicy::new(cfg, block_size),
             shards: (0..shards.max(1)).map(|_| Shard::new()).collect(),
             directory: Directory::new(shards),
-            owners: HashMap::new(),
-            admissions: Vec::new(),
             candidates: Vec::new(),
             costs: Vec::new(),
-            stats: ServiceStats::default(),
         }
     }
 
@@ -69,7 +61,7 @@ impl SelectionService {
     }
 
     pub fn stats(&self) -> ServiceStats {
-        self.stats
+        self.ledger.stats()
     }
 
     pub fn shard_stats(&self) -> ShardStats {
@@ -77,11 +69,11 @@ impl SelectionService {
     }
 
     pub fn queue_len(&self) -> usize {
-        self.queue.len()
+        self.ledger.queue_len()
     }
 
     pub fn active_reservations(&self) -> usize {
-        self.owners.len()
+        self.ledger.active()
     }
 
     /// Hashes a prompt the way this service's index does.
@@ -102,7 +94,7 @@ impl SelectionService {
         let shard = self.directory.remove(id).ok_or(WorkerError::NotFound(id))?;
         let freed = self.shards[shard].delete_worker(id).unwrap_or_default();
         for r in &freed {
-            self.owners.remove(r);
+            self.ledger.release(*r);
         }
         Ok(freed)
     }
@@ -152,26 +144,12 @@ impl SelectionService {
     /// Picks a worker and books the request on it, or queues the request
     /// when every eligible worker is saturated (see `RouterConfig`).
     pub fn select_and_reserve(&mut self, request: SelectRequest, now: Millis) -> Result<Admission, SelectError> {
-        if self.owners.contains_key(&request.id) || self.queue.contains(request.id) {
-            return Err(SelectError::DuplicateReservation(request.id));
-        }
+        self.ledger.check_new(request.id)?;
         self.gather(&request.prompt, request.model.as_deref(), request.allowed.as_ref())?;
         match self.decide(&request, now) {
             Decision::Book { selection, booking } => Ok(Admission::Reserved(self.book(selection, booking))),
             Decision::NoEligible => Err(SelectError::NoEligibleWorkers),
-            Decision::Saturated => {
-                let deadline = now.after(self.policy.config().queue_timeout);
-                match self.queue.push(request, deadline) {
-                    Ok(()) => {
-                        self.stats.queued += 1;
-                        Ok(Admission::Queued)
-                    }
-                    Err(_) => {
-                        self.stats.refused_queue_full += 1;
-                        Err(SelectError::QueueFull)
-                    }
-                }
-            }
+            Decision::Saturated => self.ledger.enqueue(request, now, self.policy.config().queue_timeout),
         }
     }
 
@@ -182,15 +160,15 @@ impl SelectionService {
         self.shards[shard]
             .apply_booking(BookingEvent::Reserved(booking))
             .expect("the id is new and the worker was just gathered from this shard");
-        self.owners.insert(id, shard);
-        self.stats.selections += 1;
+        self.ledger.claim(id, shard).expect("the id was checked new");
+        self.ledger.booked();
         selection
     }
 
     /// The request's prefill is done: its prompt tokens stop counting as
     /// prefill load (its blocks stay booked until freed). Idempotent.
     pub fn prefill_complete(&mut self, id: ReservationId, now: Millis) -> Result<(), BookingError> {
-        let shard = *self.owners.get(&id).ok_or(BookingError::NotFound(id))?;
+        let shard = self.ledger.owner(id).ok_or(BookingError::NotFound(id))?;
         self.shards[shard].apply_booking(BookingEvent::PrefillComplete(id))?;
         self.admit_waiting(now);
         Ok(())
@@ -199,10 +177,10 @@ impl SelectionService {
     /// Releases everything booked for the request, or withdraws it from
     /// the queue. Freeing twice is `NotFound` and changes nothing.
     pub fn free_reservation(&mut self, id: ReservationId, now: Millis) -> Result<(), BookingError> {
-        if self.queue.remove(id).is_some() {
+        if self.ledger.withdraw(id) {
             return Ok(());
         }
-        let shard = self.owners.remove(&id).ok_or(BookingError::NotFound(id))?;
+        let shard = self.ledger.release(id).ok_or(BookingError::NotFound(id))?;
         self.shards[shard].apply_booking(BookingEvent::Freed(id))?;
         self.admit_waiting(now);
         Ok(())
@@ -212,28 +190,26 @@ impl SelectionService {
     pub fn tick(&mut self, now: Millis) {
         for shard in &mut self.shards {
             for id in shard.expire(now) {
-                self.owners.remove(&id);
+                self.ledger.release(id);
             }
         }
-        for waiting in self.queue.expire(now) {
-            self.stats.refused_queue_timeout += 1;
-            self.admissions.push(AdmissionEvent::Refused { id: waiting.request.id, error: SelectError::QueueTimeout });
+        for refused in self.ledger.expire_waiting(now) {
+            self.ledger.keep(refused);
         }
         self.admit_waiting(now);
     }
 
     /// Outcomes of queued requests since the last call.
     pub fn take_admissions(&mut self) -> Vec<AdmissionEvent> {
-        std::mem::take(&mut self.admissions)
+        self.ledger.take_outcomes()
     }
 
     fn admit_waiting(&mut self, now: Millis) {
-        if self.policy.config().queue_threshold.is_none() || self.queue.is_empty() {
+        if self.policy.config().queue_threshold.is_none() || !self.ledger.has_waiting() {
             return;
         }
-        for id in self.queue.ids() {
-            let waiting = self.queue.get(id).expect("id listed by the queue");
-            let request = waiting.request.clone();
+        for id in self.ledger.waiting_ids() {
+            let request = self.ledger.waiting(id).expect("id listed by the queue").clone();
             let decision = match self.gather(&request.prompt, request.model.as_deref(), request.allowed.as_ref()) {
                 Err(error) => Err(error),
                 Ok(()) => match self.decide(&request, now) {
@@ -243,14 +219,14 @@ impl SelectionService {
             };
             match decision {
                 Err(error) => {
-                    self.queue.remove(id);
-                    self.admissions.push(AdmissionEvent::Refused { id, error });
+                    self.ledger.withdraw(id);
+                    self.ledger.keep(AdmissionEvent::Refused { id, error });
                 }
                 Ok(Decision::Book { selection, booking }) => {
-                    self.queue.remove(id);
+                    self.ledger.withdraw(id);
                     let selection = self.book(selection, booking);
-                    self.stats.admitted_from_queue += 1;
-                    self.admissions.push(AdmissionEvent::Admitted(selection));
+                    let admitted = self.ledger.admitted(selection);
+                    self.ledger.keep(admitted);
                 }
                 Ok(_) => {}
             }
@@ -272,7 +248,7 @@ impl SelectionService {
     }
 
     pub fn booking(&self, id: ReservationId) -> Option<&Booking> {
-        self.shards[*self.owners.get(&id)?].booking(id)
+        self.shards[self.ledger.owner(id)?].booking(id)
     }
 }
 

@@ -14,6 +14,7 @@
 //! exactly what `SelectionService` returns for the same seed and the same
 //! operations issued from one producer.
 
+mod admissions;
 mod clock;
 mod command;
 mod deferred_ring;

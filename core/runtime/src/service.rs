@@ -31,17 +31,16 @@
 //! the shard once for the batch (see `deferred_ring`). A selection with
 //! none beside it rings at once.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
+use super::admissions::{Admissions, Ledger};
 use super::clock::Clock;
 use super::command::{Command, PickJob, Picked, Picking, Query, Reply};
 use super::deferred_ring::{PendingRings, RingScheduler};
 use super::producer::{Producer, ProducerSource, PushFail, RingCounters, ShardGone};
-use super::shard_loop::{LoopShared, Owners, ShardLoop, ShardShared};
+use super::shard_loop::{LoopShared, ShardLoop, ShardShared};
 use super::{RuntimeConfig, RuntimeError, RuntimeKind, SharedShards, choose_kind, pin_current_thread};
 use kvpick_core::booking::{Booking, BookingEvent, ReservationId};
 use kvpick_core::clock::Millis;
@@ -51,7 +50,6 @@ use kvpick_core::event::KvEvent;
 use kvpick_core::index::EventError;
 use kvpick_core::pick::{Decision, PickPolicy};
 use kvpick_core::prompt::Prompt;
-use kvpick_core::queue::AdmissionQueue;
 use kvpick_core::request::{
     Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError,
 };
@@ -70,40 +68,17 @@ enum ShardThread {
     Std(std::thread::JoinHandle<()>),
 }
 
-struct Waiting {
-    queue: AdmissionQueue,
-    admissions: Vec<AdmissionEvent>,
-    /// Callers of `select_and_wait` whose request is queued: their outcome
-    /// goes to them instead of `admissions`.
-    waiters: HashMap<ReservationId, oneshot::Sender<AdmissionEvent>>,
-}
-
-impl Waiting {
-    fn settle(&mut self, id: ReservationId, outcome: AdmissionEvent) {
-        match self.waiters.remove(&id) {
-            Some(waiter) => {
-                if let Err(unsent) = waiter.send(outcome) {
-                    // The waiter gave up (its stream ended): keep the
-                    // outcome visible so an admitted booking is not lost.
-                    self.admissions.push(unsent.into_inner());
-                }
-            }
-            None => self.admissions.push(outcome),
-        }
-    }
-}
-
 pub struct ShardedService {
     runtime: RuntimeConfig,
     kind: RuntimeKind,
     shards: SharedShards,
     threads: Mutex<Vec<ShardThread>>,
     directory: RwLock<Directory>,
-    owners: Owners,
-    waiting: Mutex<Waiting>,
+    /// Booked and queued requests (kvpick-core's ledger) and the callers
+    /// awaiting queued ones; shard threads release what leases expire.
+    admissions: Admissions,
     /// The policy and the rng every pick uses, wherever it is made.
     picking: Arc<Picking>,
-    stats: Mutex<ServiceStats>,
     counters: Arc<RingCounters>,
     id: u64,
     /// How long shards poll before parking, and callers poll a reply slot
@@ -173,7 +148,7 @@ impl ShardedService {
         }
         let common = LoopShared {
             clock,
-            owners: Arc::default(),
+            admissions: Arc::new(Mutex::new(Ledger::new(cfg.queue_capacity))),
             picking: Arc::new(Picking::new(PickPolicy::new(cfg.clone(), block_size))),
             spin,
         };
@@ -214,19 +189,13 @@ impl ShardedService {
         }
         Ok(ShardedService {
             picking: common.picking,
-            waiting: Mutex::new(Waiting {
-                queue: AdmissionQueue::new(cfg.queue_capacity),
-                admissions: Vec::new(),
-                waiters: HashMap::new(),
-            }),
             id: NEXT_SERVICE_ID.fetch_add(1, Ordering::Relaxed),
             directory: RwLock::new(Directory::new(count)),
             runtime,
             kind,
             shards,
             threads: Mutex::new(threads),
-            owners: common.owners,
-            stats: Mutex::default(),
+            admissions: common.admissions,
             counters: Arc::default(),
             spin,
             selections_in_flight: AtomicUsize::new(0),
@@ -263,15 +232,15 @@ impl ShardedService {
     }
 
     pub fn stats(&self) -> ServiceStats {
-        *lock(&self.stats)
+        lock(&self.admissions).ledger.stats()
     }
 
     pub fn active_reservations(&self) -> usize {
-        lock(&self.owners).len()
+        lock(&self.admissions).ledger.active()
     }
 
     pub fn queue_len(&self) -> usize {
-        lock(&self.waiting).queue.len()
+        lock(&self.admissions).ledger.queue_len()
     }
 
     /// A new producer with its own ring into every shard; one per
@@ -360,9 +329,9 @@ impl ShardedService {
             .await
             .map_err(|_| WorkerError::ShuttingDown)?
             .unwrap_or_default();
-        let mut owners = lock(&self.owners);
+        let mut admissions = lock(&self.admissions);
         for r in &freed {
-            owners.remove(r);
+            admissions.ledger.release(*r);
         }
         Ok(freed)
     }
@@ -447,7 +416,7 @@ impl ShardedService {
                 Ok(AdmissionEvent::Admitted(selection)) => Ok(selection),
                 Ok(AdmissionEvent::Refused { error, .. }) => Err(error),
                 Err(_) => {
-                    lock(&self.waiting).waiters.remove(&id);
+                    lock(&self.admissions).waiters.remove(&id);
                     Err(SelectError::ShuttingDown)
                 }
             },
@@ -461,9 +430,7 @@ impl ShardedService {
         now: Millis,
         waiter: Option<oneshot::Sender<AdmissionEvent>>,
     ) -> Result<Admission, SelectError> {
-        if lock(&self.owners).contains_key(&request.id) || lock(&self.waiting).queue.contains(request.id) {
-            return Err(SelectError::DuplicateReservation(request.id));
-        }
+        lock(&self.admissions).ledger.check_new(request.id)?;
         if self.shards.len() == 1 {
             return match self.pick_in_one_visit(source, request, now).await? {
                 Picked::Booked(selection) => Ok(Admission::Reserved(selection)),
@@ -489,24 +456,13 @@ impl ShardedService {
         now: Millis,
         waiter: Option<oneshot::Sender<AdmissionEvent>>,
     ) -> Result<Admission, SelectError> {
-        let deadline = now.after(self.cfg().queue_timeout);
         let id = request.id;
-        let queued = {
-            let mut waiting = lock(&self.waiting);
-            let queued = waiting.queue.push(request, deadline).is_ok();
-            if let (true, Some(waiter)) = (queued, waiter) {
-                waiting.waiters.insert(id, waiter);
-            }
-            queued
-        };
-        let mut stats = lock(&self.stats);
-        if queued {
-            stats.queued += 1;
-            Ok(Admission::Queued)
-        } else {
-            stats.refused_queue_full += 1;
-            Err(SelectError::QueueFull)
+        let mut admissions = lock(&self.admissions);
+        let admission = admissions.ledger.enqueue(request, now, self.cfg().queue_timeout)?;
+        if let Some(waiter) = waiter {
+            admissions.waiters.insert(id, waiter);
         }
+        Ok(admission)
     }
 
     /// With one shard, candidates, pick and booking in one round trip
@@ -521,10 +477,7 @@ impl ShardedService {
         let id = request.id;
         // Taken before the shard books, as `reserve` does; the shard gives
         // it back when it books nothing.
-        match lock(&self.owners).entry(id) {
-            Entry::Occupied(_) => return Err(SelectError::DuplicateReservation(id)),
-            Entry::Vacant(slot) => slot.insert(0),
-        };
+        lock(&self.admissions).ledger.claim(id, 0)?;
         let job = Box::new(PickJob { request, now });
         let (tx, rx) = oneshot::channel();
         let (_in_flight, others) = InFlight::enter(&self.selections_in_flight);
@@ -537,7 +490,7 @@ impl ShardedService {
         let awake = match pushed {
             Ok(awake) => awake,
             Err(fail) => {
-                lock(&self.owners).remove(&id);
+                lock(&self.admissions).ledger.release(id);
                 return Err(match fail {
                     PushFail::Full(_) => SelectError::Overloaded,
                     PushFail::Gone => SelectError::ShuttingDown,
@@ -547,12 +500,12 @@ impl ShardedService {
         match self.reply(source, rx, awake).await {
             Ok(picked) => {
                 if matches!(picked, Picked::Booked(_)) {
-                    lock(&self.stats).selections += 1;
+                    lock(&self.admissions).ledger.booked();
                 }
                 Ok(picked)
             }
             Err(ShardGone) => {
-                lock(&self.owners).remove(&id);
+                lock(&self.admissions).ledger.release(id);
                 Err(SelectError::ShuttingDown)
             }
         }
@@ -568,21 +521,18 @@ impl ShardedService {
         let id = booking.id;
         // The worker may have left since the shards answered.
         let shard = self.directory().shard_of(selection.worker).ok_or(SelectError::NoEligibleWorkers)?;
-        match lock(&self.owners).entry(id) {
-            Entry::Occupied(_) => return Err(SelectError::DuplicateReservation(id)),
-            Entry::Vacant(slot) => slot.insert(shard),
-        };
+        lock(&self.admissions).ledger.claim(id, shard)?;
         let booked = self.ask(source, shard, |r| Command::Booking(BookingEvent::Reserved(booking), r)).await;
         let error = match booked {
             Ok(Ok(())) => {
-                lock(&self.stats).selections += 1;
+                lock(&self.admissions).ledger.booked();
                 return Ok(selection);
             }
             // Not a duplicate: the owner entry above was ours.
             Ok(Err(_)) => SelectError::NoEligibleWorkers,
             Err(ShardGone) => SelectError::ShuttingDown,
         };
-        lock(&self.owners).remove(&id);
+        lock(&self.admissions).ledger.release(id);
         Err(error)
     }
 
@@ -618,7 +568,7 @@ impl ShardedService {
     /// map. Does not admit queued requests: when `has_waiting()`, follow
     /// it with `admit_waiting`.
     pub fn post_prefill_complete(&self, source: &impl ProducerSource, id: ReservationId) -> Result<(), BookingError> {
-        let shard = *lock(&self.owners).get(&id).ok_or(BookingError::NotFound(id))?;
+        let shard = lock(&self.admissions).ledger.owner(id).ok_or(BookingError::NotFound(id))?;
         self.post(source, shard, BookingEvent::PrefillComplete(id))
     }
 
@@ -630,14 +580,14 @@ impl ShardedService {
     }
 
     fn free_now(&self, source: &impl ProducerSource, id: ReservationId) -> Result<Freed, BookingError> {
-        {
-            let mut waiting = lock(&self.waiting);
-            if waiting.queue.remove(id).is_some() {
-                waiting.waiters.remove(&id);
+        let shard = {
+            let mut admissions = lock(&self.admissions);
+            if admissions.ledger.withdraw(id) {
+                admissions.waiters.remove(&id);
                 return Ok(Freed::Withdrawn);
             }
-        }
-        let shard = lock(&self.owners).remove(&id).ok_or(BookingError::NotFound(id))?;
+            admissions.ledger.release(id).ok_or(BookingError::NotFound(id))?
+        };
         self.post(source, shard, BookingEvent::Freed(id))?;
         Ok(Freed::Booking)
     }
@@ -651,25 +601,22 @@ impl ShardedService {
 
     /// Whether requests wait in the queue for capacity.
     pub fn has_waiting(&self) -> bool {
-        self.cfg().queue_threshold.is_some() && !lock(&self.waiting).queue.is_empty()
+        self.cfg().queue_threshold.is_some() && lock(&self.admissions).ledger.has_waiting()
     }
 
     /// Expires leases (shards also do on their own timers) and queue
     /// deadlines up to `now`, then admits what fits.
     pub async fn tick(&self, source: &impl ProducerSource, now: Millis) {
         if let Ok(expired) = self.ask_all(source, |r| Command::Expire(now, r)).await {
-            let mut owners = lock(&self.owners);
+            let mut admissions = lock(&self.admissions);
             for id in expired.into_iter().flatten() {
-                owners.remove(&id);
+                admissions.ledger.release(id);
             }
         }
         {
-            let mut waiting = lock(&self.waiting);
-            let late = waiting.queue.expire(now);
-            lock(&self.stats).refused_queue_timeout += late.len() as u64;
-            for w in late {
-                let id = w.request.id;
-                waiting.settle(id, AdmissionEvent::Refused { id, error: SelectError::QueueTimeout });
+            let mut admissions = lock(&self.admissions);
+            for refused in admissions.ledger.expire_waiting(now) {
+                admissions.settle(refused);
             }
         }
         self.admit_waiting(source, now).await;
@@ -677,7 +624,7 @@ impl ShardedService {
 
     /// Outcomes of queued requests since the last call.
     pub fn take_admissions(&self) -> Vec<AdmissionEvent> {
-        std::mem::take(&mut lock(&self.waiting).admissions)
+        lock(&self.admissions).ledger.take_outcomes()
     }
 
     /// Admits queued requests that now fit, in queue order; what
@@ -686,15 +633,9 @@ impl ShardedService {
         if self.cfg().queue_threshold.is_none() {
             return;
         }
-        let ids = {
-            let waiting = lock(&self.waiting);
-            if waiting.queue.is_empty() {
-                return;
-            }
-            waiting.queue.ids()
-        };
+        let ids = lock(&self.admissions).ledger.waiting_ids();
         for id in ids {
-            let Some(request) = lock(&self.waiting).queue.get(id).map(|w| w.request.clone()) else { continue };
+            let Some(request) = lock(&self.admissions).ledger.waiting(id).cloned() else { continue };
             let decision =
                 match self.gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref()).await {
                     Ok(mut candidates) => match self.picking.decide(&request, &mut candidates, &mut Vec::new(), now) {
@@ -705,20 +646,17 @@ impl ShardedService {
                     Err(error) => Err(error),
                 };
             // Withdrawn (freed) while this pass awaited the shards.
-            if lock(&self.waiting).queue.remove(id).is_none() {
+            if !lock(&self.admissions).ledger.withdraw(id) {
                 continue;
             }
             let outcome = match decision {
                 Ok((selection, booking)) => match self.book(source, selection, booking).await {
-                    Ok(selection) => {
-                        lock(&self.stats).admitted_from_queue += 1;
-                        AdmissionEvent::Admitted(selection)
-                    }
+                    Ok(selection) => lock(&self.admissions).ledger.admitted(selection),
                     Err(error) => AdmissionEvent::Refused { id, error },
                 },
                 Err(error) => AdmissionEvent::Refused { id, error },
             };
-            lock(&self.waiting).settle(id, outcome);
+            lock(&self.admissions).settle(outcome);
         }
     }
 

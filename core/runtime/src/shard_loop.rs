@@ -2,7 +2,6 @@
 //! rings, expire due leases, sleep on the doorbell when there is nothing
 //! to do.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -10,11 +9,12 @@ use std::time::{Duration, Instant};
 use crossbeam_utils::CachePadded;
 use rtrb::Consumer;
 
+use super::admissions::Admissions;
 use super::clock::Clock;
 use super::command::{Command, PickJob, Picked, Picking};
 use super::doorbell::Doorbell;
 use super::spin_policy::SpinPolicy;
-use kvpick_core::booking::{BookingEvent, ReservationId};
+use kvpick_core::booking::BookingEvent;
 use kvpick_core::cost::Candidate;
 use kvpick_core::pick::Decision;
 use kvpick_core::request::SelectError;
@@ -30,10 +30,6 @@ pub(crate) const POSTED_DRAIN: Duration = Duration::from_millis(5);
 /// Commands taken from one ring before moving to the next, so one busy
 /// producer cannot starve the others.
 const FAIR_SHARE: usize = 64;
-
-/// Which shard holds each active reservation; shards remove what their
-/// leases expire.
-pub(crate) type Owners = Arc<Mutex<HashMap<ReservationId, usize>>>;
 
 /// What producers and the shard thread share. The doorbell, which the
 /// shard writes whenever it sleeps or wakes, has a cache line of its own,
@@ -76,7 +72,7 @@ pub(crate) struct ShardLoop {
     rings: Vec<Consumer<Command>>,
     shared: Arc<ShardShared>,
     clock: Clock,
-    owners: Owners,
+    admissions: Admissions,
     /// The service's config and rng, for one-visit picks: held here
     /// rather than sent with each job, so no reference count moves
     /// between threads per selection.
@@ -94,7 +90,7 @@ pub(crate) struct Scratch {
 /// What every shard loop of one service shares.
 pub(crate) struct LoopShared {
     pub clock: Clock,
-    pub owners: Owners,
+    pub admissions: Admissions,
     pub picking: Arc<Picking>,
     pub spin: Duration,
 }
@@ -107,7 +103,7 @@ impl ShardLoop {
             rings: Vec::new(),
             shared,
             clock: common.clock.clone(),
-            owners: common.owners.clone(),
+            admissions: common.admissions.clone(),
             picking: common.picking.clone(),
             scratch: Scratch::default(),
         }
@@ -156,7 +152,7 @@ impl ShardLoop {
         let mut handled = 0;
         while handled < FAIR_SHARE && self.rings[i].peek().is_ok_and(&take) {
             let Ok(command) = self.rings[i].pop() else { break };
-            let context = PickContext { owners: &self.owners, picking: &self.picking };
+            let context = PickContext { admissions: &self.admissions, picking: &self.picking };
             handle(&mut self.shard, &context, &mut self.scratch, command);
             handled += 1;
         }
@@ -242,9 +238,9 @@ impl ShardLoop {
         if self.shard.next_lease_end().is_some_and(|end| end <= now) {
             let expired = self.shard.expire(now);
             if !expired.is_empty() {
-                let mut owners = self.owners.lock().expect("owner map never panics");
+                let mut admissions = self.admissions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 for id in expired {
-                    owners.remove(&id);
+                    admissions.ledger.release(id);
                 }
             }
         }
@@ -323,7 +319,7 @@ enum Idle {
 /// was cancelled): the work is done all the same, so state stays exact.
 /// What a one-visit pick reads besides the shard.
 struct PickContext<'a> {
-    owners: &'a Owners,
+    admissions: &'a Admissions,
     picking: &'a Picking,
 }
 
@@ -385,7 +381,7 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
 /// even when the caller has stopped waiting.
 fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, job: PickJob) -> Picked {
     let PickJob { request, now } = job;
-    let PickContext { owners, picking } = *context;
+    let PickContext { admissions, picking } = *context;
     let id = request.id;
     let Scratch { candidates, costs } = scratch;
     candidates.clear();
@@ -406,7 +402,7 @@ fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scr
         },
     };
     if !matches!(outcome, Picked::Booked(_)) {
-        owners.lock().expect("owner map never panics").remove(&id);
+        admissions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).ledger.release(id);
     }
     outcome
 }
@@ -414,14 +410,14 @@ fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvpick_core::booking::Booking;
+    use kvpick_core::booking::{Booking, ReservationId};
     use kvpick_core::clock::Millis;
     use kvpick_core::worker::{WorkerId, WorkerSpec};
 
     fn shard_loop() -> ShardLoop {
         let common = LoopShared {
             clock: Clock::system(),
-            owners: Owners::default(),
+            admissions: Arc::new(Mutex::new(crate::admissions::Ledger::new(16))),
             picking: Arc::new(Picking::new(kvpick_core::PickPolicy::new(Default::default(), 16))),
             spin: Duration::ZERO,
         };
