@@ -9,7 +9,7 @@
 //! A reservation is acknowledged before its id is handed back, so nothing
 //! pushed later, from any thread's ring, can overtake it. `prefill_complete`
 //! and `free_reservation` are then posted without waiting for the shard
-//! (their outcome is decided by the owner map, as the facade decides it):
+//! (their outcome is decided by the admission ledger, as the facade decides it):
 //! - what the same producer pushes after them (the queue's re-gather, a
 //!   `loads` query) comes later in the same ring, so it sees them;
 //! - a free pushed from another thread's ring may overtake a posted

@@ -353,7 +353,7 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
             let _ = reply.send(shard.apply_booking(event));
         }
         Command::Posted(event) => {
-            // The poster already answered from the owner map; a miss here
+            // The poster already answered from the ledger; a miss here
             // means the lease expired or the worker left in between, and
             // then there is nothing left to change.
             if let Err(error) = shard.apply_booking(event) {
@@ -376,7 +376,7 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
 }
 
 /// The facade's gather, pick and booking, on the shard that owns every
-/// worker. The caller put the id in the owner map before sending; an
+/// worker. The caller claimed the id in the ledger before sending; an
 /// outcome that books nothing takes it out here, so the map stays exact
 /// even when the caller has stopped waiting.
 fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, job: PickJob) -> Picked {
@@ -396,7 +396,7 @@ fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scr
         Decision::Saturated => Picked::Saturated(request),
         Decision::Book { selection, booking } => match shard.apply_booking(BookingEvent::Reserved(booking)) {
             Ok(()) => Picked::Booked(selection),
-            // A booking of this id already here: the owner map would have
+            // A booking of this id already here: the ledger would have
             // refused it first, so only a caller bypassing it gets here.
             Err(_) => Picked::Failed(SelectError::NoEligibleWorkers),
         },
