@@ -29,7 +29,46 @@ pub struct RouterConfig {
     pub seed: u64,
     /// Fallback endpoints a selection carries after its pick (0: none).
     pub fallbacks: usize,
+    /// What a candidate costs.
+    pub cost: CostModel,
 }
+
+/// How a candidate worker is costed for a request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum CostModel {
+    /// Dynamo's `KvRouterConfig` formula, in blocks ([`Candidate::cost`]).
+    #[default]
+    Dynamo,
+    /// The request's predicted time to first token on the worker, in ns
+    /// ([`Candidate::predicted_ttft_ns`]), from these engine rates.
+    Latency(EngineRates),
+}
+
+/// How fast an engine computes, as a continuous-batching scheduler step
+/// costs: `step_ns + prefill_ns_per_token · prefill tokens in the step +
+/// decode_ns_per_seq · sequences decoding in it`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineRates {
+    pub step_ns: f64,
+    pub prefill_ns_per_token: f64,
+    pub decode_ns_per_seq: f64,
+    /// Prefill tokens one step takes, when the worker does not say
+    /// (`max_num_batched_tokens`).
+    pub batched_tokens: u64,
+}
+
+impl Default for EngineRates {
+    /// A mid-size model on one current GPU, roughly: 5 ms per step, 50 µs
+    /// per prefill token, 250 µs per decoding sequence, 8,192 tokens a step.
+    fn default() -> Self {
+        EngineRates { step_ns: 5e6, prefill_ns_per_token: 5e4, decode_ns_per_seq: 2.5e5, batched_tokens: 8192 }
+    }
+}
+
+/// Added to the cost of a worker whose KV cache cannot hold the request's
+/// blocks on top of what is booked there: it would preempt or evict, so it
+/// is chosen only when every worker is that full.
+const KV_OVERFLOW_PENALTY_NS: f64 = 1e15;
 
 impl Default for RouterConfig {
     fn default() -> Self {
@@ -42,6 +81,7 @@ impl Default for RouterConfig {
             lease: Duration::from_secs(300),
             seed: 0x6b76_7069_636b,
             fallbacks: 0,
+            cost: CostModel::Dynamo,
         }
     }
 }
@@ -60,6 +100,8 @@ pub struct Candidate {
     pub new_blocks: u64,
     pub active_requests: u32,
     pub max_num_batched_tokens: Option<u64>,
+    /// The worker's KV cache size in blocks, when known.
+    pub total_kv_blocks: Option<u64>,
 }
 
 impl Candidate {
@@ -78,6 +120,35 @@ impl Candidate {
         let prefill = (prefill_blocks - f64::from(self.overlap_blocks)).max(0.0);
         let decode = (self.active_blocks + self.new_blocks + u64::from(unhashed_blocks)) as f64;
         cfg.prefill_load_scale * prefill + decode
+    }
+
+    /// The request's predicted time to first token here, in ns: the
+    /// prefill booked ahead of it and its own uncached prefill, computed in
+    /// steps of at most the step's token budget less one token per
+    /// sequence decoding, each step also paying for those sequences. A
+    /// worker whose cache cannot hold the request's new blocks is costed
+    /// past every one that can.
+    pub fn predicted_ttft_ns(&self, isl_tokens: u32, unhashed_blocks: u32, rates: &EngineRates) -> f64 {
+        let prefill = self.active_prefill_tokens + u64::from(self.effective_prefill_tokens(isl_tokens));
+        let decoding = u64::from(self.active_requests);
+        let budget = self.max_num_batched_tokens.unwrap_or(rates.batched_tokens);
+        let per_step = budget.saturating_sub(decoding).max(1);
+        let steps = prefill.div_ceil(per_step).max(1) as f64;
+        let ttft = steps * (rates.step_ns + decoding as f64 * rates.decode_ns_per_seq)
+            + prefill as f64 * rates.prefill_ns_per_token;
+        let needed = self.active_blocks + self.new_blocks + u64::from(unhashed_blocks);
+        match self.total_kv_blocks {
+            Some(total) if needed > total => ttft + KV_OVERFLOW_PENALTY_NS,
+            _ => ttft,
+        }
+    }
+
+    /// The candidate's cost under `cfg.cost`.
+    pub fn cost_under(&self, isl_tokens: u32, unhashed_blocks: u32, cfg: &RouterConfig) -> f64 {
+        match &cfg.cost {
+            CostModel::Dynamo => self.cost(isl_tokens, unhashed_blocks, cfg),
+            CostModel::Latency(rates) => self.predicted_ttft_ns(isl_tokens, unhashed_blocks, rates),
+        }
     }
 
     /// Past the queueing threshold (never, without capacity facts).
@@ -133,6 +204,7 @@ mod tests {
             new_blocks,
             active_requests: 0,
             max_num_batched_tokens: Some(100),
+            total_kv_blocks: None,
         }
     }
 
@@ -151,6 +223,35 @@ mod tests {
     fn effective_prefill_is_what_is_not_cached() {
         assert_eq!(candidate(2, 0, 0, 0).effective_prefill_tokens(40), 8);
         assert_eq!(candidate(9, 0, 0, 0).effective_prefill_tokens(40), 0);
+    }
+
+    #[test]
+    fn predicted_ttft_follows_the_physics() {
+        let rates = EngineRates::default();
+        let ttft = |c: &Candidate| c.predicted_ttft_ns(64, 0, &rates);
+        // More of the prompt cached: cheaper.
+        assert!(ttft(&candidate(3, 0, 0, 0)) < ttft(&candidate(1, 0, 0, 0)));
+        // More prefill booked ahead: dearer.
+        assert!(ttft(&candidate(0, 200, 0, 0)) > ttft(&candidate(0, 10, 0, 0)));
+        // More sequences decoding: every step is slower.
+        let busy = Candidate { active_requests: 20, ..candidate(0, 0, 0, 0) };
+        assert!(ttft(&busy) > ttft(&candidate(0, 0, 0, 0)));
+        // 64 uncached tokens at a budget of 100 a step: one step.
+        let expected = rates.step_ns + 64.0 * rates.prefill_ns_per_token;
+        assert_eq!(ttft(&candidate(0, 0, 0, 0)), expected);
+        // 264 tokens (200 booked + 64): three steps.
+        assert_eq!(ttft(&candidate(0, 200, 0, 0)), 3.0 * rates.step_ns + 264.0 * rates.prefill_ns_per_token);
+    }
+
+    #[test]
+    fn a_worker_whose_cache_would_overflow_comes_after_every_one_that_fits() {
+        let rates = EngineRates::default();
+        let full = Candidate { total_kv_blocks: Some(10), ..candidate(4, 0, 8, 4) };
+        let roomy_but_busy = Candidate { total_kv_blocks: Some(1000), ..candidate(0, 5_000, 8, 4) };
+        assert!(full.predicted_ttft_ns(64, 0, &rates) > roomy_but_busy.predicted_ttft_ns(64, 0, &rates));
+        let cfg = RouterConfig { cost: CostModel::Latency(rates), ..RouterConfig::default() };
+        assert_eq!(full.cost_under(64, 0, &cfg), full.predicted_ttft_ns(64, 0, &rates));
+        assert_eq!(full.cost_under(64, 0, &RouterConfig::default()), full.cost(64, 0, &RouterConfig::default()));
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub mod worker;
 pub use admission::AdmissionLedger;
 pub use booking::{Booking, BookingEvent, ReservationId};
 pub use clock::Millis;
-pub use cost::{Candidate, RouterConfig};
+pub use cost::{Candidate, CostModel, EngineRates, RouterConfig};
 pub use event::{EngineBlockHash, KvEvent};
 pub use hashing::{HashSeed, SequenceHash};
 pub use index::{EventError, KvIndex};

@@ -116,7 +116,7 @@ impl PickPolicy {
         let prompt = &request.prompt;
         let unhashed = prompt.unhashed_blocks(self.block_size);
         costs.clear();
-        costs.extend(candidates.iter().map(|c| c.cost(prompt.isl_tokens, unhashed, &self.cfg)));
+        costs.extend(candidates.iter().map(|c| c.cost_under(prompt.isl_tokens, unhashed, &self.cfg)));
         let chosen = pick(costs, self.cfg.temperature, rng);
         let c = &candidates[chosen];
         Selection {

@@ -234,6 +234,7 @@ impl Shard {
                 new_blocks: (query.seq_hashes.len() - active_prefix) as u64,
                 active_requests: load.requests(),
                 max_num_batched_tokens: spec.max_num_batched_tokens,
+                total_kv_blocks: spec.total_kv_blocks,
             });
         }
     }

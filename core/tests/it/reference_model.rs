@@ -103,6 +103,7 @@ impl Naive {
                 new_blocks: prompt.seq_hashes.iter().filter(|s| !active.contains(s)).count() as u64,
                 active_requests: load.requests,
                 max_num_batched_tokens: None,
+                total_kv_blocks: None,
             });
         }
         if candidates.is_empty() {

@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kvpick_core::RouterConfig;
+use kvpick_core::{CostModel, EngineRates, RouterConfig};
 use kvpick_runtime::{RuntimeChoice, RuntimeConfig, RuntimeKind};
 
 use super::settings::{self as var, SettingError, Values};
@@ -189,11 +189,29 @@ fn tokenizer_error(v: &Values, e: TokenizerConfigError) -> ConfigError {
     ConfigError::Setting(SettingError { name, value: e.value, allowed: e.allowed })
 }
 
+/// The cost model; the latency cost is the default because it routes
+/// better in `kvpick-bench-routing` (perf/README.md, routing).
+fn cost(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<CostModel, ConfigError> {
+    if v.one_of(var::COST, &["latency", "dynamo"])? == Some("dynamo") {
+        return Ok(CostModel::Dynamo);
+    }
+    let defaults = EngineRates::default();
+    let us = |name: &str, default: f64| -> Result<f64, ConfigError> {
+        Ok(v.number(name, 0.0)?.map_or(default, |micros| micros * 1e3))
+    };
+    Ok(CostModel::Latency(EngineRates {
+        step_ns: us(var::STEP_OVERHEAD_US, defaults.step_ns)?,
+        prefill_ns_per_token: us(var::PREFILL_US_PER_TOKEN, defaults.prefill_ns_per_token)?,
+        decode_ns_per_seq: us(var::DECODE_US_PER_SEQ, defaults.decode_ns_per_seq)?,
+        batched_tokens: max_num_batched_tokens.unwrap_or(defaults.batched_tokens),
+    }))
+}
+
 /// A longer list only makes the header longer: gateways try a few.
 const MAX_FALLBACK_ENDPOINTS: usize = 16;
 
 fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfig, ConfigError> {
-    let mut router = RouterConfig::default();
+    let mut router = RouterConfig { cost: cost(v, max_num_batched_tokens)?, ..RouterConfig::default() };
     let scale = match v.number(var::PREFILL_LOAD_SCALE, 0.0)? {
         Some(scale) => Some(scale),
         None => v.number(var::OVERLAP_SCORE_WEIGHT, 0.0)?,
@@ -346,6 +364,25 @@ mod tests {
             }
             other => panic!("expected kubernetes, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn the_latency_cost_is_the_default_and_dynamo_is_one_setting_away() {
+        let c = config(&[(var::WORKERS_FILE, "w.yaml"), (var::MAX_NUM_BATCHED_TOKENS, "4096")])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let rates = EngineRates { batched_tokens: 4096, ..EngineRates::default() };
+        assert_eq!(c.router.cost, CostModel::Latency(rates));
+        let c =
+            config(&[(var::WORKERS_FILE, "w.yaml"), (var::PREFILL_US_PER_TOKEN, "12.5"), (var::STEP_OVERHEAD_US, "0")])
+                .unwrap_or_else(|e| panic!("{e}"));
+        match c.router.cost {
+            CostModel::Latency(r) => assert_eq!((r.prefill_ns_per_token, r.step_ns), (12_500.0, 0.0)),
+            other => panic!("expected the latency cost, got {other:?}"),
+        }
+        let c = config(&[(var::WORKERS_FILE, "w.yaml"), (var::COST, "dynamo")]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.router.cost, CostModel::Dynamo);
+        let e = config(&[(var::WORKERS_FILE, "w.yaml"), (var::COST, "cheapest")]).err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some("KVPICK_COST=\"cheapest\" is not valid: expected one of latency, dynamo"));
     }
 
     #[test]

@@ -60,6 +60,10 @@ pub const CONFORMANCE_HOOKS: &str = "KVPICK_CONFORMANCE_HOOKS";
 pub const HEALTH_PORT: &str = "KVPICK_HEALTH_PORT";
 pub const METRICS_PORT: &str = "KVPICK_METRICS_PORT";
 pub const LISTEN_ADDRESS: &str = "KVPICK_LISTEN_ADDRESS";
+pub const COST: &str = "KVPICK_COST";
+pub const STEP_OVERHEAD_US: &str = "KVPICK_STEP_OVERHEAD_US";
+pub const PREFILL_US_PER_TOKEN: &str = "KVPICK_PREFILL_US_PER_TOKEN";
+pub const DECODE_US_PER_SEQ: &str = "KVPICK_DECODE_US_PER_SEQ";
 pub const PREFILL_LOAD_SCALE: &str = "DYN_ROUTER_PREFILL_LOAD_SCALE";
 pub const OVERLAP_SCORE_WEIGHT: &str = "DYN_ROUTER_OVERLAP_SCORE_WEIGHT";
 pub const TEMPERATURE: &str = "DYN_ROUTER_TEMPERATURE";
@@ -169,10 +173,34 @@ pub const SETTINGS: &[Setting] = &[
         "GAIE conformance hooks: test-epp-endpoint-selection and the served-endpoint echo",
     ),
     s(
+        COST,
+        "cost",
+        Some("latency"),
+        "How workers are costed: `latency` (the request's predicted time to first token there, from the engine step costs below) or `dynamo` (Dynamo's KvRouterConfig formula in blocks, with --prefill-load-scale)",
+    ),
+    s(
+        STEP_OVERHEAD_US,
+        "step-overhead-us",
+        Some("5000"),
+        "Latency cost: fixed cost of one engine scheduler step, in µs (only the ratios of the three step costs change a pick)",
+    ),
+    s(
+        PREFILL_US_PER_TOKEN,
+        "prefill-us-per-token",
+        Some("50"),
+        "Latency cost: cost of one uncached prompt token in a step, in µs",
+    ),
+    s(
+        DECODE_US_PER_SEQ,
+        "decode-us-per-seq",
+        Some("250"),
+        "Latency cost: cost of one decoding sequence in a step, in µs",
+    ),
+    s(
         PREFILL_LOAD_SCALE,
         "prefill-load-scale",
         Some("1.0"),
-        "Weight of prefill blocks against decode blocks in the cost",
+        "Dynamo cost: weight of prefill blocks against decode blocks",
     ),
     s(
         OVERLAP_SCORE_WEIGHT,

@@ -14,8 +14,9 @@ pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
   --kv-blocks N         KV blocks of 16 tokens per engine (default 16,384)
   --seed N              seed of the workloads, engines and policies (default 42)
   --workloads LIST      of chat, agentic, random, trace (default: all)
-  --policies LIST       of random, round-robin, least-loaded, approx-prefix, kvpick, oracle (default: all)
-  --prefill-load-scale F  kvpick's (and the oracle's) prefill_load_scale (default 1, kvpick's default)
+  --policies LIST       of random, round-robin, least-loaded, approx-prefix, kvpick, kvpick-dynamo,
+                        kvpick-skewed-priors, oracle (default: all)
+  --prefill-load-scale F  kvpick-dynamo's and the oracle's prefill_load_scale (default 1, Dynamo's default)
   --trace FILE          Mooncake-format JSONL trace (default perf/data/mooncake-sample.jsonl)
   --out DIR             write results.md and SVG plots there (full runs default to perf/results/routing)
   --no-write            write nothing
@@ -29,17 +30,25 @@ pub enum PolicyName {
     RoundRobin,
     LeastLoaded,
     ApproxPrefix,
+    /// kvpick as `kvpick serve` runs by default: the latency cost with its
+    /// default priors.
     Kvpick,
+    /// kvpick with `--cost dynamo` (Dynamo's formula).
+    KvpickDynamo,
+    /// The latency cost with priors 4× wrong in their ratios.
+    KvpickSkewedPriors,
     Oracle,
 }
 
 impl PolicyName {
-    pub const ALL: [PolicyName; 6] = [
+    pub const ALL: [PolicyName; 8] = [
         PolicyName::Random,
         PolicyName::RoundRobin,
         PolicyName::LeastLoaded,
         PolicyName::ApproxPrefix,
         PolicyName::Kvpick,
+        PolicyName::KvpickDynamo,
+        PolicyName::KvpickSkewedPriors,
         PolicyName::Oracle,
     ];
 
@@ -50,6 +59,8 @@ impl PolicyName {
             PolicyName::LeastLoaded => "least-loaded",
             PolicyName::ApproxPrefix => "approx-prefix",
             PolicyName::Kvpick => "kvpick",
+            PolicyName::KvpickDynamo => "kvpick-dynamo",
+            PolicyName::KvpickSkewedPriors => "kvpick-skewed-priors",
             PolicyName::Oracle => "oracle",
         }
     }

@@ -9,8 +9,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvpick_core::{
-    Admission, HashSeed, KvEvent, Millis, ReservationId, RouterConfig, SelectRequest, SelectionService, WorkerId,
-    WorkerSpec,
+    Admission, CostModel, HashSeed, KvEvent, Millis, ReservationId, RouterConfig, SelectRequest, SelectionService,
+    WorkerId, WorkerSpec,
 };
 use kvpick_perf::sim::{CacheEvent, EngineConfig};
 
@@ -23,10 +23,11 @@ pub struct Kvpick {
 }
 
 impl Kvpick {
-    pub fn new(engines: usize, engine: &EngineConfig, prefill_load_scale: f64, seed: u64) -> Self {
+    pub fn new(engines: usize, engine: &EngineConfig, prefill_load_scale: f64, cost: CostModel, seed: u64) -> Self {
         let cfg = RouterConfig {
             seed,
             prefill_load_scale,
+            cost,
             // Virtual runs may keep a request longer than the default lease
             // when a policy overloads an engine; a lease expiry here would
             // be an artefact of the simulation, not kvpick's behaviour.

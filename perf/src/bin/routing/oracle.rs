@@ -1,10 +1,10 @@
 //! Two references kvpick is measured against.
 //!
-//! - [`Oracle`], a policy with perfect information: kvpick's own cost
-//!   formula on the same bookings, but with every engine's *true* cached
-//!   prefix read from its cache at the instant of arrival (no event delay,
-//!   nothing to learn or miss). The gap to kvpick is what kvpick loses by
-//!   knowing caches only from events; it is not an optimal schedule (none
+//! - [`Oracle`], a policy with perfect information: Dynamo's cost formula
+//!   (`kvpick-dynamo`'s) on the same bookings, but with every engine's
+//!   *true* cached prefix read from its cache at the instant of arrival (no
+//!   event delay, nothing to learn or miss). The gap to `kvpick-dynamo` is
+//!   what that cost loses by knowing caches only from events; it is not an optimal schedule (none
 //!   is computable for an online stream), so kvpick can beat it by luck.
 //! - [`hit_rate_bound`], an upper bound on the prefix hit rate of *any*
 //!   policy on these engines: every request hits the longest prefix it
