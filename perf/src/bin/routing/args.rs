@@ -10,6 +10,7 @@ pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
   --quick               2,000 requests per workload, nothing written (smoke test)
   --requests N          requests per synthetic workload (default 10,000); caps the trace when given
   --engines N           simulated engines (default 8)
+  --slow-engines N      the first N engines run at half speed (default 0)
   --load F              offered load, a fraction of the fleet's capacity with nothing cached (default 0.8)
   --kv-blocks N         KV blocks of 16 tokens per engine (default 16,384)
   --seed N              seed of the workloads, engines and policies (default 42)
@@ -95,6 +96,7 @@ pub struct Args {
     /// `--requests` was given (it then also caps the trace).
     pub requests_given: bool,
     pub engines: usize,
+    pub slow_engines: usize,
     pub load: f64,
     pub kv_blocks: usize,
     pub seed: u64,
@@ -114,6 +116,7 @@ impl Default for Args {
             requests: 10_000,
             requests_given: false,
             engines: 8,
+            slow_engines: 0,
             load: 0.8,
             kv_blocks: 16_384,
             seed: 42,
@@ -150,6 +153,11 @@ impl Args {
                     out.requests_given = true;
                 }
                 "--engines" => out.engines = count(name, &value()?)?,
+                "--slow-engines" => {
+                    let text = value()?;
+                    out.slow_engines =
+                        text.parse().map_err(|_| invalid(format!("{name}: {text:?} is not a whole number")))?;
+                }
                 "--kv-blocks" => out.kv_blocks = count(name, &value()?)?,
                 "--sample-lines" => out.sample_lines = count(name, &value()?)?,
                 "--seed" => out.seed = count(name, &value()?)? as u64,

@@ -25,12 +25,22 @@ use super::workload::Request;
 pub struct FleetConfig {
     pub engines: usize,
     pub engine: EngineConfig,
+    /// The first this many engines run at half speed (every step cost
+    /// doubled): a slower GPU or a noisy node that a router must notice.
+    pub slow_engines: usize,
 }
 
 impl FleetConfig {
     pub fn engine_config(&self, k: usize) -> EngineConfig {
+        let mut time = self.engine.time;
+        if k < self.slow_engines {
+            time.step_overhead_ns *= 2;
+            time.prefill_ns_per_token *= 2;
+            time.decode_ns_per_seq *= 2;
+        }
         EngineConfig {
             name: format!("engine-{k}"),
+            time,
             seed: self.engine.seed.wrapping_add(k as u64 * 0x9e37_79b9),
             hash_seed: None,
             ..self.engine.clone()

@@ -182,13 +182,13 @@ pub fn run_workload(workload: Workload, args: &Args, fleet: &FleetConfig) -> Wor
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let fleet = FleetConfig { engines: args.engines, engine: engine_config(args) };
+    let fleet = FleetConfig { engines: args.engines, engine: engine_config(args), slow_engines: args.slow_engines };
     let mut report = String::new();
     let header = format!(
         "- date {} · {} · load average at start {}\n- fleet: {} simulated engines, {} KV blocks of {} tokens each, \
          max {} batched tokens, time model: {} ms/step + {} µs/prefill token + {} µs/decoding request\n\
-         - offered load {:.0}% of the fleet's capacity with nothing cached; seed {}; kvpick and oracle \
-         prefill_load_scale {}\n",
+         - offered load {:.0}% of the fleet's capacity with nothing cached; seed {}; kvpick-dynamo and oracle \
+         prefill_load_scale {}; engines at half speed: {}\n",
         utc_date(),
         cpu(),
         load_average(),
@@ -202,6 +202,7 @@ fn run(args: &Args) -> Result<(), String> {
         args.load * 100.0,
         args.seed,
         args.prefill_load_scale,
+        fleet.slow_engines,
     );
     print!("{header}");
     report.push_str(&header);

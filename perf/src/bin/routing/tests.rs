@@ -11,7 +11,7 @@ fn small_args() -> Args {
 }
 
 fn fleet(args: &Args) -> FleetConfig {
-    FleetConfig { engines: args.engines, engine: engine_config(args) }
+    FleetConfig { engines: args.engines, engine: engine_config(args), slow_engines: args.slow_engines }
 }
 
 #[test]
@@ -63,4 +63,13 @@ fn flags_parse() {
     assert_eq!(a.out, None);
     assert!(Args::parse(["--policies", "magic"].map(String::from)).is_err());
     assert!(Args::parse(["--load", "-1"].map(String::from)).is_err());
+}
+
+#[test]
+fn slow_engines_run_every_step_at_twice_the_cost() {
+    let args = Args { slow_engines: 1, ..small_args() };
+    let fleet = fleet(&args);
+    let (slow, normal) = (fleet.engine_config(0).time, fleet.engine_config(1).time);
+    assert_eq!(slow.step_ns(100, 4), 2 * normal.step_ns(100, 4));
+    assert_eq!(normal, fleet.engine.time);
 }
