@@ -46,7 +46,7 @@ impl Picking {
         costs: &mut Vec<f64>,
         now: Millis,
     ) -> Decision {
-        let mut rng = self.rng.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut rng = super::lock(&self.rng);
         self.policy.decide(request, candidates, costs, &mut rng, now)
     }
 }

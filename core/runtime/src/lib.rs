@@ -155,6 +155,12 @@ pub(crate) fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> b
     }
 }
 
+/// Locks that are never held across a panic-prone call; a poisoned one
+/// still holds consistent data.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub(crate) fn pin_current_thread(cpu: usize) {
     let pinned = core_affinity::set_for_current(core_affinity::CoreId { id: cpu });
     if !pinned {

@@ -41,7 +41,7 @@ use super::command::{Command, PickJob, Picked, Picking, Query, Reply};
 use super::deferred_ring::{PendingRings, RingScheduler};
 use super::producer::{Producer, ProducerSource, PushFail, RingCounters, ShardGone};
 use super::shard_loop::{LoopShared, ShardLoop, ShardShared};
-use super::{RuntimeConfig, RuntimeError, RuntimeKind, SharedShards, choose_kind, pin_current_thread};
+use super::{RuntimeConfig, RuntimeError, RuntimeKind, SharedShards, choose_kind, lock, pin_current_thread};
 use kvpick_core::booking::{Booking, BookingEvent, ReservationId};
 use kvpick_core::clock::Millis;
 use kvpick_core::cost::{Candidate, RouterConfig};
@@ -116,12 +116,6 @@ impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-/// Locks that are never held across a panic-prone call; a poisoned one
-/// still holds consistent data.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl ShardedService {

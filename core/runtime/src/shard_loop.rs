@@ -127,19 +127,24 @@ impl ShardLoop {
 
     /// One fair pass over every ring; returns how many commands ran.
     fn pass(&mut self) -> usize {
+        self.pass_where(Command::is_fire_and_forget, |_| true)
+    }
+
+    /// A pass that first runs what `first` accepts at the head of every
+    /// ring, then what `then` accepts. First come what nobody waits for
+    /// (posted booking changes, and on the std loop KV events): a selection
+    /// later in the pass then sees every free pushed before it, whichever
+    /// ring it came through. Posted frees do not ring, so without this a
+    /// pick from an earlier-registered ring would count a finished request
+    /// as load. Within one ring the order stays as pushed.
+    fn pass_where(&mut self, first: impl Fn(&Command) -> bool, then: impl Fn(&Command) -> bool) -> usize {
         self.take_new_rings();
         let mut handled = 0;
-        // First what nobody waits for (posted booking changes, KV events)
-        // at the head of each ring: a selection later in this pass then
-        // sees every free and event pushed before it, whichever ring it
-        // came through. Posted frees do not ring, so without this a pick
-        // from an earlier-registered ring would count a finished request
-        // as load. Within one ring the order stays as pushed.
         for i in 0..self.rings.len() {
-            handled += self.drain(i, Command::is_fire_and_forget);
+            handled += self.drain(i, &first);
         }
         for i in 0..self.rings.len() {
-            handled += self.drain(i, |_| true);
+            handled += self.drain(i, &then);
         }
         // A producer that went away leaves its ring behind once drained.
         self.rings.retain(|ring| !(ring.is_abandoned() && ring.is_empty()));
@@ -167,16 +172,7 @@ impl ShardLoop {
     /// every ring head first (as `pass`), then every command but KV events,
     /// which its background task applies. Returns how many ran.
     pub(crate) fn pass_selections(&mut self) -> usize {
-        self.take_new_rings();
-        let mut handled = 0;
-        for i in 0..self.rings.len() {
-            handled += self.drain(i, |c| matches!(c, Command::Posted(_)));
-        }
-        for i in 0..self.rings.len() {
-            handled += self.drain(i, |c| !c.is_event());
-        }
-        self.rings.retain(|ring| !(ring.is_abandoned() && ring.is_empty()));
-        handled
+        self.pass_where(|c| matches!(c, Command::Posted(_)), |c| !c.is_event())
     }
 
     /// A glommio shard's background pass: up to `FAIR_SHARE` KV events at
@@ -238,7 +234,7 @@ impl ShardLoop {
         if self.shard.next_lease_end().is_some_and(|end| end <= now) {
             let expired = self.shard.expire(now);
             if !expired.is_empty() {
-                let mut admissions = self.admissions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                let mut admissions = super::lock(&self.admissions);
                 for id in expired {
                     admissions.ledger.release(id);
                 }
@@ -284,12 +280,8 @@ impl ShardLoop {
         self.pass();
     }
 
-    /// The loop, on a plain pinned thread or as the only task of a glommio
-    /// executor. Either way sleeping parks the thread on the doorbell:
-    /// glommio's own sleep (its reactor waits on io_uring, woken from
-    /// other threads through an eventfd, plus its timer bookkeeping) cost
-    /// the shard 45–110 µs of CPU per ext_proc request against 12–35 µs
-    /// for the park, and no other task shares the executor to need it.
+    /// The std-thread shard's loop: sleeping parks the thread on the
+    /// doorbell's futex (a glommio shard runs `glommio_shard::run` instead).
     pub(crate) fn run(mut self) {
         loop {
             match self.idle() {
@@ -315,14 +307,14 @@ enum Idle {
     },
 }
 
-/// Runs one command. A dropped reply means the asker gave up (its request
-/// was cancelled): the work is done all the same, so state stays exact.
 /// What a one-visit pick reads besides the shard.
 struct PickContext<'a> {
     admissions: &'a Admissions,
     picking: &'a Picking,
 }
 
+/// Runs one command. A dropped reply means the asker gave up (its request
+/// was cancelled): the work is done all the same, so state stays exact.
 fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, command: Command) {
     match command {
         Command::Upsert(spec, reply) => {
@@ -402,7 +394,7 @@ fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scr
         },
     };
     if !matches!(outcome, Picked::Booked(_)) {
-        admissions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).ledger.release(id);
+        super::lock(admissions).ledger.release(id);
     }
     outcome
 }
