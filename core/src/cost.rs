@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::calibration::CalibrationConfig;
 use crate::worker::WorkerId;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -31,6 +32,8 @@ pub struct RouterConfig {
     pub fallbacks: usize,
     /// What a candidate costs.
     pub cost: CostModel,
+    /// How the latency cost learns each worker's speed.
+    pub calibration: CalibrationConfig,
 }
 
 /// How a candidate worker is costed for a request.
@@ -82,6 +85,7 @@ impl Default for RouterConfig {
             seed: 0x6b76_7069_636b,
             fallbacks: 0,
             cost: CostModel::Dynamo,
+            calibration: CalibrationConfig::default(),
         }
     }
 }
@@ -102,6 +106,9 @@ pub struct Candidate {
     pub max_num_batched_tokens: Option<u64>,
     /// The worker's KV cache size in blocks, when known.
     pub total_kv_blocks: Option<u64>,
+    /// How much slower than the fleet the worker computes, as calibration
+    /// learned it (1: as fast as the fleet, or not known).
+    pub speed: f64,
 }
 
 impl Candidate {
@@ -122,20 +129,26 @@ impl Candidate {
         cfg.prefill_load_scale * prefill + decode
     }
 
-    /// The request's predicted time to first token here, in ns: the
-    /// prefill booked ahead of it and its own uncached prefill, computed in
-    /// steps of at most the step's token budget less one token per
-    /// sequence decoding, each step also paying for those sequences. A
-    /// worker whose cache cannot hold the request's new blocks is costed
-    /// past every one that can.
-    pub fn predicted_ttft_ns(&self, isl_tokens: u32, unhashed_blocks: u32, rates: &EngineRates) -> f64 {
+    /// The request's predicted time to first token here, in ns, at the
+    /// priors' rates: the prefill booked ahead of it and its own uncached
+    /// prefill, computed in steps of at most the step's token budget less
+    /// one token per sequence decoding, each step also paying for those
+    /// sequences. What calibration compares measured TTFTs with.
+    pub fn prior_ttft_ns(&self, isl_tokens: u32, rates: &EngineRates) -> f64 {
         let prefill = self.active_prefill_tokens + u64::from(self.effective_prefill_tokens(isl_tokens));
         let decoding = u64::from(self.active_requests);
         let budget = self.max_num_batched_tokens.unwrap_or(rates.batched_tokens);
         let per_step = budget.saturating_sub(decoding).max(1);
         let steps = prefill.div_ceil(per_step).max(1) as f64;
-        let ttft = steps * (rates.step_ns + decoding as f64 * rates.decode_ns_per_seq)
-            + prefill as f64 * rates.prefill_ns_per_token;
+        steps * (rates.step_ns + decoding as f64 * rates.decode_ns_per_seq)
+            + prefill as f64 * rates.prefill_ns_per_token
+    }
+
+    /// The prior prediction scaled by the worker's calibrated speed. A
+    /// worker whose cache cannot hold the request's new blocks is costed
+    /// past every one that can.
+    pub fn predicted_ttft_ns(&self, isl_tokens: u32, unhashed_blocks: u32, rates: &EngineRates) -> f64 {
+        let ttft = self.prior_ttft_ns(isl_tokens, rates) * self.speed;
         let needed = self.active_blocks + self.new_blocks + u64::from(unhashed_blocks);
         match self.total_kv_blocks {
             Some(total) if needed > total => ttft + KV_OVERFLOW_PENALTY_NS,
@@ -205,6 +218,7 @@ mod tests {
             active_requests: 0,
             max_num_batched_tokens: Some(100),
             total_kv_blocks: None,
+            speed: 1.0,
         }
     }
 
@@ -236,6 +250,10 @@ mod tests {
         // More sequences decoding: every step is slower.
         let busy = Candidate { active_requests: 20, ..candidate(0, 0, 0, 0) };
         assert!(ttft(&busy) > ttft(&candidate(0, 0, 0, 0)));
+        // A slower engine: dearer, in proportion.
+        let slow = Candidate { speed: 2.0, ..candidate(0, 0, 0, 0) };
+        assert_eq!(ttft(&slow), 2.0 * ttft(&candidate(0, 0, 0, 0)));
+        assert_eq!(slow.prior_ttft_ns(64, &rates), ttft(&candidate(0, 0, 0, 0)));
         // 64 uncached tokens at a budget of 100 a step: one step.
         let expected = rates.step_ns + 64.0 * rates.prefill_ns_per_token;
         assert_eq!(ttft(&candidate(0, 0, 0, 0)), expected);

@@ -15,6 +15,7 @@
 
 pub mod admission;
 pub mod booking;
+pub mod calibration;
 pub mod clock;
 pub mod cost;
 pub mod directory;
@@ -33,6 +34,7 @@ pub mod worker;
 
 pub use admission::AdmissionLedger;
 pub use booking::{Booking, BookingEvent, ReservationId};
+pub use calibration::{Calibration, CalibrationConfig, SampleError, WorkerCalibration};
 pub use clock::Millis;
 pub use cost::{Candidate, CostModel, EngineRates, RouterConfig};
 pub use event::{EngineBlockHash, KvEvent};

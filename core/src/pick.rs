@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 
 use crate::booking::Booking;
 use crate::clock::Millis;
-use crate::cost::{Candidate, RouterConfig, pick};
+use crate::cost::{Candidate, CostModel, RouterConfig, pick};
 use crate::hashing::HashSeed;
 use crate::prompt::Prompt;
 use crate::request::{SelectRequest, Selection, WorkerError};
@@ -127,6 +127,10 @@ impl PickPolicy {
             prefill_tokens: c.effective_prefill_tokens(prompt.isl_tokens),
             isl_tokens: prompt.isl_tokens,
             cost: costs[chosen],
+            predicted_ttft_ns: match &self.cfg.cost {
+                CostModel::Latency(rates) => Some(c.prior_ttft_ns(prompt.isl_tokens, rates)),
+                CostModel::Dynamo => None,
+            },
             candidates: candidates.len(),
             fallbacks: ranked_others(candidates, costs, chosen, self.cfg.fallbacks),
         }

@@ -31,6 +31,11 @@ pub struct Selection {
     pub prefill_tokens: u32,
     pub isl_tokens: u32,
     pub cost: f64,
+    /// The latency cost's TTFT prediction at the priors' rates (without
+    /// the worker's calibrated speed), which the caller pairs with the
+    /// measured TTFT to calibrate (`observe_ttft`). `None` under the
+    /// Dynamo cost.
+    pub predicted_ttft_ns: Option<f64>,
     /// Eligible workers the pick was made among.
     pub candidates: usize,
     /// The next-cheapest other workers, cheapest first, at most

@@ -7,6 +7,7 @@
 
 use crate::admission::AdmissionLedger;
 use crate::booking::{Booking, BookingEvent, ReservationId};
+use crate::calibration::{Calibration, SampleError};
 use crate::clock::Millis;
 use crate::cost::{Candidate, RouterConfig};
 use crate::directory::Directory;
@@ -24,6 +25,7 @@ pub struct SelectionService {
     shards: Vec<Shard>,
     directory: Directory,
     ledger: AdmissionLedger,
+    calibration: Calibration,
     rng: fastrand::Rng,
     candidates: Vec<Candidate>,
     costs: Vec<f64>,
@@ -36,6 +38,7 @@ impl SelectionService {
         SelectionService {
             rng: fastrand::Rng::with_seed(cfg.seed),
             ledger: AdmissionLedger::new(cfg.queue_capacity),
+            calibration: Calibration::new(cfg.calibration.clone()),
             policy: PickPolicy::new(cfg, block_size),
             shards: (0..shards.max(1)).map(|_| Shard::new()).collect(),
             directory: Directory::new(shards),
@@ -93,6 +96,7 @@ impl SelectionService {
     pub fn delete_worker(&mut self, id: WorkerId) -> Result<Vec<ReservationId>, WorkerError> {
         let shard = self.directory.remove(id).ok_or(WorkerError::NotFound(id))?;
         let freed = self.shards[shard].delete_worker(id).unwrap_or_default();
+        self.calibration.forget(id);
         for r in &freed {
             self.ledger.release(*r);
         }
@@ -186,8 +190,44 @@ impl SelectionService {
         Ok(())
     }
 
-    /// Expires leases and queue deadlines up to `now`, then admits what fits.
+    /// A measured time to first token on `worker`, from booking to the
+    /// first streamed chunk, against the selection's `predicted_ttft_ns`:
+    /// calibrates the worker's speed (see `Calibration`).
+    pub fn observe_ttft(
+        &mut self,
+        worker: WorkerId,
+        predicted_ns: f64,
+        measured_ns: u64,
+        now: Millis,
+    ) -> Result<(), SampleError> {
+        if let Some(speed) = self.calibration.observe_ttft(worker, predicted_ns, measured_ns, now)? {
+            self.set_speed(worker, speed);
+        }
+        Ok(())
+    }
+
+    /// A response's decode on `worker`: `output_tokens` after the first in
+    /// `decode_ns`.
+    pub fn observe_decode(&mut self, worker: WorkerId, output_tokens: u64, decode_ns: u64, now: Millis) {
+        self.calibration.observe_decode(worker, output_tokens, decode_ns, now);
+    }
+
+    pub fn calibration(&self) -> &Calibration {
+        &self.calibration
+    }
+
+    fn set_speed(&mut self, worker: WorkerId, speed: f64) {
+        if let Some(shard) = self.directory.shard_of(worker) {
+            self.shards[shard].set_speed(worker, speed);
+        }
+    }
+
+    /// Expires leases, stale calibration and queue deadlines up to `now`,
+    /// then admits what fits.
     pub fn tick(&mut self, now: Millis) {
+        for worker in self.calibration.expire(now) {
+            self.set_speed(worker, 1.0);
+        }
         for shard in &mut self.shards {
             for id in shard.expire(now) {
                 self.ledger.release(id);

@@ -83,6 +83,8 @@ pub struct LoadSnapshot {
 struct WorkerEntry {
     spec: WorkerSpec,
     load: WorkerLoad,
+    /// Calibrated speed relative to the fleet (see `Calibration`).
+    speed: f64,
 }
 
 #[derive(Debug)]
@@ -154,7 +156,7 @@ impl Shard {
         } as Slot;
         self.by_id.insert(spec.id, slot);
         self.index.add_worker(slot);
-        self.slots[slot as usize] = Some(WorkerEntry { spec, load: WorkerLoad::default() });
+        self.slots[slot as usize] = Some(WorkerEntry { spec, load: WorkerLoad::default(), speed: 1.0 });
     }
 
     /// Removes a worker, its cache and its bookings (returned: they are
@@ -216,7 +218,7 @@ impl Shard {
             self.overlap_by_slot[slot as usize] = depth;
         }
         for (slot, entry) in self.slots.iter().enumerate() {
-            let Some(WorkerEntry { spec, load }) = entry else { continue };
+            let Some(WorkerEntry { spec, load, speed }) = entry else { continue };
             if spec.lifecycle != Lifecycle::Schedulable
                 || !spec.serves(query.model)
                 || query.allowed.is_some_and(|f| !f.allows(&spec.endpoint))
@@ -235,8 +237,16 @@ impl Shard {
                 active_requests: load.requests(),
                 max_num_batched_tokens: spec.max_num_batched_tokens,
                 total_kv_blocks: spec.total_kv_blocks,
+                speed: *speed,
             });
         }
+    }
+
+    /// Sets a worker's calibrated speed; false when it is not here.
+    pub fn set_speed(&mut self, worker: WorkerId, speed: f64) -> bool {
+        let Some(&slot) = self.by_id.get(&worker) else { return false };
+        self.slots[slot as usize].as_mut().expect("by_id points at live slots").speed = speed;
+        true
     }
 
     /// Applies a booking change, whether decided here or by a peer.

@@ -3,8 +3,11 @@
 //! engine hashes are opaque, so stored blocks are re-hashed from their
 //! tokens and chained through the engine's parent hash. Reservations are
 //! booked at the pick, moved to decode at the first token and freed when
-//! the request finishes, at those virtual times.
+//! the request finishes, at those virtual times. Each first token's TTFT,
+//! measured from the pick, calibrates the worker's speed, as the router
+//! does from the response stream.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -18,6 +21,9 @@ use super::fleet::{Arrival, FleetView, Policy};
 
 pub struct Kvpick {
     svc: SelectionService,
+    /// Per routed request: its worker, the TTFT the priors predicted and
+    /// when it was picked.
+    picked: HashMap<usize, (WorkerId, Option<f64>, u64)>,
     event_errors: u64,
     first_error: Option<String>,
 }
@@ -44,7 +50,7 @@ impl Kvpick {
             };
             svc.upsert_worker(spec, Millis(0)).expect("every worker has the service's block size");
         }
-        Kvpick { svc, event_errors: 0, first_error: None }
+        Kvpick { svc, picked: HashMap::new(), event_errors: 0, first_error: None }
     }
 }
 
@@ -80,7 +86,10 @@ impl Policy for Kvpick {
             priority: 0,
         };
         match self.svc.select_and_reserve(request, millis(arrival.now_ns)) {
-            Ok(Admission::Reserved(selection)) => selection.worker.0 as usize,
+            Ok(Admission::Reserved(selection)) => {
+                self.picked.insert(arrival.id, (selection.worker, selection.predicted_ttft_ns, arrival.now_ns));
+                selection.worker.0 as usize
+            }
             other => unreachable!("schedulable workers, fresh ids and no queue threshold always reserve: {other:?}"),
         }
     }
@@ -95,18 +104,38 @@ impl Policy for Kvpick {
     }
 
     fn on_first_token(&mut self, id: usize, now_ns: u64) {
+        if let Some((worker, Some(predicted), at)) = self.picked.get(&id).copied() {
+            // Refused samples (zero TTFT) teach nothing; nothing to report.
+            let _ = self.svc.observe_ttft(worker, predicted, now_ns - at, millis(now_ns));
+        }
         // Unknown ids cannot happen (every routed request was reserved).
         let _ = self.svc.prefill_complete(ReservationId(id as u64), millis(now_ns));
     }
 
     fn on_finished(&mut self, id: usize, now_ns: u64) {
+        self.picked.remove(&id);
         let _ = self.svc.free_reservation(ReservationId(id as u64), millis(now_ns));
     }
 
     fn notes(&self) -> Vec<String> {
-        match &self.first_error {
-            Some(first) => vec![format!("kvpick refused {} KV events (first: {first})", self.event_errors)],
-            None => Vec::new(),
+        let mut notes = Vec::new();
+        if let Some(first) = &self.first_error {
+            notes.push(format!("kvpick refused {} KV events (first: {first})", self.event_errors));
         }
+        let calibration = self.svc.calibration();
+        let slowed: Vec<String> = calibration
+            .snapshot()
+            .iter()
+            .filter(|c| c.speed_factor != 1.0)
+            .map(|c| format!("engine {} ×{:.2}", c.worker.0, c.speed_factor))
+            .collect();
+        if let Some(fleet) = calibration.fleet_scale() {
+            notes.push(format!(
+                "kvpick calibration: fleet measured/predicted TTFT {fleet:.2}, {} clipped; speed factors: {}",
+                calibration.clipped(),
+                if slowed.is_empty() { "all 1".to_string() } else { slowed.join(", ") }
+            ));
+        }
+        notes
     }
 }
