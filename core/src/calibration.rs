@@ -18,10 +18,12 @@
 //!   prefills (which measure the engine's speed) dominate it;
 //! - each sample's ratio is clipped to `clip`× the pooled fit's, so one stall
 //!   or one clock hiccup cannot drag a fit;
-//! - a worker's fit is shrunk towards the fleet's by `prior_samples`
+//! - a worker's speed stays 1 until it has about five samples, and its
+//!   fit is shrunk towards the fleet's by `prior_samples`
 //!   pseudo-samples of the fleet's typical size, and a relative speed
-//!   inside `dead_band` counts as exactly the fleet's: noise among equal
-//!   engines must never outweigh a cache hit (conversations would hop);
+//!   inside `dead_band`, or within two standard errors of the fleet's,
+//!   counts as exactly the fleet's: noise among equal engines must never
+//!   outweigh a cache hit (conversations would hop);
 //! - fits with no sample for `stale_after` are forgotten (a replaced node,
 //!   a recovered straggler).
 //!
@@ -78,6 +80,7 @@ impl Default for CalibrationConfig {
 struct Fit {
     sxy: f64,
     sxx: f64,
+    syy: f64,
     /// Effective number of samples (decayed like the sums).
     weight: f64,
 }
@@ -86,12 +89,22 @@ impl Fit {
     fn add(&mut self, x: f64, y: f64, forgetting: f64) {
         self.sxy = forgetting * self.sxy + x * y;
         self.sxx = forgetting * self.sxx + x * x;
+        self.syy = forgetting * self.syy + y * y;
         self.weight = forgetting * self.weight + 1.0;
     }
 
     /// Measured over predicted; `None` before any sample.
     fn scale(&self) -> Option<f64> {
         (self.sxx > 0.0).then(|| self.sxy / self.sxx)
+    }
+
+    /// The standard error of `scale`, relative to it: the spread of the
+    /// samples' ratios (weighted as the fit weighs them) over √samples.
+    fn relative_error(&self) -> f64 {
+        let Some(scale) = self.scale().filter(|s| *s > 0.0) else { return f64::INFINITY };
+        // Σx²(r − s)² / Σx², with y = r·x.
+        let variance = (self.syy / self.sxx - scale * scale).max(0.0);
+        (variance / self.weight.max(1.0)).sqrt() / scale
     }
 
     /// The mean of predicted², the size of a typical sample.
@@ -163,12 +176,21 @@ const NS_PER_MS: f64 = 1e6;
 /// shards about: fits drift a little with every sample.
 const REPORTABLE_CHANGE: f64 = 0.05;
 
-/// The fleet's reference is recomputed every this many samples (a median
-/// over the workers: too dear for every sample of a large fleet).
+/// The fleet's reference is recomputed, and every worker compared with
+/// it, every this many samples (a median over the workers: too dear for
+/// every sample of a large fleet)...
 const REFERENCE_EVERY: u32 = 32;
+
+/// ...or at every sample in a fleet of at most this many workers.
+const SMALL_FLEET: usize = 64;
 
 /// Samples a worker needs before its scale counts towards the reference.
 const MIN_REFERENCE_WEIGHT: f64 = 3.0;
+
+/// Samples (decayed) a worker needs before its speed may leave 1: a few
+/// samples of wall-clock noise, or of a stall every engine shared, must
+/// not move a conversation off its cache.
+const MIN_WORKER_WEIGHT: f64 = 5.0;
 
 impl Calibration {
     pub fn new(cfg: CalibrationConfig) -> Self {
@@ -199,15 +221,15 @@ impl Calibration {
 
     /// Records one time to first token on `worker`: `predicted_ns` by the
     /// priors at booking, `measured_ns` from booking to the first chunk.
-    /// Returns the worker's new speed factor when it changed enough to pass
-    /// on to the cost.
+    /// Returns the workers whose speed factor changed enough to pass on to
+    /// the cost, with their new factors, by worker id (usually none).
     pub fn observe_ttft(
         &mut self,
         worker: WorkerId,
         predicted_ns: f64,
         measured_ns: u64,
         now: Millis,
-    ) -> Result<Option<f64>, SampleError> {
+    ) -> Result<Vec<(WorkerId, f64)>, SampleError> {
         if !self.cfg.enabled {
             return Err(SampleError::Disabled);
         }
@@ -233,26 +255,25 @@ impl Calibration {
         fit.samples += 1;
         fit.last = now;
         self.since_reference += 1;
-        if self.reference.is_none() || self.since_reference >= REFERENCE_EVERY {
-            self.refresh_reference();
+        let mut changes = Vec::new();
+        if self.workers.len() <= SMALL_FLEET || self.since_reference >= REFERENCE_EVERY {
+            changes = self.reassess_all();
+        } else {
+            let fit = self.workers.get_mut(&worker).expect("inserted above");
+            if let Some(speed) = reassess(&self.cfg, self.reference, self.fleet.typical_sxx(), fit) {
+                changes.push((worker, speed));
+            }
         }
-        let Some(fleet_scale) = self.fleet_scale() else { return Ok(None) };
-        let fit = self.workers.get_mut(&worker).expect("inserted above");
-        let speed = relative_speed(&self.cfg, fleet_scale, self.fleet.typical_sxx(), &fit.ttft);
-        if (speed == 1.0) != (fit.applied == 1.0) || (speed / fit.applied - 1.0).abs() > REPORTABLE_CHANGE {
-            fit.applied = speed;
-            return Ok(Some(speed));
-        }
-        Ok(None)
+        Ok(changes)
     }
 
-    /// The lower median of the scales of workers with a few samples; the
-    /// pooled fit until three workers have them.
+    /// The lower median of the scales of workers with a few samples; none
+    /// until two workers have them (a worker is slow only against others).
     fn refresh_reference(&mut self) {
         self.since_reference = 0;
         let mut scales: Vec<f64> =
             self.workers.values().filter(|f| f.ttft.weight >= MIN_REFERENCE_WEIGHT).filter_map(|f| f.ttft.scale()).collect();
-        if scales.len() < 3 {
+        if scales.len() < 2 {
             self.reference = None;
             return;
         }
@@ -288,20 +309,36 @@ impl Calibration {
     }
 
     /// Forgets fits with no sample since `now − stale_after`; returns the
-    /// workers whose speed factor goes back to 1.
-    pub fn expire(&mut self, now: Millis) -> Vec<WorkerId> {
+    /// workers whose speed factor changed (back to 1 for those forgotten,
+    /// against the new reference for the others), by worker id.
+    pub fn expire(&mut self, now: Millis) -> Vec<(WorkerId, f64)> {
         let stale_after = self.cfg.stale_after;
         let mut reset = Vec::new();
         self.workers.retain(|worker, fit| {
             let fresh = fit.last.after(stale_after) > now;
             if !fresh && fit.applied != 1.0 {
-                reset.push(*worker);
+                reset.push((*worker, 1.0));
             }
             fresh
         });
-        reset.sort();
+        let mut changes = self.reassess_all();
+        changes.append(&mut reset);
+        changes.sort_by_key(|(w, _)| *w);
+        changes
+    }
+
+    /// A new reference, and every worker compared with it anew.
+    fn reassess_all(&mut self) -> Vec<(WorkerId, f64)> {
         self.refresh_reference();
-        reset
+        let Calibration { cfg, fleet, reference, workers, .. } = self;
+        let mut changes = Vec::new();
+        for (w, fit) in workers.iter_mut() {
+            if let Some(speed) = reassess(cfg, *reference, fleet.typical_sxx(), fit) {
+                changes.push((*w, speed));
+            }
+        }
+        changes.sort_by_key(|(w, _)| *w);
+        changes
     }
 
     /// Every worker's calibration, by worker id.
@@ -322,13 +359,30 @@ impl Calibration {
     }
 }
 
+/// The worker's speed against `reference`; `Some` when it changed enough
+/// to report, and then it is the applied one.
+fn reassess(cfg: &CalibrationConfig, reference: Option<f64>, typical_sxx: f64, fit: &mut WorkerFit) -> Option<f64> {
+    let speed = reference.map_or(1.0, |r| relative_speed(cfg, r, typical_sxx, &fit.ttft));
+    let changed = (speed == 1.0) != (fit.applied == 1.0) || (speed / fit.applied - 1.0).abs() > REPORTABLE_CHANGE;
+    if changed {
+        fit.applied = speed;
+    }
+    changed.then_some(speed)
+}
+
 /// A worker's scale over the fleet's, shrunk towards 1 by the prior (of
 /// `typical_sxx`-sized samples), clipped, and 1 inside the dead band.
 fn relative_speed(cfg: &CalibrationConfig, fleet_scale: f64, typical_sxx: f64, worker: &Fit) -> f64 {
+    if worker.weight < MIN_WORKER_WEIGHT {
+        return 1.0;
+    }
     let prior = cfg.prior_samples * typical_sxx;
     let scale = (worker.sxy + prior * fleet_scale) / (worker.sxx + prior);
     let relative = (scale / fleet_scale).clamp(1.0 / cfg.clip, cfg.clip);
-    if relative.is_finite() && (relative > cfg.dead_band || relative < 1.0 / cfg.dead_band) { relative } else { 1.0 }
+    let outside_band = relative > cfg.dead_band || relative < 1.0 / cfg.dead_band;
+    // Two standard errors from the fleet, or it may be noise.
+    let significant = (relative - 1.0).abs() > 2.0 * worker.relative_error();
+    if relative.is_finite() && outside_band && significant { relative } else { 1.0 }
 }
 
 #[cfg(test)]

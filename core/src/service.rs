@@ -200,7 +200,7 @@ impl SelectionService {
         measured_ns: u64,
         now: Millis,
     ) -> Result<(), SampleError> {
-        if let Some(speed) = self.calibration.observe_ttft(worker, predicted_ns, measured_ns, now)? {
+        for (worker, speed) in self.calibration.observe_ttft(worker, predicted_ns, measured_ns, now)? {
             self.set_speed(worker, speed);
         }
         Ok(())
@@ -225,8 +225,8 @@ impl SelectionService {
     /// Expires leases, stale calibration and queue deadlines up to `now`,
     /// then admits what fits.
     pub fn tick(&mut self, now: Millis) {
-        for worker in self.calibration.expire(now) {
-            self.set_speed(worker, 1.0);
+        for (worker, speed) in self.calibration.expire(now) {
+            self.set_speed(worker, speed);
         }
         for shard in &mut self.shards {
             for id in shard.expire(now) {

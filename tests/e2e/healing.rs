@@ -105,7 +105,7 @@ async fn batches_dropped_on_the_wire_are_healed_by_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_drops_on_every_engine_heal_to_an_exact_copy_of_each_cache() {
-    let owned = Stack::start(StackOptions { engines: 3, shards: 2 }).await;
+    let owned = Stack::start(StackOptions { engines: 3, shards: 2, ..StackOptions::default() }).await;
     // Borrowed by the conditions waited on; `owned` is finished at the end.
     let stack = &owned;
     let base = stack.ingest();

@@ -8,7 +8,7 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_engine_gets_no_traffic_once_it_leaves_the_workers_file() {
-    let owned = Stack::start(StackOptions { engines: 3, shards: 2 }).await;
+    let owned = Stack::start(StackOptions { engines: 3, shards: 2, ..StackOptions::default() }).await;
     // Borrowed by the conditions waited on; `owned` is finished at the end.
     let stack = &owned;
     const GONE: usize = 2;

@@ -23,7 +23,7 @@ fn per_engine(stack: &Stack, replies: &[kvpick_e2e::Reply]) -> BTreeMap<usize, u
 async fn conversations_stick_to_their_prefix_and_spread_across_engines() {
     // Two shards: the engines' index and load live on different threads,
     // so every pick is a real scatter-gather.
-    let owned = Stack::start(StackOptions { engines: 3, shards: 2 }).await;
+    let owned = Stack::start(StackOptions { engines: 3, shards: 2, ..StackOptions::default() }).await;
     // Borrowed by the conditions waited on; `owned` is finished at the end.
     let stack = &owned;
     let mut conversations: Vec<Conversation> = (0..3).map(|c| Conversation::new(&format!("c{c}"), 60, 8)).collect();
@@ -92,7 +92,7 @@ async fn conversations_stick_to_their_prefix_and_spread_across_engines() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_long_prompts_without_overlap_spreads_by_load() {
-    let owned = Stack::start(StackOptions { engines: 3, shards: 1 }).await;
+    let owned = Stack::start(StackOptions { engines: 3, shards: 1, ..StackOptions::default() }).await;
     // Borrowed by the conditions waited on; `owned` is finished at the end.
     let stack = &owned;
     // Six long prompts of exactly the same length, sharing nothing (their
@@ -128,7 +128,7 @@ async fn a_burst_of_long_prompts_without_overlap_spreads_by_load() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_traffic_frees_every_booking_when_the_responses_end() {
-    let owned = Stack::start(StackOptions { engines: 3, shards: 2 }).await;
+    let owned = Stack::start(StackOptions { engines: 3, shards: 2, ..StackOptions::default() }).await;
     // Borrowed by the conditions waited on; `owned` is finished at the end.
     let stack = &owned;
     let before = stack.app().ext_proc_metrics().snapshot();
@@ -175,5 +175,63 @@ async fn concurrent_traffic_frees_every_booking_when_the_responses_end() {
         async move { result }
     })
     .await;
+    owned.finish().await;
+}
+
+/// `GET /metrics` of kvpick, as text (a plain HTTP/1.0 exchange).
+async fn scrape(stack: &Stack) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(stack.app().metrics_addr()).await.unwrap_or_else(|e| panic!("{e}"));
+    conn.write_all(b"GET /metrics HTTP/1.0\r\nHost: kvpick\r\n\r\n").await.unwrap_or_else(|e| panic!("{e}"));
+    let mut text = String::new();
+    conn.read_to_string(&mut text).await.unwrap_or_else(|e| panic!("{e}"));
+    text
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_engine_is_learned_from_the_response_stream_and_avoided() {
+    // Engine 0 runs every step four times slower; nothing tells kvpick.
+    // Virtual time at 5× the wall clock: a prefill takes milliseconds of
+    // wall time, well above the harness's own scheduling noise.
+    let options = StackOptions { engines: 4, shards: 2, first_engine_slowdown: 4, time_scale: 5.0 };
+    let owned = Stack::start(options).await;
+    let stack = &owned;
+    let slow = stack.worker(0);
+    // Long prompts sharing nothing, one at a time: every engine is idle at
+    // each pick, so the priors tie them all and the tie-break spreads the
+    // requests until calibration tells the slow engine apart.
+    let ask = |n: usize| chat_body(&[json!({"role": "user", "content": words(&format!("s{n}"), 1500)})], 2);
+    let mut served = BTreeMap::new();
+    for n in 0..60 {
+        let reply = stack.chat(&ask(n)).await;
+        *served.entry(stack.index_of(reply.endpoint)).or_insert(0) += 1;
+        stack.wait_drained().await;
+    }
+    let (fits, fleet_scale, _) = stack.app().service().calibration();
+    let factor = |w| fits.iter().find(|c| c.worker == w).map_or(1.0, |c| c.speed_factor);
+    // Past the dead band (1.25): once it is, the engine is avoided while
+    // the others are idle, so its fit stops growing towards the full 4×.
+    assert!(factor(slow) > 1.25, "engine 0's speed factor {} (fits {fits:?}, served {served:?})", factor(slow));
+    for i in 1..4 {
+        assert_eq!(factor(stack.worker(i)), 1.0, "engine {i} is as fast as the fleet: {fits:?}");
+    }
+    assert!(fleet_scale.is_some_and(|s| s > 0.0), "{fleet_scale:?}");
+    // Once learned, the slow engine is left out while the others are idle.
+    let mut after = BTreeMap::new();
+    for n in 60..80 {
+        let reply = stack.chat(&ask(n)).await;
+        *after.entry(stack.index_of(reply.endpoint)).or_insert(0) += 1;
+        stack.wait_drained().await;
+    }
+    assert_eq!(after.get(&0), None, "the slow engine still got requests: {after:?} (before: {served:?})");
+    // What was learned is exported, per worker.
+    let metrics = scrape(stack).await;
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("kvpick_worker_speed_factor{") && l.contains(&stack.endpoint(0).to_string()))
+        .unwrap_or_else(|| panic!("no speed factor for engine 0 in:\n{metrics}"));
+    let exported: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    assert!(exported > 1.25, "{line}");
+    assert!(metrics.contains("kvpick_worker_decode_seconds_per_token{"), "{metrics}");
     owned.finish().await;
 }

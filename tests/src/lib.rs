@@ -230,11 +230,16 @@ pub struct StackOptions {
     pub engines: usize,
     /// kvpick's shard threads.
     pub shards: usize,
+    /// Engine 0's step costs are multiplied by this (1: as fast as the
+    /// others): a slow node kvpick must learn of by itself.
+    pub first_engine_slowdown: u64,
+    /// Virtual seconds per wall-clock second on every engine.
+    pub time_scale: f64,
 }
 
 impl Default for StackOptions {
     fn default() -> Self {
-        StackOptions { engines: 3, shards: 1 }
+        StackOptions { engines: 3, shards: 1, first_engine_slowdown: 1, time_scale: TIME_SCALE }
     }
 }
 
@@ -260,7 +265,15 @@ impl Stack {
     /// has heard each one's KV events (see [`Stack::warm_up`]).
     pub async fn start(options: StackOptions) -> Stack {
         init_logs();
-        let fleet = Fleet::start(options.engines, &engine_config()).await.unwrap_or_else(|e| panic!("fleet: {e}"));
+        let base = EngineConfig { time: TimeModel { time_scale: options.time_scale, ..engine_config().time }, ..engine_config() };
+        let mut configs = Fleet::configs(options.engines, &base);
+        if let Some(first) = configs.first_mut() {
+            let k = options.first_engine_slowdown;
+            let t = &mut first.time;
+            (t.step_overhead_ns, t.prefill_ns_per_token, t.decode_ns_per_seq) =
+                (k * t.step_overhead_ns, k * t.prefill_ns_per_token, k * t.decode_ns_per_seq);
+        }
+        let fleet = Fleet::start_with(configs).await.unwrap_or_else(|e| panic!("fleet: {e}"));
         let render_config = EngineConfig { name: "render".into(), ..engine_config() };
         let render = Engine::start(render_config).await.unwrap_or_else(|e| panic!("render service: {e}"));
         let dir = TempDir::new();

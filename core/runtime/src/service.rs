@@ -43,6 +43,7 @@ use super::producer::{Producer, ProducerSource, PushFail, RingCounters, ShardGon
 use super::shard_loop::{LoopShared, ShardLoop, ShardShared};
 use super::{RuntimeConfig, RuntimeError, RuntimeKind, SharedShards, choose_kind, lock, pin_current_thread};
 use kvpick_core::booking::{Booking, BookingEvent, ReservationId};
+use kvpick_core::calibration::{Calibration, SampleError, WorkerCalibration};
 use kvpick_core::clock::Millis;
 use kvpick_core::cost::{Candidate, RouterConfig};
 use kvpick_core::directory::Directory;
@@ -79,6 +80,9 @@ pub struct ShardedService {
     admissions: Admissions,
     /// The policy and the rng every pick uses, wherever it is made.
     picking: Arc<Picking>,
+    /// Every worker's speed as learned from observed TTFTs; changes are
+    /// posted to the owning shard.
+    calibration: Mutex<Calibration>,
     counters: Arc<RingCounters>,
     id: u64,
     /// How long shards poll before parking, and callers poll a reply slot
@@ -182,6 +186,7 @@ impl ShardedService {
             }
         }
         Ok(ShardedService {
+            calibration: Mutex::new(Calibration::new(common.picking.policy.config().calibration.clone())),
             picking: common.picking,
             id: NEXT_SERVICE_ID.fetch_add(1, Ordering::Relaxed),
             directory: RwLock::new(Directory::new(count)),
@@ -323,6 +328,7 @@ impl ShardedService {
             .await
             .map_err(|_| WorkerError::ShuttingDown)?
             .unwrap_or_default();
+        lock(&self.calibration).forget(id);
         let mut admissions = lock(&self.admissions);
         for r in &freed {
             admissions.ledger.release(*r);
@@ -593,14 +599,53 @@ impl ShardedService {
         Ok(())
     }
 
+    /// See `SelectionService::observe_ttft`. A changed speed is posted to
+    /// the worker's shard; nothing waits.
+    pub fn observe_ttft(
+        &self,
+        source: &impl ProducerSource,
+        worker: WorkerId,
+        predicted_ns: f64,
+        measured_ns: u64,
+        now: Millis,
+    ) -> Result<(), SampleError> {
+        let changed = lock(&self.calibration).observe_ttft(worker, predicted_ns, measured_ns, now)?;
+        for (worker, speed) in changed {
+            self.post_speed(source, worker, speed);
+        }
+        Ok(())
+    }
+
+    /// See `SelectionService::observe_decode`.
+    pub fn observe_decode(&self, worker: WorkerId, output_tokens: u64, decode_ns: u64, now: Millis) {
+        lock(&self.calibration).observe_decode(worker, output_tokens, decode_ns, now);
+    }
+
+    /// Every worker's calibration and the fleet's scale, for metrics.
+    pub fn calibration(&self) -> (Vec<WorkerCalibration>, Option<f64>, u64) {
+        let calibration = lock(&self.calibration);
+        (calibration.snapshot(), calibration.fleet_scale(), calibration.clipped())
+    }
+
+    fn post_speed(&self, source: &impl ProducerSource, worker: WorkerId, speed: f64) {
+        let Some(shard) = self.directory().shard_of(worker) else { return };
+        if source.with_producer(|p| p.push_posted(shard, Command::Speed(worker, speed))).is_err() {
+            tracing::debug!(worker = worker.0, "shutting down: a calibrated speed was not passed on");
+        }
+    }
+
     /// Whether requests wait in the queue for capacity.
     pub fn has_waiting(&self) -> bool {
         self.cfg().queue_threshold.is_some() && lock(&self.admissions).ledger.has_waiting()
     }
 
-    /// Expires leases (shards also do on their own timers) and queue
-    /// deadlines up to `now`, then admits what fits.
+    /// Expires stale calibration, leases (shards also do on their own
+    /// timers) and queue deadlines up to `now`, then admits what fits.
     pub async fn tick(&self, source: &impl ProducerSource, now: Millis) {
+        let changed = lock(&self.calibration).expire(now);
+        for (worker, speed) in changed {
+            self.post_speed(source, worker, speed);
+        }
         if let Ok(expired) = self.ask_all(source, |r| Command::Expire(now, r)).await {
             let mut admissions = lock(&self.admissions);
             for id in expired.into_iter().flatten() {

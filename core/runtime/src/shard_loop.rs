@@ -352,6 +352,9 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
                 tracing::debug!(%error, "posted booking change found nothing to change");
             }
         }
+        Command::Speed(worker, speed) => {
+            shard.set_speed(worker, speed);
+        }
         Command::Expire(now, reply) => {
             let _ = reply.send(shard.expire(now));
         }

@@ -64,13 +64,26 @@ fn noisy_short_requests_do_not_move_a_worker() {
 }
 
 #[test]
+fn a_wide_spread_is_not_significant() {
+    let mut cal = Calibration::new(CalibrationConfig::default());
+    feed(&mut cal, &[1.0; 4], 1.0, 0.05, 50, 10);
+    // Twelve samples whose ratios swing between 0.2 and 4 (mean 1.4):
+    // timing noise, not a slow engine.
+    let ratios = [0.2, 4.0, 0.3, 3.5, 0.2, 0.4, 3.8, 0.5, 0.3, 2.0, 0.6, 0.9];
+    for (i, r) in ratios.iter().enumerate() {
+        cal.observe_ttft(WorkerId(0), 1e8, (1e8 * r) as u64, Millis(T0.0 + 100 + i as u64)).unwrap();
+    }
+    assert_eq!(cal.speed(WorkerId(0)), 1.0);
+}
+
+#[test]
 fn one_outlier_is_clipped_and_barely_moves_the_fit() {
     let mut cal = Calibration::new(CalibrationConfig::default());
     feed(&mut cal, &[1.0; 4], 1.0, 0.1, 50, 6);
     let before = cal.snapshot()[1].ttft_scale.unwrap();
     // A 30-second stall on a 200 ms prediction.
     let changed = cal.observe_ttft(WorkerId(1), 2e8, 30_000_000_000, Millis(T0.0 + 60)).unwrap();
-    assert_eq!(changed, None);
+    assert_eq!(changed, vec![]);
     assert_eq!(cal.speed(WorkerId(1)), 1.0);
     assert_eq!(cal.clipped(), 1);
     let after = cal.snapshot()[1].ttft_scale.unwrap();
@@ -83,7 +96,8 @@ fn a_change_is_reported_once_and_undone_when_the_worker_recovers() {
     feed(&mut cal, &[1.0; 4], 1.0, 0.0, 30, 7);
     let mut reports = Vec::new();
     for i in 0..60 {
-        if let Some(f) = cal.observe_ttft(WorkerId(2), 1e8, 300_000_000, Millis(T0.0 + 100 + i)).unwrap() {
+        for (w, f) in cal.observe_ttft(WorkerId(2), 1e8, 300_000_000, Millis(T0.0 + 100 + i)).unwrap() {
+            assert_eq!(w, WorkerId(2), "only the slow worker changes");
             reports.push(f);
         }
     }
@@ -104,7 +118,7 @@ fn stale_fits_are_forgotten() {
     let stale_after = cal.config().stale_after;
     assert!(cal.expire(T0.after(stale_after)).is_empty(), "fits are fresh until stale_after has passed");
     let later = Millis(T0.after(stale_after).0 + 100);
-    assert_eq!(cal.expire(later), vec![WorkerId(0)]);
+    assert_eq!(cal.expire(later), vec![(WorkerId(0), 1.0)]);
     assert_eq!(cal.speed(WorkerId(0)), 1.0);
     assert!(cal.snapshot().is_empty());
 }
@@ -131,4 +145,16 @@ fn decode_speed_is_a_moving_average_per_token() {
     // No output after the first token: nothing to learn.
     cal.observe_decode(WorkerId(4), 0, 5, T0);
     assert_eq!(cal.snapshot()[0].decode_ns_per_token, Some(1.1e7));
+}
+
+#[test]
+fn a_few_samples_never_move_a_worker() {
+    let mut cal = Calibration::new(CalibrationConfig::default());
+    feed(&mut cal, &[1.0; 4], 1.0, 0.0, 30, 9);
+    // A new worker whose first requests all stalled 5×.
+    for i in 0..4 {
+        let changed = cal.observe_ttft(WorkerId(9), 1e8, 500_000_000, Millis(T0.0 + 100 + i)).unwrap();
+        assert_eq!(changed, vec![], "sample {i}");
+    }
+    assert_eq!(cal.speed(WorkerId(9)), 1.0);
 }

@@ -45,8 +45,16 @@ pub struct Pick<B> {
 /// connection broken).
 pub trait Booking: Send + 'static {
     /// The engine started answering: its prompt is no longer prefill load.
+    /// `streamed`: the answer is an event stream, so this first chunk is
+    /// the first token and the time since the pick is a time to first
+    /// token (a JSON body's first chunk comes when the answer is done).
     /// Only the first call does anything.
-    fn prefill_complete(&mut self);
+    fn prefill_complete(&mut self, streamed: bool);
+
+    /// A streamed response ended after its first token, with about
+    /// `output_tokens` in all: the time since the first token is its
+    /// decode. Not called for responses that did not stream.
+    fn response_finished(&mut self, output_tokens: u64);
 }
 
 /// Picks the endpoint for one request.

@@ -101,6 +101,8 @@ pub(crate) struct ExtProcStream<P: Picks> {
     picked: Option<Picked<P::Booking>>,
     usage: Option<UsageParser>,
     first_response_chunk_seen: bool,
+    /// The response is an event stream (`text/event-stream`).
+    response_streamed: bool,
     response_finished: bool,
     /// When the request headers came: the request's duration starts here.
     started: Option<Instant>,
@@ -125,6 +127,7 @@ impl<P: Picks> ExtProcStream<P> {
             picked: None,
             usage: None,
             first_response_chunk_seen: false,
+            response_streamed: false,
             response_finished: false,
             started: None,
             model: String::new(),
@@ -353,6 +356,7 @@ impl<P: Picks> ExtProcStream<P> {
             return;
         }
         let headers = ResponseHeaders::read(message.headers.as_ref());
+        self.response_streamed = headers.event_stream;
         let cap = self.shared.config.max_usage_body_bytes;
         self.usage = Some(if headers.event_stream { UsageParser::sse() } else { UsageParser::json(cap) });
         let served = served_endpoint(metadata);
@@ -396,7 +400,7 @@ impl<P: Picks> ExtProcStream<P> {
             && !message.end_of_stream
         {
             if let Some(reservation) = self.picked.as_mut().and_then(|p| p.reservation.as_mut()) {
-                reservation.prefill_complete();
+                reservation.prefill_complete(self.response_streamed);
             }
         }
         if let Some(usage) = &mut self.usage {
@@ -426,8 +430,17 @@ impl<P: Picks> ExtProcStream<P> {
         if std::mem::replace(&mut self.response_finished, true) {
             return;
         }
-        if let Some(usage) = self.usage.take().and_then(UsageParser::finish) {
-            self.shared.metrics.record_usage(&usage);
+        let events = self.usage.as_ref().map_or(0, UsageParser::sse_events);
+        let usage = self.usage.take().and_then(UsageParser::finish);
+        if let Some(usage) = &usage {
+            self.shared.metrics.record_usage(usage);
+        }
+        if self.response_streamed && self.first_response_chunk_seen {
+            // The engine's count when it sent one, else one token an event.
+            let output_tokens = usage.map_or(events, |u| u.completion_tokens);
+            if let Some(reservation) = self.picked.as_mut().and_then(|p| p.reservation.as_mut()) {
+                reservation.response_finished(output_tokens);
+            }
         }
         if let Some(started) = self.started {
             self.shared.metrics.record_request_duration(started.elapsed());

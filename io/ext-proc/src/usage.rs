@@ -79,6 +79,9 @@ pub struct UsageParser {
     mode: Mode,
     buf: Vec<u8>,
     found: Option<Usage>,
+    /// SSE `data:` events other than `[DONE]` and usage-only ones: about
+    /// one per output token in vLLM's and SGLang's streams.
+    events: u64,
 }
 
 #[derive(Debug)]
@@ -92,11 +95,11 @@ enum Mode {
 
 impl UsageParser {
     pub fn json(cap: usize) -> Self {
-        UsageParser { mode: Mode::Json { cap, overflowed: false }, buf: Vec::new(), found: None }
+        UsageParser { mode: Mode::Json { cap, overflowed: false }, buf: Vec::new(), found: None, events: 0 }
     }
 
     pub fn sse() -> Self {
-        UsageParser { mode: Mode::Sse { skipping: false }, buf: Vec::new(), found: None }
+        UsageParser { mode: Mode::Sse { skipping: false }, buf: Vec::new(), found: None, events: 0 }
     }
 
     pub fn push(&mut self, chunk: &[u8]) {
@@ -122,11 +125,11 @@ impl UsageParser {
                         continue;
                     }
                     if self.buf.is_empty() {
-                        Self::sse_line(&mut self.found, line);
+                        Self::sse_line(&mut self.found, &mut self.events, line);
                     } else {
                         self.buf.extend_from_slice(line);
                         let whole = std::mem::take(&mut self.buf);
-                        Self::sse_line(&mut self.found, &whole);
+                        Self::sse_line(&mut self.found, &mut self.events, &whole);
                         self.buf = whole;
                         self.buf.clear();
                     }
@@ -143,14 +146,27 @@ impl UsageParser {
         }
     }
 
-    fn sse_line(found: &mut Option<Usage>, line: &[u8]) {
+    fn sse_line(found: &mut Option<Usage>, events: &mut u64, line: &[u8]) {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let Some(data) = line.strip_prefix(b"data:") else { return };
+        if data.trim_ascii() == b"[DONE]" {
+            return;
+        }
+        // A usage-only event (`"choices":[]`) carries no token.
         if contains(data, b"\"usage\"") {
             if let Some(usage) = usage_of(data) {
                 *found = Some(usage);
             }
+            if contains(data, b"\"choices\":[]") {
+                return;
+            }
         }
+        *events += 1;
+    }
+
+    /// SSE events seen so far that may carry output (0 for a JSON body).
+    pub fn sse_events(&self) -> u64 {
+        self.events
     }
 
     /// The last usage seen (SSE), or the body's (JSON); `None` if the
@@ -163,7 +179,7 @@ impl UsageParser {
                 // A last line without its newline.
                 if !skipping && !self.buf.is_empty() {
                     let rest = std::mem::take(&mut self.buf);
-                    Self::sse_line(&mut self.found, &rest);
+                    Self::sse_line(&mut self.found, &mut self.events, &rest);
                 }
                 self.found
             }

@@ -8,14 +8,14 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use kvpick_core::{BookingError, HashSeed, Prompt, ReservationId, SelectError, SelectRequest};
+use kvpick_core::{BookingError, HashSeed, Prompt, ReservationId, SelectError, SelectRequest, WorkerId};
 use kvpick_ext_proc::metrics::{ExtProcMetrics, Fallback, Phase};
 use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError};
 use kvpick_runtime::{Clock, PendingRings, RingScheduler, ShardedService, ThreadProducers};
 
-use crate::reservation::{Release, Reservation, ReservationIds};
+use crate::reservation::{Release, Reservation, ReservationIds, TtftSample};
 use crate::tokenizer::{Api, FallbackPolicy, TokenizeError, TokenizeRequest, Tokenizer};
 
 /// What the tokenizer is asked for `body`, as `api`.
@@ -177,7 +177,7 @@ impl KvPicker {
             }
         };
         let id = inner.ids.next_id();
-        let reservation = Reservation::new(id, self.clone());
+        let mut reservation = Reservation::new(id, self.clone());
         let request = SelectRequest { id, prompt, model, allowed: input.allowed, priority };
         let start = Instant::now();
         let result = self.service().select_and_wait(&inner.producers, request, inner.clock.now()).await;
@@ -189,6 +189,7 @@ impl KvPicker {
                     let overlap = u64::from(selection.isl_tokens - selection.prefill_tokens);
                     inner.metrics.record_overlap(u64::from(selection.isl_tokens), overlap);
                 }
+                reservation.booked(&selection);
                 Ok(Pick {
                     endpoint: selection.endpoint,
                     fallbacks: selection.fallbacks,
@@ -264,8 +265,17 @@ impl KvPicker {
 
 impl Release for KvPicker {
     /// Posted to the owning shard, not awaited (see `ShardedService`).
-    fn prefill_complete(&self, id: ReservationId) {
+    fn prefill_complete(&self, id: ReservationId, ttft: Option<TtftSample>) {
         let inner = &*self.0;
+        if let Some(sample) = ttft {
+            let measured_ns = u64::try_from(sample.measured.as_nanos()).unwrap_or(u64::MAX);
+            let now = inner.clock.now();
+            if let Err(error) =
+                self.service().observe_ttft(&inner.producers, sample.worker, sample.predicted_ns, measured_ns, now)
+            {
+                tracing::debug!(reservation = id.0, %error, "TTFT sample not used for calibration");
+            }
+        }
         match self.service().post_prefill_complete(&inner.producers, id) {
             Ok(()) => {
                 inner.metrics.record_prefill_complete();
@@ -273,6 +283,11 @@ impl Release for KvPicker {
             }
             Err(error) => tracing::debug!(reservation = id.0, %error, "prefill_complete on a booking already gone"),
         }
+    }
+
+    fn decode_observed(&self, worker: WorkerId, output_tokens: u64, decode: Duration) {
+        let decode_ns = u64::try_from(decode.as_nanos()).unwrap_or(u64::MAX);
+        self.service().observe_decode(worker, output_tokens, decode_ns, self.0.clock.now());
     }
 
     /// Posted to the owning shard, not awaited (see `ShardedService`).

@@ -10,16 +10,38 @@
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
-use kvpick_core::ReservationId;
+use kvpick_core::{ReservationId, Selection, WorkerId};
 use kvpick_ext_proc::Booking;
 
 /// Who frees a booking and marks its prefill complete: the picker that made
 /// it (`KvPicker`). A trait so this module needs nothing of the picker's;
 /// generic, not `dyn`, so the calls stay static.
 pub trait Release: Send + Sync + 'static {
-    fn prefill_complete(&self, id: ReservationId);
+    /// `ttft`: what the first token's arrival measured, when it did.
+    fn prefill_complete(&self, id: ReservationId, ttft: Option<TtftSample>);
     fn free(&self, id: ReservationId);
+    /// `output_tokens` after the first took `decode` on `worker`.
+    fn decode_observed(&self, worker: WorkerId, output_tokens: u64, decode: Duration);
+}
+
+/// A time to first token measured at the router, from the pick to the
+/// first streamed chunk, and what the priors predicted for it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TtftSample {
+    pub worker: WorkerId,
+    pub predicted_ns: f64,
+    pub measured: Duration,
+}
+
+/// What a successful pick booked, for timing its response.
+#[derive(Clone, Copy, Debug)]
+struct Booked {
+    worker: WorkerId,
+    predicted_ns: Option<f64>,
+    at: Instant,
+    first_token: Option<Instant>,
 }
 
 /// Reservation ids unique across replicas: 32 random bits chosen once per
@@ -58,6 +80,7 @@ pub struct Reservation<R: Release> {
     /// Nothing to free: the selection failed, so nothing was booked.
     disarmed: bool,
     prefill_completed: bool,
+    booked: Option<Booked>,
 }
 
 impl<R: Release> std::fmt::Debug for Reservation<R> {
@@ -70,11 +93,21 @@ impl<R: Release> Reservation<R> {
     /// Armed before the selection starts, so a selection dropped while
     /// queued is withdrawn too.
     pub(crate) fn new(id: ReservationId, picker: R) -> Self {
-        Reservation { id, picker, disarmed: false, prefill_completed: false }
+        Reservation { id, picker, disarmed: false, prefill_completed: false, booked: None }
     }
 
     pub fn id(&self) -> ReservationId {
         self.id
+    }
+
+    /// The selection succeeded: its response is timed from now.
+    pub(crate) fn booked(&mut self, selection: &Selection) {
+        self.booked = Some(Booked {
+            worker: selection.worker,
+            predicted_ns: selection.predicted_ttft_ns,
+            at: Instant::now(),
+            first_token: None,
+        });
     }
 
     /// The selection failed: there is nothing to free.
@@ -89,9 +122,29 @@ impl<R: Release> Booking for Reservation<R> {
     /// the first call does anything. The free that follows comes after it
     /// in the same ring when the same thread sends both; if another thread
     /// sends the free and it overtakes, the end state is the same.
-    fn prefill_complete(&mut self) {
-        if !std::mem::replace(&mut self.prefill_completed, true) {
-            self.picker.prefill_complete(self.id);
+    fn prefill_complete(&mut self, streamed: bool) {
+        if std::mem::replace(&mut self.prefill_completed, true) {
+            return;
+        }
+        let mut sample = None;
+        if let Some(booked) = self.booked.as_mut().filter(|_| streamed) {
+            let now = Instant::now();
+            booked.first_token = Some(now);
+            sample = booked.predicted_ns.map(|predicted_ns| TtftSample {
+                worker: booked.worker,
+                predicted_ns,
+                measured: now.duration_since(booked.at),
+            });
+        }
+        self.picker.prefill_complete(self.id, sample);
+    }
+
+    fn response_finished(&mut self, output_tokens: u64) {
+        let Some(booked) = &self.booked else { return };
+        if let (Some(first), Some(after_first)) = (booked.first_token, output_tokens.checked_sub(1)) {
+            if after_first > 0 {
+                self.picker.decode_observed(booked.worker, after_first, first.elapsed());
+            }
         }
     }
 }

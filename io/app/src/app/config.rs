@@ -245,6 +245,12 @@ fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfi
     if let Some(n) = v.whole::<usize>(var::FALLBACK_ENDPOINTS, 0)? {
         router.fallbacks = n.min(MAX_FALLBACK_ENDPOINTS);
     }
+    if let Some(on) = v.boolean(var::CALIBRATE)? {
+        router.calibration.enabled = on;
+    }
+    if let Some(secs) = v.whole::<u64>(var::CALIBRATION_STALE_SECS, 1)? {
+        router.calibration.stale_after = Duration::from_secs(secs);
+    }
     Ok(router)
 }
 
@@ -383,6 +389,17 @@ mod tests {
         assert_eq!(c.router.cost, CostModel::Dynamo);
         let e = config(&[(var::WORKERS_FILE, "w.yaml"), (var::COST, "cheapest")]).err().map(|e| e.to_string());
         assert_eq!(e.as_deref(), Some("KVPICK_COST=\"cheapest\" is not valid: expected one of latency, dynamo"));
+    }
+
+    #[test]
+    fn calibration_is_on_by_default_and_can_be_turned_off_or_retuned() {
+        let c = config(&[(var::WORKERS_FILE, "w.yaml")]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.router.calibration.enabled);
+        assert_eq!(c.router.calibration.stale_after, Duration::from_secs(600));
+        let c = config(&[(var::WORKERS_FILE, "w.yaml"), (var::CALIBRATE, "false"), (var::CALIBRATION_STALE_SECS, "60")])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.router.calibration.enabled);
+        assert_eq!(c.router.calibration.stale_after, Duration::from_secs(60));
     }
 
     #[test]

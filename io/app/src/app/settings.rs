@@ -64,6 +64,8 @@ pub const COST: &str = "KVPICK_COST";
 pub const STEP_OVERHEAD_US: &str = "KVPICK_STEP_OVERHEAD_US";
 pub const PREFILL_US_PER_TOKEN: &str = "KVPICK_PREFILL_US_PER_TOKEN";
 pub const DECODE_US_PER_SEQ: &str = "KVPICK_DECODE_US_PER_SEQ";
+pub const CALIBRATE: &str = "KVPICK_CALIBRATE";
+pub const CALIBRATION_STALE_SECS: &str = "KVPICK_CALIBRATION_STALE_SECS";
 pub const PREFILL_LOAD_SCALE: &str = "DYN_ROUTER_PREFILL_LOAD_SCALE";
 pub const OVERLAP_SCORE_WEIGHT: &str = "DYN_ROUTER_OVERLAP_SCORE_WEIGHT";
 pub const TEMPERATURE: &str = "DYN_ROUTER_TEMPERATURE";
@@ -195,6 +197,18 @@ pub const SETTINGS: &[Setting] = &[
         "decode-us-per-seq",
         Some("250"),
         "Latency cost: cost of one decoding sequence in a step, in µs",
+    ),
+    s(
+        CALIBRATE,
+        "calibrate",
+        Some("true"),
+        "Latency cost: learn each worker's speed relative to the fleet from the TTFTs of streamed responses (a worker found much slower than its peers gets less work)",
+    ),
+    s(
+        CALIBRATION_STALE_SECS,
+        "calibration-stale-secs",
+        Some("600"),
+        "Latency cost: a worker's learned speed is forgotten after this many seconds without a streamed response",
     ),
     s(
         PREFILL_LOAD_SCALE,

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use kvpick_core::WorkerId;
-use kvpick_runtime::ThreadProducers;
+use kvpick_runtime::{ShardedService, ThreadProducers};
 
 use super::Exposition;
 use kvpick_ext_proc::ExtProcMetrics;
@@ -334,6 +334,47 @@ async fn shard_families(e: &mut Exposition, producers: &ThreadProducers, workers
     for (family, help, field) in families {
         for (name, load) in &named {
             e.gauge(family, help, &[("worker", name)], field(load));
+        }
+    }
+    calibration(e, service, workers);
+}
+
+/// What calibration learned of each worker from the response stream.
+fn calibration(e: &mut Exposition, service: &ShardedService, workers: &WorkerNames) {
+    let (fits, fleet_scale, clipped) = service.calibration();
+    if let Some(scale) = fleet_scale {
+        e.gauge(
+            "kvpick_calibration_fleet_ttft_scale",
+            "The fleet's measured over predicted TTFT (the priors' error).",
+            &[],
+            scale,
+        );
+    }
+    e.counter("kvpick_calibration_clipped_total", "TTFT samples clipped as outliers.", &[], clipped);
+    let mut named: Vec<(String, kvpick_core::WorkerCalibration)> = fits
+        .into_iter()
+        .map(|c| (workers.get(c.worker).map_or_else(|| format!("{:016x}", c.worker.0), |a| a.to_string()), c))
+        .collect();
+    named.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, fit) in &named {
+        let labels = [("worker", name.as_str())];
+        e.gauge(
+            "kvpick_worker_speed_factor",
+            "How much slower than the fleet the latency cost takes the worker to be (1: as the fleet).",
+            &labels,
+            fit.speed_factor,
+        );
+        e.counter("kvpick_worker_ttft_samples_total", "TTFT samples taken on the worker.", &labels, fit.samples);
+        if let Some(scale) = fit.ttft_scale {
+            e.gauge("kvpick_worker_ttft_scale", "Measured over predicted TTFT on the worker.", &labels, scale);
+        }
+        if let Some(ns) = fit.decode_ns_per_token {
+            e.gauge(
+                "kvpick_worker_decode_seconds_per_token",
+                "Moving average of the time per output token after the first.",
+                &labels,
+                ns / 1e9,
+            );
         }
     }
 }

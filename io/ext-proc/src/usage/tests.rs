@@ -15,7 +15,32 @@ fn expected() -> Option<Usage> {
 fn sse_in_one_chunk() {
     let mut p = UsageParser::sse();
     p.push(SSE.as_bytes());
+    // One token event; the usage-only event and `[DONE]` carry none.
+    assert_eq!(p.sse_events(), 1);
     assert_eq!(p.finish(), expected());
+}
+
+#[test]
+fn sse_events_count_token_events_whatever_the_chunking() {
+    // vLLM's chat stream without `include_usage`: a role event, a token
+    // per event, a last event with the finish reason, then `[DONE]`.
+    let stream = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: [DONE]\n\n",
+    );
+    for cut in 0..stream.len() {
+        let mut p = UsageParser::sse();
+        p.push(&stream.as_bytes()[..cut]);
+        p.push(&stream.as_bytes()[cut..]);
+        assert_eq!(p.sse_events(), 4, "cut at {cut}");
+        assert_eq!(p.finish(), None);
+    }
+    let mut json = UsageParser::json(1024);
+    json.push(b"{\"usage\":null}");
+    assert_eq!(json.sse_events(), 0);
 }
 
 #[test]
