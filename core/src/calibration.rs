@@ -271,8 +271,12 @@ impl Calibration {
     /// until two workers have them (a worker is slow only against others).
     fn refresh_reference(&mut self) {
         self.since_reference = 0;
-        let mut scales: Vec<f64> =
-            self.workers.values().filter(|f| f.ttft.weight >= MIN_REFERENCE_WEIGHT).filter_map(|f| f.ttft.scale()).collect();
+        let mut scales: Vec<f64> = self
+            .workers
+            .values()
+            .filter(|f| f.ttft.weight >= MIN_REFERENCE_WEIGHT)
+            .filter_map(|f| f.ttft.scale())
+            .collect();
         if scales.len() < 2 {
             self.reference = None;
             return;

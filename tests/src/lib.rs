@@ -265,7 +265,10 @@ impl Stack {
     /// has heard each one's KV events (see [`Stack::warm_up`]).
     pub async fn start(options: StackOptions) -> Stack {
         init_logs();
-        let base = EngineConfig { time: TimeModel { time_scale: options.time_scale, ..engine_config().time }, ..engine_config() };
+        let base = EngineConfig {
+            time: TimeModel { time_scale: options.time_scale, ..engine_config().time },
+            ..engine_config()
+        };
         let mut configs = Fleet::configs(options.engines, &base);
         if let Some(first) = configs.first_mut() {
             let k = options.first_engine_slowdown;

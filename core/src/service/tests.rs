@@ -343,3 +343,32 @@ fn select_alone_books_nothing() {
     assert!(svc.loads().iter().all(|l| l.requests == 0));
     assert!(svc.booking(ReservationId(1)).is_none());
 }
+
+#[test]
+fn a_worker_calibrated_slow_loses_ties_but_keeps_a_long_prompt_it_caches() {
+    let cfg = RouterConfig { cost: crate::cost::CostModel::Latency(Default::default()), ..RouterConfig::default() };
+    let mut svc = service(3, 2, cfg);
+    // Workers 1 and 2 answer as predicted, worker 3 three times slower.
+    for n in 0..12u64 {
+        for (w, k) in [(1, 1.0), (2, 1.0), (3, 3.0)] {
+            let predicted = 2e7 + 1e6 * n as f64;
+            svc.observe_ttft(WorkerId(w), predicted, (predicted * k) as u64, T0).unwrap();
+        }
+    }
+    let speed = svc.calibration().speed(WorkerId(3));
+    assert!(speed > 2.0, "{speed}");
+    // Idle and nothing cached: never the slow worker.
+    for id in 0..20 {
+        let sel = reserve(&mut svc, id, &tokens(64, 10_000 * (id as u32 + 1)));
+        assert_ne!(sel.worker, WorkerId(3));
+        svc.free_reservation(sel.id, T0).unwrap();
+    }
+    // A whole long prompt cached on it still wins: recomputing 400 tokens
+    // elsewhere is dearer than a slow step there.
+    let long = tokens(400, 7);
+    store(&mut svc, 3, &long);
+    assert_eq!(reserve(&mut svc, 100, &long).worker, WorkerId(3));
+    // The predicted TTFT a selection carries is the priors', before speed.
+    let sel = svc.select(&request(&svc, 101, &long)).unwrap();
+    assert_eq!(sel.predicted_ttft_ns.map(|p| p * speed), Some(sel.cost));
+}

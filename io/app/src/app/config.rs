@@ -396,8 +396,9 @@ mod tests {
         let c = config(&[(var::WORKERS_FILE, "w.yaml")]).unwrap_or_else(|e| panic!("{e}"));
         assert!(c.router.calibration.enabled);
         assert_eq!(c.router.calibration.stale_after, Duration::from_secs(600));
-        let c = config(&[(var::WORKERS_FILE, "w.yaml"), (var::CALIBRATE, "false"), (var::CALIBRATION_STALE_SECS, "60")])
-            .unwrap_or_else(|e| panic!("{e}"));
+        let c =
+            config(&[(var::WORKERS_FILE, "w.yaml"), (var::CALIBRATE, "false"), (var::CALIBRATION_STALE_SECS, "60")])
+                .unwrap_or_else(|e| panic!("{e}"));
         assert!(!c.router.calibration.enabled);
         assert_eq!(c.router.calibration.stale_after, Duration::from_secs(60));
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::ext_proc_support::h2_client::RawConnection;
 use crate::ext_proc_support::*;
-use kvpick_core::RouterConfig;
+use kvpick_core::{CostModel, EngineRates, RouterConfig};
 
 async fn prefill_tokens(h: &Harness) -> u64 {
     h.loads().await.iter().map(|l| l.prefill_tokens).sum()
@@ -224,5 +224,98 @@ async fn served_endpoint_mismatch_is_counted() {
     assert_eq!((m.served_mismatches, m.served_missing), (1, 1));
     drop((call, client));
     h.wait_all_freed().await;
+    h.stop().await;
+}
+
+/// TTFT samples calibration has taken, over every worker.
+fn ttft_samples(h: &Harness) -> u64 {
+    h.service.calibration().0.iter().map(|c| c.samples).sum()
+}
+
+/// Every worker's decode rate, as calibration has it.
+fn decode_rates(h: &Harness) -> Vec<Option<f64>> {
+    h.service.calibration().0.iter().map(|c| c.decode_ns_per_token).collect()
+}
+
+fn latency_cost() -> RouterConfig {
+    RouterConfig { cost: CostModel::Latency(EngineRates::default()), ..RouterConfig::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_streamed_answers_teach_calibration_and_a_cut_stream_teaches_no_decode() {
+    let h = Harness::start(Options { router: latency_cost(), ..Options::default() }).await;
+    let mut client = h.client().await;
+
+    // A JSON answer in two chunks: its first chunk comes when the answer is
+    // done, so it is no time to first token.
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat(&words("json", 30))).await;
+    call.send(response_headers("200", "application/json", None, false));
+    assert_eq!(kind(&call.recv().await), "response_headers");
+    call.send(response_body(b"{\"choices\":", false));
+    call.send(response_body(b"[]}", true));
+    assert!(streamed(&call.recv().await).is_some() && streamed(&call.recv().await).is_some());
+    h.wait_all_freed().await;
+    drop(call);
+    assert_eq!(ttft_samples(&h), 0);
+    assert!(decode_rates(&h).is_empty());
+
+    // An event stream: one TTFT sample at its first token, one decode
+    // sample at its end (three token events, so two after the first).
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat(&words("sse", 30))).await;
+    call.send(response_headers("200", "text/event-stream", None, false));
+    assert_eq!(kind(&call.recv().await), "response_headers");
+    for token in ["a", "b", "c"] {
+        let event = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{token}\"}}}}]}}\n\n");
+        call.send(response_body(event.as_bytes(), false));
+        assert!(streamed(&call.recv().await).is_some());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    call.send(response_body(b"data: [DONE]\n\n", true));
+    assert!(streamed(&call.recv().await).is_some());
+    h.wait_all_freed().await;
+    drop(call);
+    assert_eq!(ttft_samples(&h), 1);
+    let rates = decode_rates(&h);
+    let decode: Vec<f64> = rates.iter().flatten().copied().collect();
+    assert_eq!(decode.len(), 1, "{rates:?}");
+    // Two tokens after the first, at least 5 ms apart each.
+    assert!(decode[0] >= 5e6, "{decode:?} ns per token");
+
+    // A stream cut after its first token: the TTFT counts, the decode does
+    // not (it never ended), and the booking is freed.
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat(&words("cut", 30))).await;
+    call.send(response_headers("200", "text/event-stream", None, false));
+    assert_eq!(kind(&call.recv().await), "response_headers");
+    call.send(response_body(b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n", false));
+    assert!(streamed(&call.recv().await).is_some());
+    drop(call);
+    h.wait_all_freed().await;
+    wait_for("the cut stream's TTFT sample", || async { ttft_samples(&h) == 2 }).await;
+    let after: Vec<f64> = decode_rates(&h).into_iter().flatten().collect();
+    assert_eq!(after, decode, "a cut stream has no decode to learn from");
+    drop(client);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calibration_can_be_turned_off() {
+    let mut router = latency_cost();
+    router.calibration.enabled = false;
+    let h = Harness::start(Options { router, ..Options::default() }).await;
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat(&words("off", 30))).await;
+    call.send(response_headers("200", "text/event-stream", None, false));
+    assert_eq!(kind(&call.recv().await), "response_headers");
+    call.send(response_body(b"data: {\"choices\":[]}\n\n", false));
+    assert!(streamed(&call.recv().await).is_some());
+    call.send(response_body(b"data: [DONE]\n\n", true));
+    assert!(streamed(&call.recv().await).is_some());
+    h.wait_all_freed().await;
+    drop((call, client));
+    assert!(h.service.calibration().0.is_empty());
     h.stop().await;
 }
