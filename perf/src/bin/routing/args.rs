@@ -15,7 +15,8 @@ pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
   --kv-blocks N         KV blocks of 16 tokens per engine (default 16,384)
   --seed N              seed of the workloads, engines and policies (default 42)
   --workloads LIST      of chat, agentic, random, trace (default: all)
-  --policies LIST       of random, round-robin, least-loaded, approx-prefix, kvpick, kvpick-dynamo,
+  --policies LIST       of random, round-robin, least-loaded, approx-prefix, llm-d-precise,
+                        sglang-cache-aware, kvpick, kvpick-dynamo, kvpick-dynamo-tuned,
                         kvpick-skewed-priors, oracle (default: all)
   --prefill-load-scale F  kvpick-dynamo's and the oracle's prefill_load_scale (default 1, Dynamo's default)
   --trace FILE          Mooncake-format JSONL trace (default perf/data/mooncake-sample.jsonl)
@@ -31,24 +32,34 @@ pub enum PolicyName {
     RoundRobin,
     LeastLoaded,
     ApproxPrefix,
+    /// llm-d's precise-prefix-cache profile.
+    LlmdPrecise,
+    /// SGLang's gateway, cache-aware policy.
+    SglangCacheAware,
     /// kvpick as `kvpick serve` runs by default: the latency cost with its
     /// default priors.
     Kvpick,
     /// kvpick with `--cost dynamo` (Dynamo's formula).
     KvpickDynamo,
+    /// Dynamo's formula with `prefill_load_scale` 32, the best value of
+    /// Dynamo's own published sweep.
+    KvpickDynamoTuned,
     /// The latency cost with priors 4× wrong in their ratios.
     KvpickSkewedPriors,
     Oracle,
 }
 
 impl PolicyName {
-    pub const ALL: [PolicyName; 8] = [
+    pub const ALL: [PolicyName; 11] = [
         PolicyName::Random,
         PolicyName::RoundRobin,
         PolicyName::LeastLoaded,
         PolicyName::ApproxPrefix,
+        PolicyName::LlmdPrecise,
+        PolicyName::SglangCacheAware,
         PolicyName::Kvpick,
         PolicyName::KvpickDynamo,
+        PolicyName::KvpickDynamoTuned,
         PolicyName::KvpickSkewedPriors,
         PolicyName::Oracle,
     ];
@@ -59,6 +70,9 @@ impl PolicyName {
             PolicyName::RoundRobin => "round-robin",
             PolicyName::LeastLoaded => "least-loaded",
             PolicyName::ApproxPrefix => "approx-prefix",
+            PolicyName::LlmdPrecise => "llm-d-precise",
+            PolicyName::SglangCacheAware => "sglang-cache-aware",
+            PolicyName::KvpickDynamoTuned => "kvpick-dynamo-tuned",
             PolicyName::Kvpick => "kvpick",
             PolicyName::KvpickDynamo => "kvpick-dynamo",
             PolicyName::KvpickSkewedPriors => "kvpick-skewed-priors",
