@@ -14,7 +14,7 @@ pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
   --load F              offered load, a fraction of the fleet's capacity with nothing cached (default 0.8)
   --kv-blocks N         KV blocks of 16 tokens per engine (default 16,384)
   --seed N              seed of the workloads, engines and policies (default 42)
-  --workloads LIST      of chat, agentic, random, trace (default: all)
+  --workloads LIST      of chat, agentic, random, shared-prefix, trace (default: all)
   --policies LIST       of random, round-robin, least-loaded, approx-prefix, llm-d-precise,
                         sglang-cache-aware, kvpick, kvpick-dynamo, kvpick-dynamo-tuned,
                         kvpick-skewed-priors, oracle (default: all)
@@ -86,18 +86,25 @@ pub enum WorkloadName {
     Chat,
     Agentic,
     Random,
+    SharedPrefix,
     Trace,
 }
 
 impl WorkloadName {
-    pub const ALL: [WorkloadName; 4] =
-        [WorkloadName::Chat, WorkloadName::Agentic, WorkloadName::Random, WorkloadName::Trace];
+    pub const ALL: [WorkloadName; 5] = [
+        WorkloadName::Chat,
+        WorkloadName::Agentic,
+        WorkloadName::Random,
+        WorkloadName::SharedPrefix,
+        WorkloadName::Trace,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             WorkloadName::Chat => "chat",
             WorkloadName::Agentic => "agentic",
             WorkloadName::Random => "random",
+            WorkloadName::SharedPrefix => "shared-prefix",
             WorkloadName::Trace => "trace",
         }
     }

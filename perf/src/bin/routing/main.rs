@@ -162,6 +162,7 @@ pub fn build_workload(name: WorkloadName, args: &Args, fleet: &FleetConfig) -> R
         WorkloadName::Chat => Shape::Chat,
         WorkloadName::Agentic => Shape::Agentic,
         WorkloadName::Random => Shape::Random,
+        WorkloadName::SharedPrefix => Shape::SharedPrefix,
         WorkloadName::Trace => {
             let records = trace::load(&args.trace).map_err(|e| e.to_string())?;
             let limit = args.requests_given.then_some(args.requests);

@@ -102,6 +102,9 @@ pub enum Shape {
     Chat,
     Agentic,
     Random,
+    /// llm-d's prefix-cache benchmark: many customers' long shared
+    /// prefixes, a ramp of offered load.
+    SharedPrefix,
 }
 
 impl Shape {
@@ -110,6 +113,7 @@ impl Shape {
             Shape::Chat => "chat",
             Shape::Agentic => "agentic",
             Shape::Random => "random",
+            Shape::SharedPrefix => "shared-prefix",
         }
     }
 }
@@ -188,6 +192,24 @@ pub fn synthetic(
                 Box::new(move |rng: &mut Rng| agentic_session(rng, &agents)),
             )
         }
+        Shape::SharedPrefix => {
+            // 150 × 6,000 tokens: more than one engine's cache holds, less
+            // than the fleet's, so where each customer lives matters.
+            let customers: Vec<Arc<[u32]>> =
+                (0..SHARED_PREFIX_CUSTOMERS).map(|_| random_tokens(&mut rng, SHARED_PREFIX_TOKENS).into()).collect();
+            (
+                "shared prefixes (llm-d's prefix-cache benchmark): 150 customers, each a 6,000-token prefix, \
+                 a unique 1,200-token question, answers 100-500 tokens; offered load ramped linearly from 1/20 \
+                 of its peak to its peak (llm-d's 3 → 60 QPS), averaging the load asked for"
+                    .into(),
+                Box::new(move |rng: &mut Rng| {
+                    let head = customers[rng.usize(..customers.len())].clone();
+                    let question: Arc<[u32]> = random_tokens(rng, SHARED_PREFIX_QUESTION).into();
+                    let len = question.len();
+                    Session { requests: vec![(0, Tokens::Session { head, body: question, len }, rng.u32(100..=500))] }
+                }),
+            )
+        }
         Shape::Random => (
             "random, no sharing: prompts 200-4,000 tokens (log-uniform), completions 50-500, Poisson arrivals".into(),
             Box::new(|rng: &mut Rng| {
@@ -196,6 +218,7 @@ pub fn synthetic(
             }),
         ),
     };
+    let ramp = shape == Shape::SharedPrefix;
     while total < requests {
         let session = make(&mut rng);
         total += session.requests.len();
@@ -210,10 +233,16 @@ pub fn synthetic(
     // Sessions start as a Poisson process whose rate brings `load` × the
     // fleet's capacity of work.
     let session_rate_per_ns = load * engines as f64 / (work / sessions.len() as f64);
-    let mut start = 0.0f64;
+    let ramp = ramp.then(|| Ramp::new(session_rate_per_ns, sessions.len()));
+    // Arrival times of a unit-rate Poisson process, mapped onto the rate.
+    let mut unit = 0.0f64;
     let mut out = Vec::with_capacity(total);
     for session in sessions {
-        start += exponential(&mut rng, 1.0 / session_rate_per_ns);
+        unit += exponential(&mut rng, 1.0);
+        let start = match &ramp {
+            Some(ramp) => ramp.time_of(unit),
+            None => unit / session_rate_per_ns,
+        };
         for (offset, tokens, output_tokens) in session.requests {
             out.push(Request { arrival_ns: start as u64 + offset, tokens, output_tokens });
         }
@@ -221,6 +250,34 @@ pub fn synthetic(
     out.sort_by_key(|r| r.arrival_ns);
     out.truncate(requests);
     Workload { name: shape.name().into(), description, requests: out, skipped: 0 }
+}
+
+const SHARED_PREFIX_CUSTOMERS: usize = 150;
+const SHARED_PREFIX_TOKENS: usize = 6_000;
+const SHARED_PREFIX_QUESTION: usize = 1_200;
+
+/// A Poisson process whose rate rises linearly from `r0` to `r1 = 20 r0`
+/// over the time `n` arrivals take at the mean rate.
+struct Ramp {
+    r0: f64,
+    /// d(rate)/dt.
+    slope: f64,
+}
+
+impl Ramp {
+    fn new(mean_rate: f64, n: usize) -> Self {
+        // Mean of r0 and 20 r0 is the mean rate.
+        let r0 = 2.0 * mean_rate / 21.0;
+        let span = n as f64 / mean_rate;
+        Ramp { r0, slope: 19.0 * r0 / span }
+    }
+
+    /// The time at which the expected count of arrivals reaches `count`:
+    /// solves `r0 t + slope t² / 2 = count`.
+    fn time_of(&self, count: f64) -> f64 {
+        let a = self.slope / 2.0;
+        (-self.r0 + (self.r0 * self.r0 + 4.0 * a * count).sqrt()) / (2.0 * a)
+    }
 }
 
 fn chat_session(rng: &mut Rng, systems: &Heads) -> Session {
