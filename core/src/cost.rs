@@ -106,6 +106,10 @@ pub struct Candidate {
     pub max_num_batched_tokens: Option<u64>,
     /// The worker's KV cache size in blocks, when known.
     pub total_kv_blocks: Option<u64>,
+    /// Leading prompt blocks booked on the worker by requests in flight:
+    /// computed there already or being computed, so cached by the time
+    /// this request's prefill runs (its KV events may not have come yet).
+    pub booked_prefix_blocks: u32,
     /// How much slower than the fleet the worker computes, as calibration
     /// learned it (1: as fast as the fleet, or not known).
     pub speed: f64,
@@ -115,6 +119,16 @@ impl Candidate {
     /// Prompt tokens the worker would have to compute.
     pub fn effective_prefill_tokens(&self, isl_tokens: u32) -> u32 {
         let cached = u64::from(self.overlap_blocks) * u64::from(self.block_size);
+        isl_tokens - cached.min(u64::from(isl_tokens)) as u32
+    }
+
+    /// Prompt tokens the worker would have to compute, counting blocks
+    /// booked there by requests in flight as cached: the latency cost's
+    /// view. Without it, a burst of requests sharing a new prefix would be
+    /// spread before the first one's KV events arrive.
+    pub fn uncached_tokens(&self, isl_tokens: u32) -> u32 {
+        let blocks = self.overlap_blocks.max(self.booked_prefix_blocks);
+        let cached = u64::from(blocks) * u64::from(self.block_size);
         isl_tokens - cached.min(u64::from(isl_tokens)) as u32
     }
 
@@ -135,7 +149,7 @@ impl Candidate {
     /// one token per sequence decoding, each step also paying for those
     /// sequences. What calibration compares measured TTFTs with.
     pub fn prior_ttft_ns(&self, isl_tokens: u32, rates: &EngineRates) -> f64 {
-        let prefill = self.active_prefill_tokens + u64::from(self.effective_prefill_tokens(isl_tokens));
+        let prefill = self.active_prefill_tokens + u64::from(self.uncached_tokens(isl_tokens));
         let decoding = u64::from(self.active_requests);
         let budget = self.max_num_batched_tokens.unwrap_or(rates.batched_tokens);
         let per_step = budget.saturating_sub(decoding).max(1);
@@ -218,6 +232,7 @@ mod tests {
             active_requests: 0,
             max_num_batched_tokens: Some(100),
             total_kv_blocks: None,
+            booked_prefix_blocks: 0,
             speed: 1.0,
         }
     }
@@ -237,6 +252,15 @@ mod tests {
     fn effective_prefill_is_what_is_not_cached() {
         assert_eq!(candidate(2, 0, 0, 0).effective_prefill_tokens(40), 8);
         assert_eq!(candidate(9, 0, 0, 0).effective_prefill_tokens(40), 0);
+        // Blocks booked by a request in flight count for the latency cost
+        // only (Dynamo's formula is kept exactly).
+        let booked = Candidate { booked_prefix_blocks: 2, ..candidate(1, 0, 0, 0) };
+        assert_eq!(booked.uncached_tokens(40), 8);
+        assert_eq!(booked.effective_prefill_tokens(40), 24);
+        assert!(
+            booked.predicted_ttft_ns(40, 0, &EngineRates::default())
+                < candidate(1, 0, 0, 0).predicted_ttft_ns(40, 0, &EngineRates::default())
+        );
     }
 
     #[test]

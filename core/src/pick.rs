@@ -124,7 +124,10 @@ impl PickPolicy {
             worker: c.worker,
             endpoint: c.endpoint,
             overlap_blocks: c.overlap_blocks,
-            prefill_tokens: c.effective_prefill_tokens(prompt.isl_tokens),
+            prefill_tokens: match &self.cfg.cost {
+                CostModel::Latency(_) => c.uncached_tokens(prompt.isl_tokens),
+                CostModel::Dynamo => c.effective_prefill_tokens(prompt.isl_tokens),
+            },
             isl_tokens: prompt.isl_tokens,
             cost: costs[chosen],
             predicted_ttft_ns: match &self.cfg.cost {

@@ -237,6 +237,7 @@ impl Shard {
                 active_requests: load.requests(),
                 max_num_batched_tokens: spec.max_num_batched_tokens,
                 total_kv_blocks: spec.total_kv_blocks,
+                booked_prefix_blocks: active_prefix as u32,
                 speed: *speed,
             });
         }

@@ -104,6 +104,7 @@ impl Naive {
                 active_requests: load.requests,
                 max_num_batched_tokens: None,
                 total_kv_blocks: None,
+                booked_prefix_blocks: 0,
                 speed: 1.0,
             });
         }

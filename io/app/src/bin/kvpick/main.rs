@@ -5,11 +5,14 @@
 //!   every setting is a flag and an environment variable (`--help`).
 //! - `kvpick demo`: a simulated vLLM fleet, kvpick in static mode in front
 //!   of it and a multi-turn chat workload through the real ext_proc server,
-//!   compared with round-robin. Needs nothing installed.
+//!   compared with round-robin and an approximate-prefix picker. Needs
+//!   nothing installed.
 //!
 //! Exit codes: 0 after a clean stop, 1 when start-up fails, 2 for a bad
 //! setting.
 
+#[cfg(feature = "demo")]
+mod approx_prefix;
 #[cfg(feature = "demo")]
 mod demo;
 mod logging;
@@ -36,7 +39,7 @@ fn command() -> Command {
     let serve = settings::command("serve", "Run the Endpoint Picker (ext_proc gRPC server).");
     let demo = Command::new("demo")
         .about(
-            "Route a multi-turn chat workload over a simulated vLLM fleet through kvpick, and compare with round-robin",
+            "Route a multi-turn chat workload over a simulated vLLM fleet through kvpick, and compare with round-robin and an approximate-prefix picker (GAIE's default)",
         )
         .arg(Arg::new("engines").long("engines").value_name("N").default_value("3").help("Simulated engines"))
         .arg(Arg::new("conversations").long("conversations").value_name("N").default_value("18").help("Conversations"))
