@@ -34,6 +34,9 @@ pub struct RouterConfig {
     pub cost: CostModel,
     /// How the latency cost learns each worker's speed.
     pub calibration: CalibrationConfig,
+    /// Latency cost: recomputations a copied block is charged, times the
+    /// worker's eviction pressure (see [`Candidate::copy_penalty_ns`]).
+    pub copy_weight: f64,
 }
 
 /// How a candidate worker is costed for a request.
@@ -73,6 +76,11 @@ impl Default for EngineRates {
 /// is chosen only when every worker is that full.
 const KV_OVERFLOW_PENALTY_NS: f64 = 1e15;
 
+/// Chosen in `kvpick-bench-routing` (perf/README.md, routing): with caches
+/// under pressure, 1 and 2 beat 0 on every workload and 2 held up best
+/// past saturation; with room in the caches the penalty is zero anyway.
+pub const DEFAULT_COPY_WEIGHT: f64 = 2.0;
+
 impl Default for RouterConfig {
     fn default() -> Self {
         RouterConfig {
@@ -86,6 +94,7 @@ impl Default for RouterConfig {
             fallbacks: 0,
             cost: CostModel::Dynamo,
             calibration: CalibrationConfig::default(),
+            copy_weight: DEFAULT_COPY_WEIGHT,
         }
     }
 }
@@ -113,6 +122,9 @@ pub struct Candidate {
     /// How much slower than the fleet the worker computes, as calibration
     /// learned it (1: as fast as the fleet, or not known).
     pub speed: f64,
+    /// How hard the worker's cache churns, 0 (room to spare) to 1 (every
+    /// block stored evicts one), from its KV events.
+    pub eviction_pressure: f64,
 }
 
 impl Candidate {
@@ -127,9 +139,30 @@ impl Candidate {
     /// view. Without it, a burst of requests sharing a new prefix would be
     /// spread before the first one's KV events arrive.
     pub fn uncached_tokens(&self, isl_tokens: u32) -> u32 {
-        let blocks = self.overlap_blocks.max(self.booked_prefix_blocks);
-        let cached = u64::from(blocks) * u64::from(self.block_size);
+        let cached = u64::from(self.cached_or_booked_blocks()) * u64::from(self.block_size);
         isl_tokens - cached.min(u64::from(isl_tokens)) as u32
+    }
+
+    /// Leading prompt blocks cached on the worker or booked there by a
+    /// request in flight.
+    pub fn cached_or_booked_blocks(&self) -> u32 {
+        self.overlap_blocks.max(self.booked_prefix_blocks)
+    }
+
+    /// What copying the prompt's prefix here costs the fleet, in ns: when
+    /// another worker holds `best_blocks` leading blocks and this one
+    /// fewer, computing the difference here makes a second copy, and a
+    /// worker whose cache churns (eviction pressure near 1) makes room for
+    /// it by evicting blocks someone will recompute. Charged `weight`
+    /// recomputations of the copied tokens, times the pressure: nothing
+    /// while the cache has room, so a hot prefix may still spread to an
+    /// idle worker; a full recompute's worth when every store evicts, so
+    /// a busy fleet keeps each prefix in one place instead of thrashing
+    /// (the myopic TTFT would copy whenever a queue is shorter).
+    pub fn copy_penalty_ns(&self, best_blocks: u32, rates: &EngineRates, weight: f64) -> f64 {
+        let copied = best_blocks.saturating_sub(self.cached_or_booked_blocks());
+        let tokens = f64::from(copied) * f64::from(self.block_size);
+        weight * self.eviction_pressure * tokens * rates.prefill_ns_per_token * self.speed
     }
 
     /// In blocks: `scale · max(0, (prefill + isl)/block_size − overlap) +
@@ -234,6 +267,7 @@ mod tests {
             total_kv_blocks: None,
             booked_prefix_blocks: 0,
             speed: 1.0,
+            eviction_pressure: 0.0,
         }
     }
 
@@ -294,6 +328,22 @@ mod tests {
         let cfg = RouterConfig { cost: CostModel::Latency(rates), ..RouterConfig::default() };
         assert_eq!(full.cost_under(64, 0, &cfg), full.predicted_ttft_ns(64, 0, &rates));
         assert_eq!(full.cost_under(64, 0, &RouterConfig::default()), full.cost(64, 0, &RouterConfig::default()));
+    }
+
+    #[test]
+    fn copying_a_prefix_costs_only_under_eviction_pressure() {
+        let rates = EngineRates::default();
+        let holder = candidate(4, 0, 0, 0);
+        let empty = candidate(1, 0, 0, 0);
+        // Room to spare: no charge, however much is copied.
+        assert_eq!(empty.copy_penalty_ns(4, &rates, 2.0), 0.0);
+        // Every store evicts: 3 blocks of 16 tokens, recomputed twice.
+        let churning = Candidate { eviction_pressure: 1.0, ..empty };
+        assert_eq!(churning.copy_penalty_ns(4, &rates, 2.0), 2.0 * 48.0 * rates.prefill_ns_per_token);
+        // Half the pressure, half the charge; the holder pays nothing.
+        let half = Candidate { eviction_pressure: 0.5, ..empty };
+        assert_eq!(half.copy_penalty_ns(4, &rates, 2.0), 48.0 * rates.prefill_ns_per_token);
+        assert_eq!(Candidate { eviction_pressure: 1.0, ..holder }.copy_penalty_ns(4, &rates, 2.0), 0.0);
     }
 
     #[test]

@@ -117,6 +117,13 @@ impl PickPolicy {
         let unhashed = prompt.unhashed_blocks(self.block_size);
         costs.clear();
         costs.extend(candidates.iter().map(|c| c.cost_under(prompt.isl_tokens, unhashed, &self.cfg)));
+        if let CostModel::Latency(rates) = &self.cfg.cost {
+            // What the best placed worker already holds (or has booked).
+            let best = candidates.iter().map(Candidate::cached_or_booked_blocks).max().unwrap_or(0);
+            for (c, cost) in candidates.iter().zip(costs.iter_mut()) {
+                *cost += c.copy_penalty_ns(best, rates, self.cfg.copy_weight);
+            }
+        }
         let chosen = pick(costs, self.cfg.temperature, rng);
         let c = &candidates[chosen];
         Selection {

@@ -85,6 +85,31 @@ struct WorkerEntry {
     load: WorkerLoad,
     /// Calibrated speed relative to the fleet (see `Calibration`).
     speed: f64,
+    churn: Churn,
+}
+
+/// How hard a worker's cache is churning, from its own KV events: blocks
+/// removed against blocks stored, over roughly the last few hundred
+/// events. Near 0: the cache has room (copies cost nothing); near 1:
+/// every block stored evicts one (a copy pushes out something else).
+#[derive(Clone, Copy, Debug, Default)]
+struct Churn {
+    stored: f64,
+    removed: f64,
+}
+
+/// Each event keeps this much of the older events' weight.
+const CHURN_MEMORY: f64 = 0.995;
+
+impl Churn {
+    fn record(&mut self, applied: &Applied) {
+        self.stored = CHURN_MEMORY * self.stored + applied.stored as f64;
+        self.removed = CHURN_MEMORY * self.removed + (applied.removed + applied.unknown_removed) as f64;
+    }
+
+    fn pressure(&self) -> f64 {
+        if self.stored <= 0.0 { 0.0 } else { (self.removed / self.stored).min(1.0) }
+    }
 }
 
 #[derive(Debug)]
@@ -156,7 +181,8 @@ impl Shard {
         } as Slot;
         self.by_id.insert(spec.id, slot);
         self.index.add_worker(slot);
-        self.slots[slot as usize] = Some(WorkerEntry { spec, load: WorkerLoad::default(), speed: 1.0 });
+        self.slots[slot as usize] =
+            Some(WorkerEntry { spec, load: WorkerLoad::default(), speed: 1.0, churn: Churn::default() });
     }
 
     /// Removes a worker, its cache and its bookings (returned: they are
@@ -178,6 +204,11 @@ impl Shard {
         let result = self.apply_event_inner(worker, event);
         match &result {
             Ok(applied) => {
+                if let Some(&slot) = self.by_id.get(&worker) {
+                    if let Some(entry) = self.slots[slot as usize].as_mut() {
+                        entry.churn.record(applied);
+                    }
+                }
                 self.stats.events_applied += 1;
                 self.stats.blocks_stored += applied.stored;
                 self.stats.blocks_removed += applied.removed;
@@ -218,7 +249,7 @@ impl Shard {
             self.overlap_by_slot[slot as usize] = depth;
         }
         for (slot, entry) in self.slots.iter().enumerate() {
-            let Some(WorkerEntry { spec, load, speed }) = entry else { continue };
+            let Some(WorkerEntry { spec, load, speed, churn }) = entry else { continue };
             if spec.lifecycle != Lifecycle::Schedulable
                 || !spec.serves(query.model)
                 || query.allowed.is_some_and(|f| !f.allows(&spec.endpoint))
@@ -239,6 +270,7 @@ impl Shard {
                 total_kv_blocks: spec.total_kv_blocks,
                 booked_prefix_blocks: active_prefix as u32,
                 speed: *speed,
+                eviction_pressure: churn.pressure(),
             });
         }
     }

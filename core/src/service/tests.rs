@@ -372,3 +372,24 @@ fn a_worker_calibrated_slow_loses_ties_but_keeps_a_long_prompt_it_caches() {
     let sel = svc.select(&request(&svc, 101, &long)).unwrap();
     assert_eq!(sel.predicted_ttft_ns.map(|p| p * speed), Some(sel.cost));
 }
+
+#[test]
+fn a_busy_holder_keeps_its_prefix_when_the_other_cache_churns() {
+    let cfg = RouterConfig { cost: crate::cost::CostModel::Latency(Default::default()), ..RouterConfig::default() };
+    let mut svc = service(2, 1, cfg);
+    let prefix = tokens(64, 1);
+    store(&mut svc, 1, &prefix);
+    // 100 prefill tokens booked on worker 1, the prefix's holder.
+    let ahead = reserve(&mut svc, 2, &[prefix.clone(), tokens(100, 60_000)].concat());
+    assert_eq!((ahead.worker, ahead.prefill_tokens), (WorkerId(1), 100));
+    let asked = [prefix.clone(), tokens(4, 70_000)].concat();
+    // Worker 2's cache has room: copying the prefix there is free, and it
+    // answers sooner than waiting behind worker 1's prefill.
+    assert_eq!(svc.select(&request(&svc, 3, &asked)).unwrap().worker, WorkerId(2));
+    // Worker 2 now evicts a block for every block it stores: a copy would
+    // push out something else, so the prompt waits for its holder.
+    store(&mut svc, 2, &tokens(40, 90_000));
+    let evicted: Vec<u64> = (0..10).map(|b| 2 << 32 | b).collect();
+    svc.apply_kv_event(WorkerId(2), &KvEvent::Removed { block_hashes: evicted }).unwrap();
+    assert_eq!(svc.select(&request(&svc, 4, &asked)).unwrap().worker, WorkerId(1));
+}

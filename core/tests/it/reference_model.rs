@@ -106,6 +106,7 @@ impl Naive {
                 total_kv_blocks: None,
                 booked_prefix_blocks: 0,
                 speed: 1.0,
+                eviction_pressure: 0.0,
             });
         }
         if candidates.is_empty() {

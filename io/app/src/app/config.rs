@@ -245,6 +245,9 @@ fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfi
     if let Some(n) = v.whole::<usize>(var::FALLBACK_ENDPOINTS, 0)? {
         router.fallbacks = n.min(MAX_FALLBACK_ENDPOINTS);
     }
+    if let Some(weight) = v.number(var::COPY_WEIGHT, 0.0)? {
+        router.copy_weight = weight;
+    }
     if let Some(on) = v.boolean(var::CALIBRATE)? {
         router.calibration.enabled = on;
     }
@@ -401,6 +404,9 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{e}"));
         assert!(!c.router.calibration.enabled);
         assert_eq!(c.router.calibration.stale_after, Duration::from_secs(60));
+        assert_eq!(c.router.copy_weight, kvpick_core::cost::DEFAULT_COPY_WEIGHT);
+        let c = config(&[(var::WORKERS_FILE, "w.yaml"), (var::COPY_WEIGHT, "0")]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.router.copy_weight, 0.0);
     }
 
     #[test]

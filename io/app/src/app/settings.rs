@@ -64,6 +64,7 @@ pub const COST: &str = "KVPICK_COST";
 pub const STEP_OVERHEAD_US: &str = "KVPICK_STEP_OVERHEAD_US";
 pub const PREFILL_US_PER_TOKEN: &str = "KVPICK_PREFILL_US_PER_TOKEN";
 pub const DECODE_US_PER_SEQ: &str = "KVPICK_DECODE_US_PER_SEQ";
+pub const COPY_WEIGHT: &str = "KVPICK_COPY_WEIGHT";
 pub const CALIBRATE: &str = "KVPICK_CALIBRATE";
 pub const CALIBRATION_STALE_SECS: &str = "KVPICK_CALIBRATION_STALE_SECS";
 pub const PREFILL_LOAD_SCALE: &str = "DYN_ROUTER_PREFILL_LOAD_SCALE";
@@ -197,6 +198,12 @@ pub const SETTINGS: &[Setting] = &[
         "decode-us-per-seq",
         Some("250"),
         "Latency cost: cost of one decoding sequence in a step, in µs",
+    ),
+    s(
+        COPY_WEIGHT,
+        "copy-weight",
+        Some("2"),
+        "Latency cost: recomputations charged for copying a prompt prefix that another worker holds onto a worker whose cache is evicting, times how hard it evicts (0: never charged)",
     ),
     s(
         CALIBRATE,

@@ -12,6 +12,11 @@ pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
   --engines N           simulated engines (default 8)
   --slow-engines N      the first N engines run at half speed (default 0)
   --load F              offered load, a fraction of the fleet's capacity with nothing cached (default 0.8)
+  --sweep LIST          a saturation sweep over these loads (e.g. 0.5,0.8,1,1.2,1.5): goodput, output
+                        tokens/s and TTFT p90 per policy and load, and a goodput plot per workload
+  --ttft-slo-ms F       the TTFT a request must meet to count towards goodput (default 1000)
+  --clients N           closed loop: N clients each send a session's requests one after the other,
+                        each once the previous has finished (plus its think time), sessions back to back
   --kv-blocks N         KV blocks of 16 tokens per engine (default 16,384)
   --seed N              seed of the workloads, engines and policies (default 42)
   --workloads LIST      of chat, agentic, random, shared-prefix, trace (default: all)
@@ -128,6 +133,12 @@ pub struct Args {
     pub out: Option<PathBuf>,
     pub write_sample_trace: Option<PathBuf>,
     pub sample_lines: usize,
+    /// Loads of a saturation sweep (empty: one run at `load`).
+    pub sweep: Vec<f64>,
+    /// The TTFT a request must meet to count towards goodput.
+    pub ttft_slo_ms: f64,
+    /// Closed-loop clients (0: open loop, Poisson session starts).
+    pub clients: usize,
 }
 
 impl Default for Args {
@@ -148,6 +159,9 @@ impl Default for Args {
             out: None,
             write_sample_trace: None,
             sample_lines: 1_000,
+            sweep: Vec::new(),
+            ttft_slo_ms: 1_000.0,
+            clients: 0,
         }
     }
 }
@@ -183,6 +197,11 @@ impl Args {
                 "--sample-lines" => out.sample_lines = count(name, &value()?)?,
                 "--seed" => out.seed = count(name, &value()?)? as u64,
                 "--load" => out.load = positive(name, &value()?)?,
+                "--sweep" => {
+                    out.sweep = value()?.split(',').map(|v| positive(name, v.trim())).collect::<Result<_, _>>()?
+                }
+                "--ttft-slo-ms" => out.ttft_slo_ms = positive(name, &value()?)?,
+                "--clients" => out.clients = count(name, &value()?)?,
                 "--prefill-load-scale" => out.prefill_load_scale = positive(name, &value()?)?,
                 "--workloads" => out.workloads = list(name, &value()?, &WorkloadName::ALL, |w| w.as_str())?,
                 "--policies" => out.policies = list(name, &value()?, &PolicyName::ALL, |p| p.as_str())?,

@@ -10,7 +10,8 @@
 //! delivered before arrivals, so a policy always knows everything that
 //! had happened by the time it routes.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::time::{Duration, Instant};
 
 use kvpick_perf::sim::scheduler::RequestId;
@@ -162,7 +163,43 @@ pub struct RunResult {
     pub notes: Vec<String>,
 }
 
-/// Runs `requests` (in arrival order) through `policy` on a fresh fleet.
+/// Requests waiting to arrive: those with a fixed time from the start,
+/// closed-loop ones once the request they follow has finished.
+struct Arrivals {
+    due: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Request index → the request that follows it, and the think time.
+    next_of: HashMap<usize, (usize, u64)>,
+}
+
+impl Arrivals {
+    fn new(requests: &[Request]) -> Self {
+        let mut due = BinaryHeap::new();
+        let mut next_of = HashMap::new();
+        for (i, r) in requests.iter().enumerate() {
+            match r.follows {
+                Some((previous, think)) => {
+                    next_of.insert(previous, (i, think));
+                }
+                None => due.push(Reverse((r.arrival_ns, i))),
+            }
+        }
+        Arrivals { due, next_of }
+    }
+
+    fn peek(&self) -> Option<u64> {
+        self.due.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Request `i` is done (finished or refused) at `now`.
+    fn done(&mut self, i: usize, now: u64) {
+        if let Some((next, think)) = self.next_of.remove(&i) {
+            self.due.push(Reverse((now + think, next)));
+        }
+    }
+}
+
+/// Runs `requests` through `policy` on a fresh fleet, each arriving at its
+/// time or, closed loop, after the request it follows.
 pub fn run(requests: &[Request], fleet: &FleetConfig, policy: &mut dyn Policy) -> RunResult {
     let started = Instant::now();
     let mut slots: Vec<EngineSlot> = (0..fleet.engines)
@@ -179,18 +216,21 @@ pub fn run(requests: &[Request], fleet: &FleetConfig, policy: &mut dyn Policy) -
         })
         .collect();
     let mut records = vec![Record::default(); requests.len()];
-    let mut next = 0;
+    let mut arrivals = Arrivals::new(requests);
     let mut steps = 0;
     loop {
         let step_end = slots.iter().enumerate().filter_map(|(k, s)| s.pending.as_ref().map(|r| (r.ended_ns, k))).min();
-        let arrival = requests.get(next).map(|r| r.arrival_ns);
-        match (step_end, arrival) {
+        match (step_end, arrivals.peek()) {
             (None, None) => break,
-            (Some((end, k)), Some(at)) if end <= at => deliver(&mut slots[k], k, &mut records, policy, &mut steps),
-            (Some((_, k)), None) => deliver(&mut slots[k], k, &mut records, policy, &mut steps),
+            (Some((end, k)), Some(at)) if end <= at => {
+                deliver(&mut slots[k], k, &mut records, policy, &mut steps, &mut arrivals)
+            }
+            (Some((_, k)), None) => deliver(&mut slots[k], k, &mut records, policy, &mut steps, &mut arrivals),
             (_, Some(_)) => {
-                arrive(&mut slots, next, &requests[next], &mut records[next], policy);
-                next += 1;
+                let Some(Reverse((at, i))) = arrivals.due.pop() else { break };
+                if arrive(&mut slots, i, at, &requests[i], &mut records[i], policy) {
+                    arrivals.done(i, at);
+                }
             }
         }
     }
@@ -203,8 +243,16 @@ pub fn run(requests: &[Request], fleet: &FleetConfig, policy: &mut dyn Policy) -
     }
 }
 
-fn arrive(slots: &mut [EngineSlot], id: usize, request: &Request, record: &mut Record, policy: &mut dyn Policy) {
-    let now = request.arrival_ns;
+/// Routes and submits a request arriving at `now`; true when the engine
+/// refused it (it is done at once).
+fn arrive(
+    slots: &mut [EngineSlot],
+    id: usize,
+    now: u64,
+    request: &Request,
+    record: &mut Record,
+    policy: &mut dyn Policy,
+) -> bool {
     let tokens = request.tokens.materialise();
     let arrival = Arrival { id, tokens: &tokens, output_tokens: request.output_tokens, now_ns: now };
     let k = policy.route(&arrival, &FleetView { slots });
@@ -220,21 +268,32 @@ fn arrive(slots: &mut [EngineSlot], id: usize, request: &Request, record: &mut R
     if idle {
         slot.sched.advance_to(now);
     }
-    match slot.sched.submit(RequestSpec { prompt: tokens, max_tokens: request.output_tokens, seed: None }) {
+    let refused = match slot.sched.submit(RequestSpec { prompt: tokens, max_tokens: request.output_tokens, seed: None })
+    {
         Ok(local) => {
             slot.requests.insert(local, id);
+            false
         }
         Err(_) => {
             record.rejected = true;
             policy.on_finished(id, now);
+            true
         }
-    }
+    };
     if idle {
         slot.pending = slot.sched.step();
     }
+    refused
 }
 
-fn deliver(slot: &mut EngineSlot, k: usize, records: &mut [Record], policy: &mut dyn Policy, steps: &mut u64) {
+fn deliver(
+    slot: &mut EngineSlot,
+    k: usize,
+    records: &mut [Record],
+    policy: &mut dyn Policy,
+    steps: &mut u64,
+    arrivals: &mut Arrivals,
+) {
     let Some(report) = slot.pending.take() else { return };
     let now = report.ended_ns;
     *steps += 1;
@@ -258,6 +317,7 @@ fn deliver(slot: &mut EngineSlot, k: usize, records: &mut [Record], policy: &mut
                 slot.computed_tokens +=
                     u64::from(outcome.prompt_tokens - outcome.cached_tokens) + u64::from(outcome.completion_tokens);
                 policy.on_finished(g, now);
+                arrivals.done(g, now);
             }
         }
     }

@@ -44,6 +44,7 @@ mod plots;
 mod sglang_cache_aware;
 mod summary;
 mod svg;
+mod sweep;
 mod trace;
 mod workload;
 
@@ -168,10 +169,16 @@ pub fn build_workload(name: WorkloadName, args: &Args, fleet: &FleetConfig) -> R
             let limit = args.requests_given.then_some(args.requests);
             let name =
                 args.trace.file_name().map_or_else(|| args.trace.display().to_string(), |n| n.to_string_lossy().into());
-            return Ok(trace::workload(&name, records, limit, fleet.engines, &fleet.engine, args.load));
+            let w = trace::workload(&name, records, limit, fleet.engines, &fleet.engine, args.load);
+            return Ok(closed_if_asked(w, args));
         }
     };
-    Ok(workload::synthetic(shape, args.requests, fleet.engines, &fleet.engine, args.load, args.seed))
+    let w = workload::synthetic(shape, args.requests, fleet.engines, &fleet.engine, args.load, args.seed);
+    Ok(closed_if_asked(w, args))
+}
+
+fn closed_if_asked(w: Workload, args: &Args) -> Workload {
+    if args.clients > 0 { workload::closed_loop(w, args.clients) } else { w }
 }
 
 /// One workload's results, per policy in the order asked.
@@ -189,7 +196,7 @@ pub fn run_workload(workload: Workload, args: &Args, fleet: &FleetConfig) -> Wor
         .map(|&name| {
             let mut p = policy(name, fleet, workload.requests.len(), args.prefill_load_scale, args.seed);
             let result = fleet::run(&workload.requests, fleet, p.as_mut());
-            let summary = summarise(&result);
+            let summary = summarise(&result, args.ttft_slo_ms);
             eprintln!(
                 "  {:<14} {:>6.2} s wall, {} engine steps",
                 name.as_str(),
@@ -227,6 +234,9 @@ fn run(args: &Args) -> Result<(), String> {
     );
     print!("{header}");
     report.push_str(&header);
+    if !args.sweep.is_empty() {
+        return sweep(args, &fleet, report);
+    }
     let mut results = Vec::new();
     for &name in &args.workloads {
         let workload = build_workload(name, args, &fleet)?;
@@ -239,6 +249,38 @@ fn run(args: &Args) -> Result<(), String> {
     }
     if let Some(out) = &args.out {
         write_outputs(out, &report, &results).map_err(|e| format!("cannot write to {}: {e}", out.display()))?;
+        eprintln!("wrote {}", out.display());
+    }
+    Ok(())
+}
+
+/// A saturation sweep: every workload at every load of `--sweep`, each
+/// policy's goodput (TTFT within the SLO), output tokens/s and TTFT p90.
+fn sweep(args: &Args, fleet: &FleetConfig, mut report: String) -> Result<(), String> {
+    let mut plots = Vec::new();
+    for &name in &args.workloads {
+        let mut points: Vec<(f64, WorkloadResult)> = Vec::new();
+        for &load in &args.sweep {
+            let at = Args { load, ..args.clone() };
+            let workload = build_workload(name, &at, fleet)?;
+            eprintln!("{} at {:.0}% load: {} requests", workload.name, load * 100.0, workload.requests.len());
+            points.push((load, run_workload(workload, &at, fleet)));
+        }
+        let text = format!("\n{}", sweep::tables(&points, args.ttft_slo_ms));
+        print!("{text}");
+        report.push_str(&text);
+        plots.push(sweep::plot(&points, args.ttft_slo_ms));
+    }
+    if let Some(out) = &args.out {
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(out)?;
+            std::fs::write(out.join("sweep.md"), &report)?;
+            for (file, svg) in &plots {
+                std::fs::write(out.join(file), svg)?;
+            }
+            Ok(())
+        };
+        write().map_err(|e| format!("cannot write to {}: {e}", out.display()))?;
         eprintln!("wrote {}", out.display());
     }
     Ok(())
@@ -288,6 +330,7 @@ pub fn table(result: &WorkloadResult) -> String {
             "TTFT p99 ms",
             "TPOT p90 ms",
             "output tok/s",
+            "goodput req/s",
             "load imbalance",
             "RR p90 / p90",
         ],
@@ -301,6 +344,7 @@ pub fn table(result: &WorkloadResult) -> String {
             ms(s.ttft_p99_ms),
             ms(s.tpot_p90_ms),
             format!("{:.0}", s.output_tokens_per_s),
+            format!("{:.2}", s.goodput_per_s),
             format!("{:.2}", s.imbalance),
             rr_p90.map_or_else(String::new, |rr| format!("{:.2}×", rr / s.ttft_p90_ms.max(1e-9))),
         ]);
@@ -314,8 +358,9 @@ pub fn table(result: &WorkloadResult) -> String {
     t.row(["hit-rate bound (any policy)".to_string(), percent(result.bound)]);
     t.note(w.description.clone());
     t.note(
-        "hit rate: cached / prompt tokens as the engines count them; load imbalance: busiest engine's computed \
-         tokens (uncached prompt + output) / mean; RR p90 / p90: round-robin's TTFT p90 over this policy's",
+        "hit rate: cached / prompt tokens as the engines count them; goodput: requests with a TTFT within the \
+         SLO (--ttft-slo-ms) per second; load imbalance: busiest engine's computed tokens (uncached prompt + \
+         output) / mean; RR p90 / p90: round-robin's TTFT p90 over this policy's",
     );
     if let (Some(kv), Some(or)) = (find(result, PolicyName::KvpickDynamo), find(result, PolicyName::Oracle)) {
         let ratio = kv.hit_rate / or.hit_rate.max(1e-12);

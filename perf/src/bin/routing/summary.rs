@@ -1,6 +1,6 @@
 //! A run's numbers: prefix hit rate (the engines' own count, vLLM's
 //! `prefix_cache_hits / prefix_cache_queries`), TTFT percentiles,
-//! throughput and load imbalance.
+//! throughput, goodput and load imbalance.
 
 use super::fleet::RunResult;
 
@@ -19,6 +19,9 @@ pub struct Summary {
     /// Output tokens per virtual second, first arrival to last finish.
     pub output_tokens_per_s: f64,
     pub requests_per_s: f64,
+    /// Requests per second that met the TTFT SLO, first arrival to last
+    /// finish (refused and too-slow requests count against it).
+    pub goodput_per_s: f64,
     /// Busiest engine's computed tokens (uncached prompt + output) over the
     /// mean: 1 is perfectly even.
     pub imbalance: f64,
@@ -26,7 +29,7 @@ pub struct Summary {
     pub ttfts_ms: Vec<f64>,
 }
 
-pub fn summarise(run: &RunResult) -> Summary {
+pub fn summarise(run: &RunResult, ttft_slo_ms: f64) -> Summary {
     let done: Vec<_> = run.records.iter().filter(|r| r.finished_ns.is_some()).collect();
     let mut ttfts_ms: Vec<f64> =
         done.iter().filter_map(|r| r.first_token_ns.map(|t| (t - r.arrival_ns) as f64 / 1e6)).collect();
@@ -55,6 +58,11 @@ pub fn summarise(run: &RunResult) -> Summary {
         tpot_p90_ms: percentile(&tpots_ms, 0.90),
         output_tokens_per_s: if secs > 0.0 { output as f64 / secs } else { 0.0 },
         requests_per_s: if secs > 0.0 { done.len() as f64 / secs } else { 0.0 },
+        goodput_per_s: if secs > 0.0 {
+            ttfts_ms.iter().filter(|t| **t <= ttft_slo_ms).count() as f64 / secs
+        } else {
+            0.0
+        },
         imbalance: if mean > 0.0 { max / mean } else { 1.0 },
         ttfts_ms,
     }

@@ -129,6 +129,8 @@ pub fn workload(
                 salt: 0x7472_6163_6500_0000 ^ i as u64,
             },
             output_tokens: r.output_length,
+            session: i,
+            follows: None,
         })
         .collect();
     Workload {

@@ -79,10 +79,17 @@ impl Tokens {
 /// One request of a workload.
 #[derive(Clone, Debug)]
 pub struct Request {
+    /// When it arrives (for a request that follows another, a closed-loop
+    /// client's, when the run starts it: see `follows`).
     pub arrival_ns: u64,
     pub tokens: Tokens,
     /// Completion length (the simulated engine always reaches it).
     pub output_tokens: u32,
+    /// The session it belongs to (a request of its own: its index).
+    pub session: usize,
+    /// Closed loop: it is sent this long after request `.0` finishes,
+    /// not at `arrival_ns`.
+    pub follows: Option<(usize, u64)>,
 }
 
 /// A workload ready to run: requests in arrival order.
@@ -237,19 +244,69 @@ pub fn synthetic(
     // Arrival times of a unit-rate Poisson process, mapped onto the rate.
     let mut unit = 0.0f64;
     let mut out = Vec::with_capacity(total);
-    for session in sessions {
+    for (index, session) in sessions.into_iter().enumerate() {
         unit += exponential(&mut rng, 1.0);
         let start = match &ramp {
             Some(ramp) => ramp.time_of(unit),
             None => unit / session_rate_per_ns,
         };
         for (offset, tokens, output_tokens) in session.requests {
-            out.push(Request { arrival_ns: start as u64 + offset, tokens, output_tokens });
+            out.push(Request {
+                arrival_ns: start as u64 + offset,
+                tokens,
+                output_tokens,
+                session: index,
+                follows: None,
+            });
         }
     }
     out.sort_by_key(|r| r.arrival_ns);
     out.truncate(requests);
     Workload { name: shape.name().into(), description, requests: out, skipped: 0 }
+}
+
+/// The same requests sent by `clients` closed-loop clients: each client
+/// runs whole sessions one after another, and sends each request only
+/// once its previous one has finished, after the think or tool time the
+/// open-loop schedule had between the two (none between sessions). The
+/// load is then whatever the clients and the fleet make it: a policy that
+/// serves faster gets more done. Clients start 10 ms apart.
+pub fn closed_loop(mut workload: Workload, clients: usize) -> Workload {
+    let clients = clients.max(1);
+    // Sessions in order of their first request.
+    let mut order: Vec<usize> = Vec::new();
+    let mut members: std::collections::HashMap<usize, Vec<usize>> = std::collections::HashMap::new();
+    for (i, r) in workload.requests.iter().enumerate() {
+        let list = members.entry(r.session).or_default();
+        if list.is_empty() {
+            order.push(r.session);
+        }
+        list.push(i);
+    }
+    let mut last: Vec<Option<usize>> = vec![None; clients];
+    for (n, session) in order.iter().enumerate() {
+        let client = n % clients;
+        let mut previous_in_session: Option<usize> = None;
+        for &i in &members[session] {
+            let follows = match (previous_in_session, last[client]) {
+                (Some(p), _) => {
+                    let think = workload.requests[i].arrival_ns.saturating_sub(workload.requests[p].arrival_ns);
+                    Some((p, think))
+                }
+                (None, Some(p)) => Some((p, 0)),
+                (None, None) => None,
+            };
+            let request = &mut workload.requests[i];
+            request.follows = follows;
+            if follows.is_none() {
+                request.arrival_ns = client as u64 * 10_000_000;
+            }
+            previous_in_session = Some(i);
+            last[client] = Some(i);
+        }
+    }
+    workload.description = format!("{}; closed loop: {clients} clients", workload.description);
+    workload
 }
 
 const SHARED_PREFIX_CUSTOMERS: usize = 150;
