@@ -33,7 +33,7 @@ pub fn render(cfg: &EngineConfig, stats: &EngineStats) -> String {
     counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", c.prefix_cache_hits);
     counter("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens);
     counter("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens);
-    counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", 0);
+    counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", c.preemptions);
     let _ = writeln!(
         out,
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\

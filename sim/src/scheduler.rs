@@ -5,7 +5,15 @@
 //! token; running prefills get chunks of the remaining token budget
 //! (`max_batched_tokens`), first come first served; then waiting requests
 //! are admitted in arrival order while the budget, `max_num_seqs` and the
-//! KV cache allow (the first that does not fit blocks the others). On
+//! KV cache allow (the first that does not fit blocks the others).
+//! Admission books the blocks of the prompt (and of tokens generated
+//! before a preemption) and one more; a decoding request takes a block
+//! each time its tokens fill one. When the cache has no block left for a
+//! decode, the request admitted last is preempted as vLLM's recompute
+//! preemption does: its blocks are released (those it cached stay cached
+//! until evicted), it goes back to the head of the waiting queue, and on
+//! readmission it recomputes its prompt (from whatever is still cached)
+//! and resumes generating where it stopped. On
 //! admission the request's leading cached blocks are hits (at most
 //! `prompt_len - 1` tokens, as vLLM always computes the last prompt token),
 //! counted in `prefix_cache_queries`/`prefix_cache_hits`. The step that
@@ -102,6 +110,8 @@ pub struct Counters {
     pub finished: u64,
     pub aborted: u64,
     pub steps: u64,
+    /// Running requests preempted for want of KV blocks.
+    pub preemptions: u64,
 }
 
 #[derive(Debug)]
@@ -295,6 +305,7 @@ impl Scheduler {
 
     /// Picks this step's work: decodes, prefill chunks, admissions.
     fn plan(&mut self) -> (u64, u64) {
+        self.grow_or_preempt();
         let mut budget = self.cfg.max_batched_tokens as usize;
         let (mut prefill, mut decoding) = (0u64, 0u64);
         for seq in self.running.iter_mut().filter(|s| s.prefill_done()) {
@@ -323,12 +334,50 @@ impl Scheduler {
         (prefill, decoding)
     }
 
-    /// Books a waiting request's blocks, hits first.
+    /// Gives every decoding request the block its next token needs,
+    /// preempting the request admitted last while the cache has none.
+    fn grow_or_preempt(&mut self) {
+        let bs = self.cfg.block_size as usize;
+        let mut i = 0;
+        while i < self.running.len() {
+            let seq = &self.running[i];
+            let held = seq.held.len() + seq.anonymous;
+            let needed = (seq.prompt.len() + seq.generated as usize + 1).div_ceil(bs);
+            if !seq.prefill_done() || needed <= held {
+                i += 1;
+                continue;
+            }
+            if self.cache.reserve(&[], needed - held) {
+                self.running[i].anonymous += needed - held;
+                i += 1;
+                continue;
+            }
+            // `running` is in admission order: the last came last.
+            let Some(victim) = self.running.pop() else { break };
+            self.preempt(victim);
+        }
+    }
+
+    /// vLLM's recompute preemption: the request gives its blocks back and
+    /// waits at the head of the queue, keeping the tokens it generated.
+    fn preempt(&mut self, mut seq: Sequence) {
+        self.cache.release(&seq.held, seq.anonymous);
+        seq.held.clear();
+        seq.anonymous = 0;
+        seq.computed = 0;
+        seq.chunk = 0;
+        seq.decode = false;
+        self.counters.preemptions += 1;
+        self.waiting.push_front(seq);
+    }
+
+    /// Books a waiting request's blocks, hits first: its prompt's, those of
+    /// tokens it generated before a preemption, and its next token's.
     fn admit(&mut self, seq: &mut Sequence) -> bool {
         let bs = self.cfg.block_size as usize;
         let max_hit_blocks = (seq.prompt.len() - 1) / bs;
         let hits = self.cache.match_len(&seq.chain).min(max_hit_blocks);
-        let total_blocks = (seq.prompt.len() + seq.max_tokens as usize).div_ceil(bs);
+        let total_blocks = (seq.prompt.len() + seq.generated as usize + 1).div_ceil(bs);
         let new_blocks = total_blocks - hits;
         if !self.cache.reserve(&seq.chain[..hits], new_blocks) {
             return false;
@@ -359,7 +408,10 @@ impl Scheduler {
                     seq.anonymous -= full - stored;
                 }
                 if seq.prefill_done() {
-                    seq.first_token_ns = self.now_ns;
+                    // A preempted request's recompute resumes its output.
+                    if seq.generated == 0 {
+                        seq.first_token_ns = self.now_ns;
+                    }
                     sample = true;
                 }
             }

@@ -319,6 +319,30 @@ fn a_full_cache_makes_requests_wait_then_evicts() {
 }
 
 #[test]
+fn running_out_of_blocks_mid_decode_preempts_the_last_admitted_and_it_recomputes() {
+    // 8 blocks of 4 tokens. Each request: 8 prompt tokens, 12 generated:
+    // 3 blocks at admission, 5 by its end, so two cannot both finish
+    // without one giving its blocks back.
+    let cfg = EngineConfig { num_blocks: 8, ..config(4, 8192) };
+    let mut s = Scheduler::new(&cfg);
+    s.submit(spec(prompt(1, 8), 12)).expect("accepted");
+    s.submit(spec(prompt(2, 8), 12)).expect("accepted");
+    let (reports, outcomes) = run(&mut s);
+    assert_eq!(outcomes.len(), 2);
+    assert!(outcomes.iter().all(|o| o.completion_tokens == 12), "{outcomes:?}");
+    assert!(s.counters().preemptions >= 1, "{:?}", s.counters());
+    // Both started together; the second was preempted, so it finished
+    // after the first, and its first token kept its time.
+    assert_eq!(outcomes[0].first_token_ns, outcomes[1].first_token_ns);
+    assert!(outcomes[1].finished_ns > outcomes[0].finished_ns);
+    // The recompute ran a second prefill of the preempted prompt (from
+    // what stayed cached: its first block, as vLLM computes the last).
+    let prefills: u64 = reports.iter().map(|r| r.prefill_tokens).sum();
+    assert!(prefills > 16, "{prefills} prefill tokens: no recompute");
+    assert!(s.cache().used() <= 8);
+}
+
+#[test]
 fn same_seed_same_run_other_seed_other_hashes() {
     let cfg = config(16, 1024);
     let script = |s: &mut Scheduler| {

@@ -105,8 +105,10 @@ fn main() -> ExitCode {
 }
 
 /// The engines every run uses.
+/// Engines like a 128k-context model's vLLM: long trace prompts are served
+/// (and churn the cache), not skipped.
 pub fn engine_config(args: &Args) -> EngineConfig {
-    EngineConfig { num_blocks: args.kv_blocks, seed: args.seed, ..EngineConfig::default() }
+    EngineConfig { num_blocks: args.kv_blocks, seed: args.seed, max_model_len: 131_072, ..EngineConfig::default() }
 }
 
 /// A fresh policy of this kind for one run.
@@ -314,14 +316,15 @@ pub fn table(result: &WorkloadResult) -> String {
         (Some(a), Some(b)) => (b.arrival_ns - a.arrival_ns) as f64 / 1e9,
         _ => 0.0,
     };
+    let closed = w.requests.iter().any(|r| r.follows.is_some());
     let rr_p90 = find(result, PolicyName::RoundRobin).map(|s| s.ttft_p90_ms);
+    let offered = if closed {
+        "closed loop".to_string()
+    } else {
+        format!("{:.1} requests/s offered", w.requests.len() as f64 / span_s.max(1e-9))
+    };
     let mut t = Table::new(
-        format!(
-            "{}: {} requests, {:.1} requests/s offered",
-            w.name,
-            w.requests.len(),
-            w.requests.len() as f64 / span_s.max(1e-9)
-        ),
+        format!("{}: {} requests, {offered}", w.name, w.requests.len()),
         &[
             "policy",
             "prefix hit rate",

@@ -84,3 +84,35 @@ fn slow_engines_run_every_step_at_twice_the_cost() {
     assert_eq!(slow.step_ns(100, 4), 2 * normal.step_ns(100, 4));
     assert_eq!(normal, fleet.engine.time);
 }
+
+#[test]
+fn closed_loop_clients_send_each_request_after_the_one_before_finishes() {
+    let args = Args { policies: vec![PolicyName::Kvpick], requests: 60, ..small_args() };
+    let fleet = fleet(&args);
+    let open = synthetic(Shape::Chat, args.requests, fleet.engines, &fleet.engine, args.load, args.seed);
+    let closed = super::workload::closed_loop(open, 4);
+    let firsts = closed.requests.iter().filter(|r| r.follows.is_none()).count();
+    assert_eq!(firsts, 4, "one unchained request per client");
+    let result = run_workload(closed.clone(), &args, &fleet);
+    let records = &result.runs[0].1.records;
+    assert_eq!(result.runs[0].2.completed, records.len());
+    for (i, r) in closed.requests.iter().enumerate() {
+        if let Some((previous, think)) = r.follows {
+            let done = records[previous].finished_ns.expect("finished");
+            assert_eq!(records[i].arrival_ns, done + think, "request {i}");
+        }
+    }
+}
+
+#[test]
+fn goodput_counts_only_requests_within_the_slo() {
+    let args = Args { policies: vec![PolicyName::RoundRobin], ..small_args() };
+    let fleet = fleet(&args);
+    let w = synthetic(Shape::Random, args.requests, fleet.engines, &fleet.engine, 1.5, args.seed);
+    let result = run_workload(w, &args, &fleet);
+    let run = &result.runs[0].1;
+    let strict = super::summary::summarise(run, 1.0);
+    let lax = super::summary::summarise(run, 1e12);
+    assert!(strict.goodput_per_s < lax.goodput_per_s, "{} vs {}", strict.goodput_per_s, lax.goodput_per_s);
+    assert_eq!(lax.goodput_per_s, lax.requests_per_s);
+}
