@@ -14,6 +14,7 @@ pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
   --load F              offered load, a fraction of the fleet's capacity with nothing cached (default 0.8)
   --sweep LIST          a saturation sweep over these loads (e.g. 0.5,0.8,1,1.2,1.5): goodput, output
                         tokens/s and TTFT p90 per policy and load, and a goodput plot per workload
+  --event-delay-ms F    how long KV events take from an engine to the router (default 1)
   --ttft-slo-ms F       the TTFT a request must meet to count towards goodput (default 1000)
   --clients N           closed loop: N clients each send a session's requests one after the other,
                         each once the previous has finished (plus its think time), sessions back to back
@@ -139,6 +140,8 @@ pub struct Args {
     pub ttft_slo_ms: f64,
     /// Closed-loop clients (0: open loop, Poisson session starts).
     pub clients: usize,
+    /// How long KV events take from an engine to the router.
+    pub event_delay_ms: f64,
 }
 
 impl Default for Args {
@@ -162,6 +165,7 @@ impl Default for Args {
             sweep: Vec::new(),
             ttft_slo_ms: 1_000.0,
             clients: 0,
+            event_delay_ms: 1.0,
         }
     }
 }
@@ -202,6 +206,14 @@ impl Args {
                 }
                 "--ttft-slo-ms" => out.ttft_slo_ms = positive(name, &value()?)?,
                 "--clients" => out.clients = count(name, &value()?)?,
+                "--event-delay-ms" => {
+                    let text = value()?;
+                    out.event_delay_ms = text
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|v| v.is_finite() && *v >= 0.0)
+                        .ok_or_else(|| invalid(format!("{name}: {text:?} is not a number of ms ≥ 0")))?;
+                }
                 "--prefill-load-scale" => out.prefill_load_scale = positive(name, &value()?)?,
                 "--workloads" => out.workloads = list(name, &value()?, &WorkloadName::ALL, |w| w.as_str())?,
                 "--policies" => out.policies = list(name, &value()?, &PolicyName::ALL, |p| p.as_str())?,

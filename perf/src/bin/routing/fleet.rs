@@ -11,7 +11,7 @@
 //! had happened by the time it routes.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use kvpick_perf::sim::scheduler::RequestId;
@@ -29,6 +29,9 @@ pub struct FleetConfig {
     /// The first this many engines run at half speed (every step cost
     /// doubled): a slower GPU or a noisy node that a router must notice.
     pub slow_engines: usize,
+    /// How long an engine's KV events take to reach the router (ZMQ over
+    /// the network and the router's ingest).
+    pub event_delay_ns: u64,
 }
 
 impl FleetConfig {
@@ -198,6 +201,34 @@ impl Arrivals {
     }
 }
 
+/// KV event batches on their way to the router, in send order (one delay
+/// for all, so also in arrival order).
+struct InTransit {
+    delay_ns: u64,
+    batches: VecDeque<(u64, usize, Vec<CacheEvent>)>,
+}
+
+impl InTransit {
+    /// Without a delay the batch reaches the policy at once.
+    fn send(&mut self, policy: &mut dyn Policy, engine: usize, events: Vec<CacheEvent>, now: u64) {
+        if self.delay_ns == 0 {
+            policy.on_events(engine, &events, now);
+        } else {
+            self.batches.push_back((now + self.delay_ns, engine, events));
+        }
+    }
+
+    fn due(&self) -> Option<u64> {
+        self.batches.front().map(|(at, ..)| *at)
+    }
+
+    fn deliver_one(&mut self, policy: &mut dyn Policy, now: u64) {
+        if let Some((_, engine, events)) = self.batches.pop_front() {
+            policy.on_events(engine, &events, now);
+        }
+    }
+}
+
 /// Runs `requests` through `policy` on a fresh fleet, each arriving at its
 /// time or, closed loop, after the request it follows.
 pub fn run(requests: &[Request], fleet: &FleetConfig, policy: &mut dyn Policy) -> RunResult {
@@ -217,15 +248,24 @@ pub fn run(requests: &[Request], fleet: &FleetConfig, policy: &mut dyn Policy) -
         .collect();
     let mut records = vec![Record::default(); requests.len()];
     let mut arrivals = Arrivals::new(requests);
+    let mut in_transit = InTransit { delay_ns: fleet.event_delay_ns, batches: VecDeque::new() };
     let mut steps = 0;
     loop {
         let step_end = slots.iter().enumerate().filter_map(|(k, s)| s.pending.as_ref().map(|r| (r.ended_ns, k))).min();
+        // Events due by the next step end or arrival reach the policy first.
+        let next = [step_end.map(|(t, _)| t), arrivals.peek()].into_iter().flatten().min();
+        if let Some(due) = in_transit.due().filter(|due| next.is_none_or(|n| *due <= n)) {
+            in_transit.deliver_one(policy, due);
+            continue;
+        }
         match (step_end, arrivals.peek()) {
             (None, None) => break,
             (Some((end, k)), Some(at)) if end <= at => {
-                deliver(&mut slots[k], k, &mut records, policy, &mut steps, &mut arrivals)
+                deliver(&mut slots[k], k, &mut records, policy, &mut steps, &mut arrivals, &mut in_transit)
             }
-            (Some((_, k)), None) => deliver(&mut slots[k], k, &mut records, policy, &mut steps, &mut arrivals),
+            (Some((_, k)), None) => {
+                deliver(&mut slots[k], k, &mut records, policy, &mut steps, &mut arrivals, &mut in_transit)
+            }
             (_, Some(_)) => {
                 let Some(Reverse((at, i))) = arrivals.due.pop() else { break };
                 if arrive(&mut slots, i, at, &requests[i], &mut records[i], policy) {
@@ -293,12 +333,13 @@ fn deliver(
     policy: &mut dyn Policy,
     steps: &mut u64,
     arrivals: &mut Arrivals,
+    in_transit: &mut InTransit,
 ) {
-    let Some(report) = slot.pending.take() else { return };
+    let Some(mut report) = slot.pending.take() else { return };
     let now = report.ended_ns;
     *steps += 1;
     if !report.events.is_empty() {
-        policy.on_events(k, &report.events, now);
+        in_transit.send(policy, k, std::mem::take(&mut report.events), now);
     }
     for update in &report.updates {
         match update {

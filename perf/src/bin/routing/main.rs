@@ -212,13 +212,18 @@ pub fn run_workload(workload: Workload, args: &Args, fleet: &FleetConfig) -> Wor
 }
 
 fn run(args: &Args) -> Result<(), String> {
-    let fleet = FleetConfig { engines: args.engines, engine: engine_config(args), slow_engines: args.slow_engines };
+    let fleet = FleetConfig {
+        engines: args.engines,
+        engine: engine_config(args),
+        slow_engines: args.slow_engines,
+        event_delay_ns: (args.event_delay_ms * 1e6) as u64,
+    };
     let mut report = String::new();
     let header = format!(
         "- date {} · {} · load average at start {}\n- fleet: {} simulated engines, {} KV blocks of {} tokens each, \
          max {} batched tokens, time model: {} ms/step + {} µs/prefill token + {} µs/decoding request\n\
          - offered load {:.0}% of the fleet's capacity with nothing cached; seed {}; kvpick-dynamo and oracle \
-         prefill_load_scale {}; engines at half speed: {}\n",
+         prefill_load_scale {}; engines at half speed: {}; KV events reach the router after {} ms; TTFT SLO {} ms{}\n",
         utc_date(),
         cpu(),
         load_average(),
@@ -233,6 +238,9 @@ fn run(args: &Args) -> Result<(), String> {
         args.seed,
         args.prefill_load_scale,
         fleet.slow_engines,
+        args.event_delay_ms,
+        args.ttft_slo_ms,
+        if args.clients > 0 { format!("; closed loop, {} clients", args.clients) } else { String::new() },
     );
     print!("{header}");
     report.push_str(&header);

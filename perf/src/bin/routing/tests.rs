@@ -11,7 +11,12 @@ fn small_args() -> Args {
 }
 
 fn fleet(args: &Args) -> FleetConfig {
-    FleetConfig { engines: args.engines, engine: engine_config(args), slow_engines: args.slow_engines }
+    FleetConfig {
+        engines: args.engines,
+        engine: engine_config(args),
+        slow_engines: args.slow_engines,
+        event_delay_ns: (args.event_delay_ms * 1e6) as u64,
+    }
 }
 
 #[test]
