@@ -81,6 +81,8 @@ struct Fit {
     sxy: f64,
     sxx: f64,
     syy: f64,
+    /// Σx⁴, for the effective number of samples under x² weights.
+    sx4: f64,
     /// Effective number of samples (decayed like the sums).
     weight: f64,
 }
@@ -90,6 +92,7 @@ impl Fit {
         self.sxy = forgetting * self.sxy + x * y;
         self.sxx = forgetting * self.sxx + x * x;
         self.syy = forgetting * self.syy + y * y;
+        self.sx4 = forgetting * self.sx4 + x * x * x * x;
         self.weight = forgetting * self.weight + 1.0;
     }
 
@@ -98,13 +101,21 @@ impl Fit {
         (self.sxx > 0.0).then(|| self.sxy / self.sxx)
     }
 
+    /// Samples as the fit counts them: weights x² make one long prefill
+    /// worth many cache hits (Kish's `(Σw)² / Σw²`).
+    fn effective_samples(&self) -> f64 {
+        if self.sx4 > 0.0 { self.sxx * self.sxx / self.sx4 } else { 0.0 }
+    }
+
     /// The standard error of `scale`, relative to it: the spread of the
-    /// samples' ratios (weighted as the fit weighs them) over √samples.
+    /// samples' ratios (weighted as the fit weighs them) over the square
+    /// root of the effective samples; infinite with one or none.
     fn relative_error(&self) -> f64 {
-        let Some(scale) = self.scale().filter(|s| *s > 0.0) else { return f64::INFINITY };
+        let n = self.effective_samples();
+        let Some(scale) = self.scale().filter(|s| *s > 0.0 && n > 1.0) else { return f64::INFINITY };
         // Σx²(r − s)² / Σx², with y = r·x.
         let variance = (self.syy / self.sxx - scale * scale).max(0.0);
-        (variance / self.weight.max(1.0)).sqrt() / scale
+        (variance / n).sqrt() / scale
     }
 
     /// The mean of predicted², the size of a typical sample.
@@ -172,6 +183,14 @@ pub struct Calibration {
 
 const NS_PER_MS: f64 = 1e6;
 
+/// Longer predictions or measurements (a day) are not TTFTs: refused or
+/// capped, so the sums stay finite.
+const MAX_PREDICTION_NS: f64 = 8.64e13;
+
+/// Samples the pooled fit needs before it, not the priors, is what
+/// samples are clipped against.
+const MIN_FLEET_WEIGHT: f64 = 8.0;
+
 /// The smallest change of a worker's applied factor worth telling the
 /// shards about: fits drift a little with every sample.
 const REPORTABLE_CHANGE: f64 = 0.05;
@@ -187,9 +206,10 @@ const SMALL_FLEET: usize = 64;
 /// Samples a worker needs before its scale counts towards the reference.
 const MIN_REFERENCE_WEIGHT: f64 = 3.0;
 
-/// Samples (decayed) a worker needs before its speed may leave 1: a few
-/// samples of wall-clock noise, or of a stall every engine shared, must
-/// not move a conversation off its cache.
+/// Effective samples (decayed, and counted as the x² weights count them)
+/// a worker needs before its speed may leave 1: a few samples of
+/// wall-clock noise, or of a stall every engine shared, must not move a
+/// conversation off its cache.
 const MIN_WORKER_WEIGHT: f64 = 5.0;
 
 impl Calibration {
@@ -233,20 +253,25 @@ impl Calibration {
         if !self.cfg.enabled {
             return Err(SampleError::Disabled);
         }
-        if !(predicted_ns.is_finite() && predicted_ns > 0.0) {
+        if !(predicted_ns.is_finite() && predicted_ns > 0.0 && predicted_ns <= MAX_PREDICTION_NS) {
             return Err(SampleError::BadPrediction);
         }
         if measured_ns == 0 {
             return Err(SampleError::ZeroMeasurement);
         }
         let x = predicted_ns / NS_PER_MS;
-        let mut ratio = measured_ns as f64 / predicted_ns;
-        if let Some(fleet) = self.fleet.scale() {
-            let clipped = ratio.clamp(fleet / self.cfg.clip, fleet * self.cfg.clip);
-            if clipped != ratio {
-                self.clipped += 1;
-                ratio = clipped;
-            }
+        let mut ratio = (measured_ns as f64).min(MAX_PREDICTION_NS) / predicted_ns;
+        // Until the pooled fit has a few samples, the priors are the
+        // reference: a cold start's stall must not become the fleet's.
+        let reference = self
+            .fleet
+            .scale()
+            .filter(|s| self.fleet.weight >= MIN_FLEET_WEIGHT && s.is_finite() && *s > 0.0)
+            .unwrap_or(1.0);
+        let clipped = ratio.clamp(reference / self.cfg.clip, reference * self.cfg.clip);
+        if clipped != ratio {
+            self.clipped += 1;
+            ratio = clipped;
         }
         let y = ratio * x;
         self.fleet.add(x, y, self.cfg.fleet_forgetting);
@@ -298,12 +323,20 @@ impl Calibration {
             Some(old) => old + 0.1 * (per_token - old),
             None => per_token,
         });
-        fit.last = now;
     }
 
     /// The speed factor the cost uses for `worker` (1 when unknown).
     pub fn speed(&self, worker: WorkerId) -> f64 {
         self.workers.get(&worker).map_or(1.0, |f| f.applied)
+    }
+
+    /// Every worker's applied speed factor, by worker id: what the shards
+    /// should hold (re-sent now and then, so a change posted from one
+    /// thread and overtaken by an older one from another heals).
+    pub fn speeds(&self) -> Vec<(WorkerId, f64)> {
+        let mut all: Vec<(WorkerId, f64)> = self.workers.iter().map(|(w, f)| (*w, f.applied)).collect();
+        all.sort_by_key(|(w, _)| *w);
+        all
     }
 
     /// Forgets a worker (deleted from the fleet).
@@ -377,16 +410,21 @@ fn reassess(cfg: &CalibrationConfig, reference: Option<f64>, typical_sxx: f64, f
 /// A worker's scale over the fleet's, shrunk towards 1 by the prior (of
 /// `typical_sxx`-sized samples), clipped, and 1 inside the dead band.
 fn relative_speed(cfg: &CalibrationConfig, fleet_scale: f64, typical_sxx: f64, worker: &Fit) -> f64 {
-    if worker.weight < MIN_WORKER_WEIGHT {
+    if worker.effective_samples() < MIN_WORKER_WEIGHT {
         return 1.0;
     }
     let prior = cfg.prior_samples * typical_sxx;
     let scale = (worker.sxy + prior * fleet_scale) / (worker.sxx + prior);
-    let relative = (scale / fleet_scale).clamp(1.0 / cfg.clip, cfg.clip);
+    let relative = scale / fleet_scale;
+    if !relative.is_finite() {
+        return 1.0;
+    }
+    let relative = relative.clamp(1.0 / cfg.clip, cfg.clip);
     let outside_band = relative > cfg.dead_band || relative < 1.0 / cfg.dead_band;
-    // Two standard errors from the fleet, or it may be noise.
-    let significant = (relative - 1.0).abs() > 2.0 * worker.relative_error();
-    if relative.is_finite() && outside_band && significant { relative } else { 1.0 }
+    // Two standard errors from the fleet, or it may be noise (the error
+    // is relative to the worker's scale, so it scales with `relative`).
+    let significant = (relative - 1.0).abs() > 2.0 * worker.relative_error() * relative;
+    if outside_band && significant { relative } else { 1.0 }
 }
 
 #[cfg(test)]

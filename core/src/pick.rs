@@ -137,9 +137,10 @@ impl PickPolicy {
             },
             isl_tokens: prompt.isl_tokens,
             cost: costs[chosen],
+            // A load-only prompt's length is a guess: no sample to learn from.
             predicted_ttft_ns: match &self.cfg.cost {
-                CostModel::Latency(rates) => Some(c.prior_ttft_ns(prompt.isl_tokens, rates)),
-                CostModel::Dynamo => None,
+                CostModel::Latency(rates) if prompt.tokens_known => Some(c.prior_ttft_ns(prompt.isl_tokens, rates)),
+                _ => None,
             },
             candidates: candidates.len(),
             fallbacks: ranked_others(candidates, costs, chosen, self.cfg.fallbacks),

@@ -9,6 +9,8 @@ pub struct Prompt {
     /// Sequence hashes of the prompt's full blocks.
     pub seq_hashes: Arc<[SequenceHash]>,
     pub isl_tokens: u32,
+    /// False for a load-only prompt: `isl_tokens` is a guess.
+    pub tokens_known: bool,
 }
 
 impl Prompt {
@@ -16,13 +18,14 @@ impl Prompt {
         Prompt {
             seq_hashes: sequence_hashes(tokens, block_size, seed).into(),
             isl_tokens: u32::try_from(tokens.len()).unwrap_or(u32::MAX),
+            tokens_known: true,
         }
     }
 
     /// A prompt whose tokens are unknown (tokenizer down or body not
     /// tokenizable): routed by load alone.
     pub fn load_only(isl_tokens: u32) -> Self {
-        Prompt { seq_hashes: Arc::from([]), isl_tokens }
+        Prompt { seq_hashes: Arc::from([]), isl_tokens, tokens_known: false }
     }
 
     /// Blocks the prompt fills that carry no sequence hash (a trailing

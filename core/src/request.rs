@@ -34,7 +34,7 @@ pub struct Selection {
     /// The latency cost's TTFT prediction at the priors' rates (without
     /// the worker's calibrated speed), which the caller pairs with the
     /// measured TTFT to calibrate (`observe_ttft`). `None` under the
-    /// Dynamo cost.
+    /// Dynamo cost and for load-only prompts.
     pub predicted_ttft_ns: Option<f64>,
     /// Eligible workers the pick was made among.
     pub candidates: usize,

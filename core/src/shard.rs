@@ -206,7 +206,11 @@ impl Shard {
             Ok(applied) => {
                 if let Some(&slot) = self.by_id.get(&worker) {
                     if let Some(entry) = self.slots[slot as usize].as_mut() {
-                        entry.churn.record(applied);
+                        // A cleared cache is an empty one, not one churning.
+                        match event {
+                            KvEvent::Cleared => entry.churn = Churn::default(),
+                            _ => entry.churn.record(applied),
+                        }
                     }
                 }
                 self.stats.events_applied += 1;

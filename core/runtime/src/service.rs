@@ -642,8 +642,15 @@ impl ShardedService {
     /// Expires stale calibration, leases (shards also do on their own
     /// timers) and queue deadlines up to `now`, then admits what fits.
     pub async fn tick(&self, source: &impl ProducerSource, now: Millis) {
-        let changed = lock(&self.calibration).expire(now);
-        for (worker, speed) in changed {
+        let reset: Vec<(WorkerId, f64)> = {
+            let mut calibration = lock(&self.calibration);
+            let mut reset = calibration.expire(now);
+            // Changes are posted from many threads' rings and may reach a
+            // shard out of order: every tick re-sends what is current.
+            reset.extend(calibration.speeds());
+            reset
+        };
+        for (worker, speed) in reset {
             self.post_speed(source, worker, speed);
         }
         if let Ok(expired) = self.ask_all(source, |r| Command::Expire(now, r)).await {

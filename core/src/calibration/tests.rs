@@ -158,3 +158,35 @@ fn a_few_samples_never_move_a_worker() {
     }
     assert_eq!(cal.speed(WorkerId(9)), 1.0);
 }
+
+#[test]
+fn a_cold_start_stall_is_clipped_against_the_priors() {
+    let mut cal = Calibration::new(CalibrationConfig::default());
+    // The very first sample: a 50× stall.
+    cal.observe_ttft(WorkerId(0), 4e8, 20_000_000_000, T0).unwrap();
+    assert_eq!(cal.clipped(), 1, "clipped to 8× the priors, not taken whole");
+    feed(&mut cal, &[1.0; 4], 1.0, 0.05, 40, 11);
+    assert_eq!(cal.speed(WorkerId(0)), 1.0);
+}
+
+#[test]
+fn one_long_sample_among_cache_hits_is_one_sample_not_six() {
+    let mut cal = Calibration::new(CalibrationConfig::default());
+    feed(&mut cal, &[1.0; 4], 1.0, 0.05, 40, 12);
+    // A stalled 400 ms prefill (3×) and five 1 ms cache hits: the fit is
+    // all the long one, which is a single sample of evidence.
+    cal.observe_ttft(WorkerId(9), 4e8, 1_200_000_000, Millis(T0.0 + 100)).unwrap();
+    for i in 0..5 {
+        cal.observe_ttft(WorkerId(9), 1e6, 1_000_000, Millis(T0.0 + 101 + i)).unwrap();
+    }
+    assert_eq!(cal.speed(WorkerId(9)), 1.0);
+}
+
+#[test]
+fn absurd_predictions_are_refused_and_leave_the_fits_finite() {
+    let mut cal = Calibration::new(CalibrationConfig::default());
+    assert_eq!(cal.observe_ttft(WorkerId(0), 1e200, 5, T0), Err(SampleError::BadPrediction));
+    cal.observe_ttft(WorkerId(0), 1e6, u64::MAX, T0).unwrap();
+    feed(&mut cal, &[1.0; 3], 1.0, 0.0, 10, 13);
+    assert!(cal.fleet_scale().is_some_and(f64::is_finite));
+}

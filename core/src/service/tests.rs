@@ -392,4 +392,19 @@ fn a_busy_holder_keeps_its_prefix_when_the_other_cache_churns() {
     let evicted: Vec<u64> = (0..10).map(|b| 2 << 32 | b).collect();
     svc.apply_kv_event(WorkerId(2), &KvEvent::Removed { block_hashes: evicted }).unwrap();
     assert_eq!(svc.select(&request(&svc, 4, &asked)).unwrap().worker, WorkerId(1));
+    // Cleared (a restart): an empty cache, not a churning one.
+    svc.apply_kv_event(WorkerId(2), &KvEvent::Cleared).unwrap();
+    assert_eq!(svc.select(&request(&svc, 5, &asked)).unwrap().worker, WorkerId(2));
+}
+
+#[test]
+fn only_tokenized_prompts_carry_a_prediction_to_learn_from() {
+    let cfg = RouterConfig { cost: crate::cost::CostModel::Latency(Default::default()), ..RouterConfig::default() };
+    let mut svc = service(2, 1, cfg);
+    assert!(svc.select(&request(&svc, 1, &tokens(40, 1))).unwrap().predicted_ttft_ns.is_some());
+    let guessed = SelectRequest { prompt: Prompt::load_only(400), ..request(&svc, 2, &[]) };
+    assert_eq!(svc.select(&guessed).unwrap().predicted_ttft_ns, None);
+    // Dynamo's cost predicts no time at all.
+    let mut dynamo = service(2, 1, RouterConfig::default());
+    assert_eq!(dynamo.select(&request(&dynamo, 3, &tokens(40, 1))).unwrap().predicted_ttft_ns, None);
 }

@@ -101,7 +101,8 @@ pub(crate) struct ExtProcStream<P: Picks> {
     picked: Option<Picked<P::Booking>>,
     usage: Option<UsageParser>,
     first_response_chunk_seen: bool,
-    /// The response is an event stream (`text/event-stream`).
+    /// The response is a 200 event stream (`text/event-stream`) from the
+    /// picked endpoint: its chunks time the picked worker.
     response_streamed: bool,
     response_finished: bool,
     /// When the request headers came: the request's duration starts here.
@@ -356,7 +357,8 @@ impl<P: Picks> ExtProcStream<P> {
             return;
         }
         let headers = ResponseHeaders::read(message.headers.as_ref());
-        self.response_streamed = headers.event_stream;
+        // Only a successful event stream's first chunk is a first token.
+        self.response_streamed = headers.event_stream && headers.status == Some(200);
         let cap = self.shared.config.max_usage_body_bytes;
         self.usage = Some(if headers.event_stream { UsageParser::sse() } else { UsageParser::json(cap) });
         let served = served_endpoint(metadata);
@@ -364,6 +366,8 @@ impl<P: Picks> ExtProcStream<P> {
             match &served {
                 Served::Endpoint(text) => {
                     if text.parse::<SocketAddr>().ok() != Some(picked.endpoint) {
+                        // Its times are another worker's (or a retry's).
+                        self.response_streamed = false;
                         self.shared.metrics.record_served_mismatch();
                         tracing::debug!(picked = %picked.endpoint, served = %text, "gateway served another endpoint");
                     }
