@@ -93,8 +93,9 @@ impl AdmissionLedger {
     }
 
     /// The shard booked a claimed request.
-    pub fn booked(&mut self) {
+    pub fn booked(&mut self, selection: &Selection) {
         self.stats.selections += 1;
+        self.stats.past_tpot_target += u64::from(selection.past_tpot_target);
     }
 
     /// The shard holding `id`'s booking.

@@ -37,6 +37,10 @@ pub struct RouterConfig {
     /// Latency cost: recomputations a copied block is charged, times the
     /// worker's eviction pressure (see [`Candidate::copy_penalty_ns`]).
     pub copy_weight: f64,
+    /// Latency cost: a worker where the request's decode steps are
+    /// predicted slower than this is chosen only when every worker is
+    /// (see [`Candidate::predicted_tpot_ns`]). `None`: no guard.
+    pub tpot_target: Option<Duration>,
 }
 
 /// How a candidate worker is costed for a request.
@@ -76,6 +80,11 @@ impl Default for EngineRates {
 /// is chosen only when every worker is that full.
 const KV_OVERFLOW_PENALTY_NS: f64 = 1e15;
 
+/// Added to the cost of a worker past the TPOT target: beyond any real
+/// TTFT (about 17 minutes), so a worker within the target always wins,
+/// and short of the KV overflow penalty, which guards the harder limit.
+const TPOT_GUARD_PENALTY_NS: f64 = 1e12;
+
 /// Chosen in `kvpick-bench-routing` (perf/README.md, routing): with caches
 /// under pressure, 1 and 2 beat 0 on every workload and 2 held up best
 /// past saturation; with room in the caches the penalty is zero anyway.
@@ -95,6 +104,7 @@ impl Default for RouterConfig {
             cost: CostModel::Dynamo,
             calibration: CalibrationConfig::default(),
             copy_weight: DEFAULT_COPY_WEIGHT,
+            tpot_target: None,
         }
     }
 }
@@ -200,6 +210,25 @@ impl Candidate {
         match self.total_kv_blocks {
             Some(total) if needed > total => ttft + KV_OVERFLOW_PENALTY_NS,
             _ => ttft,
+        }
+    }
+
+    /// The time of one of the request's decode steps on the worker, in ns:
+    /// a step's overhead plus one decode per sequence running there, the
+    /// request's own included, at the worker's calibrated speed. Prefill
+    /// booked now is done by the time this request decodes, so it is not
+    /// counted; prefills arriving later are not known.
+    pub fn predicted_tpot_ns(&self, rates: &EngineRates) -> f64 {
+        let sequences = f64::from(self.active_requests) + 1.0;
+        (rates.step_ns + sequences * rates.decode_ns_per_seq) * self.speed
+    }
+
+    /// What the TPOT guard adds to the latency cost: nothing within the
+    /// target, a penalty past every worker within it otherwise.
+    pub fn tpot_guard_ns(&self, rates: &EngineRates, target: Option<Duration>) -> f64 {
+        match target {
+            Some(target) if self.predicted_tpot_ns(rates) > target.as_nanos() as f64 => TPOT_GUARD_PENALTY_NS,
+            _ => 0.0,
         }
     }
 
@@ -344,6 +373,24 @@ mod tests {
         let half = Candidate { eviction_pressure: 0.5, ..empty };
         assert_eq!(half.copy_penalty_ns(4, &rates, 2.0), 48.0 * rates.prefill_ns_per_token);
         assert_eq!(Candidate { eviction_pressure: 1.0, ..holder }.copy_penalty_ns(4, &rates, 2.0), 0.0);
+    }
+
+    #[test]
+    fn the_tpot_guard_puts_workers_past_the_target_after_every_one_within_it() {
+        let rates = EngineRates::default();
+        // 5 ms + 250 µs per sequence, the request's own included.
+        let busy = Candidate { active_requests: 15, ..candidate(4, 0, 0, 0) };
+        assert_eq!(busy.predicted_tpot_ns(&rates), 5e6 + 16.0 * 2.5e5);
+        let slow = Candidate { speed: 2.0, ..candidate(0, 0, 0, 0) };
+        assert_eq!(slow.predicted_tpot_ns(&rates), 2.0 * (5e6 + 2.5e5));
+        let target = Some(Duration::from_millis(8));
+        assert!(busy.tpot_guard_ns(&rates, target) > 0.0);
+        assert_eq!(candidate(0, 0, 0, 0).tpot_guard_ns(&rates, target), 0.0);
+        // Off: never charged. Past it: beyond any TTFT, short of a KV overflow.
+        assert_eq!(busy.tpot_guard_ns(&rates, None), 0.0);
+        assert!(
+            busy.tpot_guard_ns(&rates, target) > 1e11 && busy.tpot_guard_ns(&rates, target) < KV_OVERFLOW_PENALTY_NS
+        );
     }
 
     #[test]

@@ -121,11 +121,16 @@ impl PickPolicy {
             // What the best placed worker already holds (or has booked).
             let best = candidates.iter().map(Candidate::cached_or_booked_blocks).max().unwrap_or(0);
             for (c, cost) in candidates.iter().zip(costs.iter_mut()) {
-                *cost += c.copy_penalty_ns(best, rates, self.cfg.copy_weight);
+                *cost +=
+                    c.copy_penalty_ns(best, rates, self.cfg.copy_weight) + c.tpot_guard_ns(rates, self.cfg.tpot_target);
             }
         }
         let chosen = pick(costs, self.cfg.temperature, rng);
         let c = &candidates[chosen];
+        let past_tpot_target = match &self.cfg.cost {
+            CostModel::Latency(rates) => c.tpot_guard_ns(rates, self.cfg.tpot_target) > 0.0,
+            CostModel::Dynamo => false,
+        };
         Selection {
             id: request.id,
             worker: c.worker,
@@ -144,6 +149,7 @@ impl PickPolicy {
             },
             candidates: candidates.len(),
             fallbacks: ranked_others(candidates, costs, chosen, self.cfg.fallbacks),
+            past_tpot_target,
         }
     }
 }

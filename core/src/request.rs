@@ -42,6 +42,9 @@ pub struct Selection {
     /// `RouterConfig::fallbacks` of them: the ordered fallback list a
     /// gateway may try when the pick fails. Empty by default (no cost).
     pub fallbacks: Vec<SocketAddr>,
+    /// The latency cost's TPOT guard found every worker past its target,
+    /// this one included: the fleet is too busy for the target.
+    pub past_tpot_target: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -92,6 +95,8 @@ pub enum WorkerError {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServiceStats {
     pub selections: u64,
+    /// Selections made with every worker past the TPOT target.
+    pub past_tpot_target: u64,
     pub queued: u64,
     pub admitted_from_queue: u64,
     pub refused_queue_full: u64,

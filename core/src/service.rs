@@ -165,7 +165,7 @@ impl SelectionService {
             .apply_booking(BookingEvent::Reserved(booking))
             .expect("the id is new and the worker was just gathered from this shard");
         self.ledger.claim(id, shard).expect("the id was checked new");
-        self.ledger.booked();
+        self.ledger.booked(&selection);
         selection
     }
 

@@ -499,8 +499,8 @@ impl ShardedService {
         };
         match self.reply(source, rx, awake).await {
             Ok(picked) => {
-                if matches!(picked, Picked::Booked(_)) {
-                    lock(&self.admissions).ledger.booked();
+                if let Picked::Booked(selection) = &picked {
+                    lock(&self.admissions).ledger.booked(selection);
                 }
                 Ok(picked)
             }
@@ -525,7 +525,7 @@ impl ShardedService {
         let booked = self.ask(source, shard, |r| Command::Booking(BookingEvent::Reserved(booking), r)).await;
         let error = match booked {
             Ok(Ok(())) => {
-                lock(&self.admissions).ledger.booked();
+                lock(&self.admissions).ledger.booked(&selection);
                 return Ok(selection);
             }
             // Not a duplicate: the owner entry above was ours.

@@ -408,3 +408,35 @@ fn only_tokenized_prompts_carry_a_prediction_to_learn_from() {
     let mut dynamo = service(2, 1, RouterConfig::default());
     assert_eq!(dynamo.select(&request(&dynamo, 3, &tokens(40, 1))).unwrap().predicted_ttft_ns, None);
 }
+
+#[test]
+fn the_tpot_guard_sends_a_prompt_past_its_busy_holder_only_when_asked() {
+    let guarded = |target: Option<Duration>| RouterConfig {
+        cost: crate::cost::CostModel::Latency(Default::default()),
+        tpot_target: target,
+        ..RouterConfig::default()
+    };
+    for (target, expected) in [(None, WorkerId(1)), (Some(Duration::from_millis(8)), WorkerId(2))] {
+        let mut svc = service(2, 1, guarded(target));
+        let prefix = tokens(400, 1);
+        store(&mut svc, 1, &prefix);
+        // Twelve short requests decoding on worker 1, the prefix's holder:
+        // a decode step there takes 5 ms + 13 × 250 µs = 8.25 ms.
+        for id in 0..12 {
+            let sel = reserve(&mut svc, id, &[prefix.clone(), tokens(1, 50_000 + id as u32)].concat());
+            assert_eq!(sel.worker, WorkerId(1));
+            svc.prefill_complete(sel.id, T0).unwrap();
+        }
+        let asked = [prefix.clone(), tokens(16, 90_000)].concat();
+        assert_eq!(svc.select(&request(&svc, 100, &asked)).unwrap().worker, expected, "target {target:?}");
+    }
+    // Every worker past the target: the guard orders nothing, TTFT decides.
+    // The booking is counted: the fleet is too busy for the target.
+    let mut svc = service(2, 1, guarded(Some(Duration::from_millis(1))));
+    store(&mut svc, 1, &tokens(400, 1));
+    let sel = reserve(&mut svc, 1, &tokens(400, 1));
+    assert_eq!((sel.worker, sel.past_tpot_target), (WorkerId(1), true));
+    assert_eq!(svc.stats().past_tpot_target, 1);
+    let within = reserve(&mut service(2, 1, guarded(Some(Duration::from_millis(8)))), 1, &tokens(40, 1));
+    assert!(!within.past_tpot_target);
+}

@@ -248,6 +248,9 @@ fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfi
     if let Some(weight) = v.number(var::COPY_WEIGHT, 0.0)? {
         router.copy_weight = weight;
     }
+    if let Some(ms) = v.number(var::TPOT_TARGET_MS, 0.0)? {
+        router.tpot_target = Some(Duration::from_secs_f64(ms / 1e3));
+    }
     if let Some(on) = v.boolean(var::CALIBRATE)? {
         router.calibration.enabled = on;
     }
@@ -407,6 +410,10 @@ mod tests {
         assert_eq!(c.router.copy_weight, kvpick_core::cost::DEFAULT_COPY_WEIGHT);
         let c = config(&[(var::WORKERS_FILE, "w.yaml"), (var::COPY_WEIGHT, "0")]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.router.copy_weight, 0.0);
+        assert_eq!(c.router.tpot_target, None);
+        let c =
+            config(&[(var::WORKERS_FILE, "w.yaml"), (var::TPOT_TARGET_MS, "12.5")]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.router.tpot_target, Some(Duration::from_micros(12_500)));
     }
 
     #[test]

@@ -67,6 +67,7 @@ pub const DECODE_US_PER_SEQ: &str = "KVPICK_DECODE_US_PER_SEQ";
 pub const COPY_WEIGHT: &str = "KVPICK_COPY_WEIGHT";
 pub const CALIBRATE: &str = "KVPICK_CALIBRATE";
 pub const CALIBRATION_STALE_SECS: &str = "KVPICK_CALIBRATION_STALE_SECS";
+pub const TPOT_TARGET_MS: &str = "KVPICK_TPOT_TARGET_MS";
 pub const PREFILL_LOAD_SCALE: &str = "DYN_ROUTER_PREFILL_LOAD_SCALE";
 pub const OVERLAP_SCORE_WEIGHT: &str = "DYN_ROUTER_OVERLAP_SCORE_WEIGHT";
 pub const TEMPERATURE: &str = "DYN_ROUTER_TEMPERATURE";
@@ -204,6 +205,12 @@ pub const SETTINGS: &[Setting] = &[
         "copy-weight",
         Some("2"),
         "Latency cost: recomputations charged for copying a prompt prefix that another worker holds onto a worker whose cache is evicting, times how hard it evicts (0: never charged)",
+    ),
+    s(
+        TPOT_TARGET_MS,
+        "tpot-target-ms",
+        None,
+        "Latency cost: a worker where the request's decode step is predicted slower than this many ms (a step's overhead plus one decode per sequence running there, at the worker's learned speed) is chosen only when every worker is; unset: no TPOT guard",
     ),
     s(
         CALIBRATE,

@@ -297,6 +297,12 @@ async fn shard_families(e: &mut Exposition, producers: &ThreadProducers, workers
     e.gauge("kvpick_queue_depth", "Requests waiting for capacity.", &[], service.queue_len() as f64);
     let s = service.stats();
     e.counter("kvpick_selections_total", "Bookings made.", &[], s.selections);
+    e.counter(
+        "kvpick_selections_past_tpot_target_total",
+        "Bookings made with every worker's predicted decode step past --tpot-target-ms.",
+        &[],
+        s.past_tpot_target,
+    );
     e.counter("kvpick_queue_refused_total", "Queued requests refused.", &[("reason", "full")], s.refused_queue_full);
     e.counter(
         "kvpick_queue_refused_total",

@@ -16,6 +16,7 @@ pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
                         tokens/s and TTFT p90 per policy and load, and a goodput plot per workload
   --event-delay-ms F    how long KV events take from an engine to the router (default 1)
   --ttft-slo-ms F       the TTFT a request must meet to count towards goodput (default 1000)
+  --tpot-target-ms F    kvpick's TPOT guard (kvpick serve --tpot-target-ms; default: none)
   --clients N           closed loop: N clients each send a session's requests one after the other,
                         each once the previous has finished (plus its think time), sessions back to back
   --kv-blocks N         KV blocks of 16 tokens per engine (default 16,384)
@@ -138,6 +139,8 @@ pub struct Args {
     pub sweep: Vec<f64>,
     /// The TTFT a request must meet to count towards goodput.
     pub ttft_slo_ms: f64,
+    /// kvpick's TPOT guard, in ms.
+    pub tpot_target_ms: Option<f64>,
     /// Closed-loop clients (0: open loop, Poisson session starts).
     pub clients: usize,
     /// How long KV events take from an engine to the router.
@@ -164,6 +167,7 @@ impl Default for Args {
             sample_lines: 1_000,
             sweep: Vec::new(),
             ttft_slo_ms: 1_000.0,
+            tpot_target_ms: None,
             clients: 0,
             event_delay_ms: 1.0,
         }
@@ -205,6 +209,7 @@ impl Args {
                     out.sweep = value()?.split(',').map(|v| positive(name, v.trim())).collect::<Result<_, _>>()?
                 }
                 "--ttft-slo-ms" => out.ttft_slo_ms = positive(name, &value()?)?,
+                "--tpot-target-ms" => out.tpot_target_ms = Some(positive(name, &value()?)?),
                 "--clients" => out.clients = count(name, &value()?)?,
                 "--event-delay-ms" => {
                     let text = value()?;

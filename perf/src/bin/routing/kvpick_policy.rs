@@ -29,11 +29,19 @@ pub struct Kvpick {
 }
 
 impl Kvpick {
-    pub fn new(engines: usize, engine: &EngineConfig, prefill_load_scale: f64, cost: CostModel, seed: u64) -> Self {
+    pub fn new(
+        engines: usize,
+        engine: &EngineConfig,
+        prefill_load_scale: f64,
+        cost: CostModel,
+        tpot_target: Option<Duration>,
+        seed: u64,
+    ) -> Self {
         let cfg = RouterConfig {
             seed,
             prefill_load_scale,
             cost,
+            tpot_target,
             // Virtual runs may keep a request longer than the default lease
             // when a policy overloads an engine; a lease expiry here would
             // be an artefact of the simulation, not kvpick's behaviour.

@@ -54,6 +54,7 @@ mod tests;
 use kvpick_core::{CostModel, EngineRates};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use kvpick_perf::report::{Table, cpu, load_average, utc_date};
 use kvpick_perf::sim::EngineConfig;
@@ -112,14 +113,14 @@ pub fn engine_config(args: &Args) -> EngineConfig {
 }
 
 /// A fresh policy of this kind for one run.
-pub fn policy(
-    name: PolicyName,
-    fleet: &FleetConfig,
-    requests: usize,
-    prefill_load_scale: f64,
-    seed: u64,
-) -> Box<dyn Policy> {
+pub fn policy(name: PolicyName, fleet: &FleetConfig, requests: usize, args: &Args) -> Box<dyn Policy> {
     let n = fleet.engines;
+    let (prefill_load_scale, seed) = (args.prefill_load_scale, args.seed);
+    // kvpick's own settings: the TPOT guard applies to its latency cost.
+    let kvpick = |scale: f64, cost: CostModel| {
+        let tpot_target = args.tpot_target_ms.map(|ms| Duration::from_secs_f64(ms / 1e3));
+        Box::new(kvpick_policy::Kvpick::new(n, &fleet.engine, scale, cost, tpot_target, seed))
+    };
     match name {
         PolicyName::Random => Box::new(baselines::Random::new(seed)),
         PolicyName::RoundRobin => Box::new(baselines::RoundRobin::default()),
@@ -132,14 +133,10 @@ pub fn policy(
         PolicyName::Kvpick => {
             let rates =
                 EngineRates { batched_tokens: u64::from(fleet.engine.max_batched_tokens), ..EngineRates::default() };
-            Box::new(kvpick_policy::Kvpick::new(n, &fleet.engine, prefill_load_scale, CostModel::Latency(rates), seed))
+            kvpick(prefill_load_scale, CostModel::Latency(rates))
         }
-        PolicyName::KvpickDynamo => {
-            Box::new(kvpick_policy::Kvpick::new(n, &fleet.engine, prefill_load_scale, CostModel::Dynamo, seed))
-        }
-        PolicyName::KvpickDynamoTuned => {
-            Box::new(kvpick_policy::Kvpick::new(n, &fleet.engine, DYNAMO_TUNED_SCALE, CostModel::Dynamo, seed))
-        }
+        PolicyName::KvpickDynamo => kvpick(prefill_load_scale, CostModel::Dynamo),
+        PolicyName::KvpickDynamoTuned => kvpick(DYNAMO_TUNED_SCALE, CostModel::Dynamo),
         PolicyName::KvpickSkewedPriors => {
             // Priors wrong in their ratios, not only in scale: the step
             // overhead and the decode cost doubled, prefill halved (a 4×
@@ -151,7 +148,7 @@ pub fn policy(
                 decode_ns_per_seq: 2.0 * time.decode_ns_per_seq as f64,
                 batched_tokens: u64::from(fleet.engine.max_batched_tokens),
             };
-            Box::new(kvpick_policy::Kvpick::new(n, &fleet.engine, prefill_load_scale, CostModel::Latency(rates), seed))
+            kvpick(prefill_load_scale, CostModel::Latency(rates))
         }
         PolicyName::Oracle => {
             Box::new(oracle::Oracle::new(n, requests, fleet.engine.block_size, prefill_load_scale, seed))
@@ -196,7 +193,7 @@ pub fn run_workload(workload: Workload, args: &Args, fleet: &FleetConfig) -> Wor
         .policies
         .iter()
         .map(|&name| {
-            let mut p = policy(name, fleet, workload.requests.len(), args.prefill_load_scale, args.seed);
+            let mut p = policy(name, fleet, workload.requests.len(), args);
             let result = fleet::run(&workload.requests, fleet, p.as_mut());
             let summary = summarise(&result, args.ttft_slo_ms);
             eprintln!(
@@ -223,7 +220,7 @@ fn run(args: &Args) -> Result<(), String> {
         "- date {} · {} · load average at start {}\n- fleet: {} simulated engines, {} KV blocks of {} tokens each, \
          max {} batched tokens, time model: {} ms/step + {} µs/prefill token + {} µs/decoding request\n\
          - offered load {:.0}% of the fleet's capacity with nothing cached; seed {}; kvpick-dynamo and oracle \
-         prefill_load_scale {}; engines at half speed: {}; KV events reach the router after {} ms; TTFT SLO {} ms{}\n",
+         prefill_load_scale {}; engines at half speed: {}; KV events reach the router after {} ms; TTFT SLO {} ms{}{}\n",
         utc_date(),
         cpu(),
         load_average(),
@@ -241,6 +238,7 @@ fn run(args: &Args) -> Result<(), String> {
         args.event_delay_ms,
         args.ttft_slo_ms,
         if args.clients > 0 { format!("; closed loop, {} clients", args.clients) } else { String::new() },
+        args.tpot_target_ms.map(|ms| format!("; kvpick's TPOT target {ms} ms")).unwrap_or_default(),
     );
     print!("{header}");
     report.push_str(&header);
