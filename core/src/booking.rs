@@ -33,6 +33,12 @@ pub enum BookingEvent {
     Reserved(Booking),
     PrefillComplete(ReservationId),
     Freed(ReservationId),
+    /// The request is still answering (a long stream): its lease now ends
+    /// at `lease_until`, if that is later than before.
+    Renewed {
+        id: ReservationId,
+        lease_until: Millis,
+    },
 }
 
 impl BookingEvent {
@@ -40,6 +46,7 @@ impl BookingEvent {
         match self {
             BookingEvent::Reserved(b) => b.id,
             BookingEvent::PrefillComplete(id) | BookingEvent::Freed(id) => *id,
+            BookingEvent::Renewed { id, .. } => *id,
         }
     }
 }

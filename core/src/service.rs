@@ -178,6 +178,14 @@ impl SelectionService {
         Ok(())
     }
 
+    /// The request is still answering: its lease ends a full lease from
+    /// `now` (a stream longer than the lease keeps its booking).
+    pub fn renew_lease(&mut self, id: ReservationId, now: Millis) -> Result<(), BookingError> {
+        let shard = self.ledger.owner(id).ok_or(BookingError::NotFound(id))?;
+        let lease_until = now.after(self.policy.config().lease);
+        self.shards[shard].apply_booking(BookingEvent::Renewed { id, lease_until })
+    }
+
     /// Releases everything booked for the request, or withdraws it from
     /// the queue. Freeing twice is `NotFound` and changes nothing.
     pub fn free_reservation(&mut self, id: ReservationId, now: Millis) -> Result<(), BookingError> {

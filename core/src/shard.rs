@@ -287,8 +287,9 @@ impl Shard {
     }
 
     /// Applies a booking change, whether decided here or by a peer.
-    /// `PrefillComplete` and `Freed` are idempotent: repeating one is
-    /// `NotFound` (freed) or a no-op (prefill already complete).
+    /// `PrefillComplete`, `Freed` and `Renewed` are idempotent: repeating
+    /// one is `NotFound` (freed) or a no-op (prefill already complete, the
+    /// lease already as long).
     pub fn apply_booking(&mut self, event: BookingEvent) -> Result<(), BookingError> {
         match event {
             BookingEvent::Reserved(booking) => {
@@ -309,6 +310,16 @@ impl Shard {
                     let load =
                         &mut self.slots[active.slot as usize].as_mut().expect("bookings point at live slots").load;
                     load.complete_prefill(active.booking.prefill_tokens);
+                }
+                Ok(())
+            }
+            BookingEvent::Renewed { id, lease_until } => {
+                let active = self.bookings.get_mut(&id).ok_or(BookingError::NotFound(id))?;
+                // The old heap entry stays and is skipped when it comes
+                // up (`expire` matches the booking's current end).
+                if lease_until > active.booking.lease_until {
+                    active.booking.lease_until = lease_until;
+                    self.leases.push(Reverse((lease_until, id)));
                 }
                 Ok(())
             }

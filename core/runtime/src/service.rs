@@ -572,6 +572,17 @@ impl ShardedService {
         self.post(source, shard, BookingEvent::PrefillComplete(id))
     }
 
+    /// `SelectionService::renew_lease` without waiting for anything.
+    pub fn post_renew(&self, source: &impl ProducerSource, id: ReservationId, now: Millis) -> Result<(), BookingError> {
+        let shard = lock(&self.admissions).ledger.owner(id).ok_or(BookingError::NotFound(id))?;
+        self.post(source, shard, BookingEvent::Renewed { id, lease_until: now.after(self.cfg().lease) })
+    }
+
+    /// How long a booking lives without a free or a renewal.
+    pub fn lease(&self) -> Duration {
+        self.cfg().lease
+    }
+
     /// `free_reservation` without waiting for anything (a queued request
     /// is withdrawn on the spot). Does not admit queued requests: when
     /// `has_waiting()`, follow it with `admit_waiting`.

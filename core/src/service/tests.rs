@@ -440,3 +440,21 @@ fn the_tpot_guard_sends_a_prompt_past_its_busy_holder_only_when_asked() {
     let within = reserve(&mut service(2, 1, guarded(Some(Duration::from_millis(8)))), 1, &tokens(40, 1));
     assert!(!within.past_tpot_target);
 }
+
+#[test]
+fn a_renewed_lease_outlives_the_first_and_ends_a_lease_after_the_last_renewal() {
+    let cfg = RouterConfig { lease: Duration::from_secs(10), ..RouterConfig::default() };
+    let mut svc = service(2, 1, cfg);
+    let sel = reserve(&mut svc, 1, &tokens(40, 1));
+    let at = |ms: u64| T0.after(Duration::from_millis(ms));
+    svc.renew_lease(sel.id, at(8_000)).unwrap();
+    // An earlier end never shortens it.
+    svc.renew_lease(sel.id, at(1_000)).unwrap();
+    svc.tick(at(12_000));
+    assert_eq!(load(&svc, sel.worker.0).requests, 1, "renewed at 8 s: alive at 12 s");
+    assert_eq!(svc.shard_stats().leases_expired, 0);
+    svc.tick(at(18_000));
+    assert_eq!(load(&svc, sel.worker.0).requests, 0);
+    assert_eq!(svc.shard_stats().leases_expired, 1);
+    assert_eq!(svc.renew_lease(sel.id, at(19_000)), Err(BookingError::NotFound(sel.id)));
+}

@@ -177,6 +177,7 @@ pub struct ExtProcMetrics {
     tokenize_micros: Mutex<Histogram<u64>>,
     select_micros: Mutex<Histogram<u64>>,
     prefill_completes: AtomicU64,
+    leases_renewed: AtomicU64,
     frees: AtomicU64,
     frees_not_found: AtomicU64,
     served_mismatches: AtomicU64,
@@ -200,6 +201,7 @@ impl Default for ExtProcMetrics {
             tokenize_micros: histogram(),
             select_micros: histogram(),
             prefill_completes: AtomicU64::new(0),
+            leases_renewed: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             frees_not_found: AtomicU64::new(0),
             served_mismatches: AtomicU64::new(0),
@@ -257,6 +259,11 @@ impl ExtProcMetrics {
 
     pub fn record_prefill_complete(&self) {
         self.prefill_completes.fetch_add(1, Relaxed);
+    }
+
+    /// A streaming response renewed its booking's lease.
+    pub fn record_lease_renewed(&self) {
+        self.leases_renewed.fetch_add(1, Relaxed);
     }
 
     /// A reservation freed; `found` is false when the shard no longer knew
@@ -352,6 +359,7 @@ impl ExtProcMetrics {
             tokenize_micros: lock(&self.tokenize_micros),
             select_micros: lock(&self.select_micros),
             prefill_completes: self.prefill_completes.load(Relaxed),
+            leases_renewed: self.leases_renewed.load(Relaxed),
             frees: self.frees.load(Relaxed),
             frees_not_found: self.frees_not_found.load(Relaxed),
             served_mismatches: self.served_mismatches.load(Relaxed),
@@ -381,6 +389,7 @@ pub struct ExtProcMetricsSnapshot {
     /// Selection (scatter–gather, queue wait, booking), microseconds.
     pub select_micros: Histogram<u64>,
     pub prefill_completes: u64,
+    pub leases_renewed: u64,
     /// Reservations freed by their stream.
     pub frees: u64,
     /// Frees the shards no longer knew (lease expired, worker deleted).

@@ -55,6 +55,11 @@ pub trait Booking: Send + 'static {
     /// `output_tokens` in all: the time since the first token is its
     /// decode. Not called for responses that did not stream.
     fn response_finished(&mut self, output_tokens: u64);
+
+    /// A response chunk passed: the request is alive, so its booking must
+    /// outlive a lease shorter than the answer. Called on every chunk;
+    /// the booking decides how often that is worth a message.
+    fn response_progress(&mut self);
 }
 
 /// Picks the endpoint for one request.

@@ -411,6 +411,11 @@ impl<P: Picks> ExtProcStream<P> {
             usage.push(&message.body);
         }
         let end = message.end_of_stream;
+        if !end {
+            if let Some(reservation) = self.picked.as_mut().and_then(|p| p.reservation.as_mut()) {
+                reservation.response_progress();
+            }
+        }
         if self.modes.response_full_duplex() {
             responses::streamed_echo(Path::Response, message.body, end, &mut self.out);
         } else {

@@ -177,7 +177,7 @@ impl KvPicker {
             }
         };
         let id = inner.ids.next_id();
-        let mut reservation = Reservation::new(id, self.clone());
+        let mut reservation = Reservation::new(id, self.clone(), self.service().lease());
         let request = SelectRequest { id, prompt, model, allowed: input.allowed, priority };
         let start = Instant::now();
         let result = self.service().select_and_wait(&inner.producers, request, inner.clock.now()).await;
@@ -288,6 +288,15 @@ impl Release for KvPicker {
     fn decode_observed(&self, worker: WorkerId, output_tokens: u64, decode: Duration) {
         let decode_ns = u64::try_from(decode.as_nanos()).unwrap_or(u64::MAX);
         self.service().observe_decode(worker, output_tokens, decode_ns, self.0.clock.now());
+    }
+
+    /// Posted to the owning shard, not awaited.
+    fn renew(&self, id: ReservationId) {
+        let inner = &*self.0;
+        match self.service().post_renew(&inner.producers, id, inner.clock.now()) {
+            Ok(()) => inner.metrics.record_lease_renewed(),
+            Err(error) => tracing::debug!(reservation = id.0, %error, "lease renewal found no booking"),
+        }
     }
 
     /// Posted to the owning shard, not awaited (see `ShardedService`).

@@ -22,6 +22,8 @@ pub trait Release: Send + Sync + 'static {
     /// `ttft`: what the first token's arrival measured, when it did.
     fn prefill_complete(&self, id: ReservationId, ttft: Option<TtftSample>);
     fn free(&self, id: ReservationId);
+    /// The request is still answering: its lease starts over.
+    fn renew(&self, id: ReservationId);
     /// `output_tokens` after the first took `decode` on `worker`.
     fn decode_observed(&self, worker: WorkerId, output_tokens: u64, decode: Duration);
 }
@@ -81,6 +83,10 @@ pub struct Reservation<R: Release> {
     disarmed: bool,
     prefill_completed: bool,
     booked: Option<Booked>,
+    /// Renewals come at most this often (a quarter of the lease: three
+    /// may be lost before the booking is).
+    renew_every: Duration,
+    last_renewed: Option<Instant>,
 }
 
 impl<R: Release> std::fmt::Debug for Reservation<R> {
@@ -92,8 +98,16 @@ impl<R: Release> std::fmt::Debug for Reservation<R> {
 impl<R: Release> Reservation<R> {
     /// Armed before the selection starts, so a selection dropped while
     /// queued is withdrawn too.
-    pub(crate) fn new(id: ReservationId, picker: R) -> Self {
-        Reservation { id, picker, disarmed: false, prefill_completed: false, booked: None }
+    pub(crate) fn new(id: ReservationId, picker: R, lease: Duration) -> Self {
+        Reservation {
+            id,
+            picker,
+            disarmed: false,
+            prefill_completed: false,
+            booked: None,
+            renew_every: lease / 4,
+            last_renewed: None,
+        }
     }
 
     pub fn id(&self) -> ReservationId {
@@ -108,6 +122,7 @@ impl<R: Release> Reservation<R> {
             at: Instant::now(),
             first_token: None,
         });
+        self.last_renewed = Some(Instant::now());
     }
 
     /// The selection failed: there is nothing to free.
@@ -139,12 +154,28 @@ impl<R: Release> Booking for Reservation<R> {
         self.picker.prefill_complete(self.id, sample);
     }
 
+    fn response_progress(&mut self) {
+        self.renew_if_due(Instant::now());
+    }
+
     fn response_finished(&mut self, output_tokens: u64) {
         let Some(booked) = &self.booked else { return };
         if let (Some(first), Some(after_first)) = (booked.first_token, output_tokens.checked_sub(1)) {
             if after_first > 0 {
                 self.picker.decode_observed(booked.worker, after_first, first.elapsed());
             }
+        }
+    }
+}
+
+impl<R: Release> Reservation<R> {
+    /// Renews when a quarter of the lease has passed since the booking or
+    /// the last renewal.
+    fn renew_if_due(&mut self, now: Instant) {
+        let Some(last) = self.last_renewed else { return };
+        if now.duration_since(last) >= self.renew_every {
+            self.last_renewed = Some(now);
+            self.picker.renew(self.id);
         }
     }
 }
@@ -168,5 +199,54 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(a.0 >> 32, b.0 >> 32);
         assert_eq!(b.0 - a.0, 1);
+    }
+
+    /// Counts renewals and frees.
+    #[derive(Clone, Default)]
+    struct Counting(std::sync::Arc<std::sync::Mutex<(u32, u32)>>);
+
+    impl Release for Counting {
+        fn prefill_complete(&self, _: ReservationId, _: Option<TtftSample>) {}
+        fn free(&self, _: ReservationId) {
+            self.0.lock().unwrap().1 += 1;
+        }
+        fn renew(&self, _: ReservationId) {
+            self.0.lock().unwrap().0 += 1;
+        }
+        fn decode_observed(&self, _: WorkerId, _: u64, _: Duration) {}
+    }
+
+    #[test]
+    fn renewals_come_once_a_quarter_lease_and_only_for_a_booking() {
+        let counts = Counting::default();
+        let selection = Selection {
+            id: ReservationId(1),
+            worker: WorkerId(0),
+            endpoint: "10.0.0.1:8000".parse().unwrap(),
+            overlap_blocks: 0,
+            prefill_tokens: 0,
+            isl_tokens: 0,
+            cost: 0.0,
+            predicted_ttft_ns: None,
+            candidates: 1,
+            fallbacks: Vec::new(),
+            past_tpot_target: false,
+        };
+        let mut unbooked = Reservation::new(ReservationId(2), counts.clone(), Duration::from_secs(4));
+        unbooked.renew_if_due(Instant::now() + Duration::from_secs(60));
+        unbooked.disarm();
+        assert_eq!(*counts.0.lock().unwrap(), (0, 0), "nothing booked, nothing renewed or freed");
+
+        let mut r = Reservation::new(ReservationId(1), counts.clone(), Duration::from_secs(4));
+        r.booked(&selection);
+        let start = r.last_renewed.unwrap();
+        r.renew_if_due(start + Duration::from_millis(999));
+        assert_eq!(counts.0.lock().unwrap().0, 0);
+        r.renew_if_due(start + Duration::from_secs(1));
+        r.renew_if_due(start + Duration::from_millis(1_500));
+        assert_eq!(counts.0.lock().unwrap().0, 1, "once per second at most");
+        r.renew_if_due(start + Duration::from_secs(2));
+        drop(r);
+        assert_eq!(*counts.0.lock().unwrap(), (2, 1));
     }
 }

@@ -164,6 +164,12 @@ fn ext_proc(e: &mut Exposition, sources: &Sources) {
         &[],
         m.prefill_completes,
     );
+    e.counter(
+        "kvpick_lease_renewals_total",
+        "Lease renewals by responses still streaming (a stream longer than the lease keeps its booking).",
+        &[],
+        m.leases_renewed,
+    );
     e.counter("kvpick_frees_total", "Bookings freed by their stream.", &[("found", "true")], m.frees);
     e.counter("kvpick_frees_total", "Bookings freed by their stream.", &[("found", "false")], m.frees_not_found);
     e.counter(

@@ -319,3 +319,41 @@ async fn calibration_can_be_turned_off() {
     assert!(h.service.calibration().0.is_empty());
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_longer_than_the_lease_keeps_its_booking() {
+    let router = RouterConfig { lease: Duration::from_secs(1), ..RouterConfig::default() };
+    let h = Harness::start(Options { router, ..Options::default() }).await;
+    let mut client = h.client().await;
+
+    // Without response chunks, the lease frees the booking: the harness
+    // really expires leases.
+    let mut silent = Call::open(&mut client).await;
+    pick(&mut silent, &chat("silent")).await;
+    assert_eq!(h.requests_booked().await, 1);
+    h.wait_all_freed().await;
+
+    // A chunk every 150 ms for 2.4 s: more than twice the lease, booked
+    // throughout.
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &chat("a long answer")).await;
+    call.send(response_headers("200", "text/event-stream", None, false));
+    call.recv().await;
+    for _ in 0..16 {
+        call.send(response_body(b"data: {\"choices\":[]}\n\n", false));
+        assert!(streamed(&call.recv().await).is_some());
+        assert_eq!(h.requests_booked().await, 1, "the booking outlives its first lease");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    call.send(response_body(b"data: [DONE]\n\n", true));
+    call.recv().await;
+    h.wait_all_freed().await;
+    drop((call, silent, client));
+    wait_for("counted", || async { h.metrics.snapshot().frees + h.metrics.snapshot().frees_not_found == 2 }).await;
+    let m = h.metrics.snapshot();
+    // Renewed about every quarter lease; the long stream's own free found
+    // its booking (the silent one's lease had taken it).
+    assert!(m.leases_renewed >= 6, "{} renewals", m.leases_renewed);
+    assert_eq!((m.frees, m.frees_not_found), (1, 1));
+    h.stop().await;
+}
