@@ -178,7 +178,7 @@ fn ok_or_log<T>(ev: Result<Change<T>, watcher::Error>, what: &str) -> Option<Cha
     match code {
         Some(410) => info!("{what} watch expired (410 Gone): relisting"),
         Some(401 | 403) => error!(
-            "{what} watch refused ({err}): kvpick's ServiceAccount needs get/list/watch on it (deploy/rbac.yaml); retrying"
+            "{what} watch refused ({err}): kvpick's ServiceAccount needs get/list/watch on it (deploy/manifests/00-rbac.yaml); retrying"
         ),
         _ => warn!("{what} watch failed ({err}); retrying with back-off"),
     }

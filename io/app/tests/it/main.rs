@@ -10,6 +10,7 @@ mod ext_proc_support;
 
 mod bin_kubernetes;
 mod bin_serve;
+mod deploy;
 mod ext_proc_errors;
 mod ext_proc_fallbacks;
 mod ext_proc_health;
