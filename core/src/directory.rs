@@ -2,6 +2,7 @@
 //! state a selection needs before it asks the shards anything.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 
 use crate::request::SelectError;
 use crate::worker::{WorkerId, WorkerSpec};
@@ -12,11 +13,26 @@ pub struct Directory {
     per_shard: Vec<usize>,
     /// Workers per served model; `None` counts workers serving any model.
     models: HashMap<Option<String>, u32>,
+    /// Which worker an endpoint is, for a gateway's report of the one
+    /// that served.
+    at_endpoint: HashMap<SocketAddr, WorkerId>,
+    endpoint_of: HashMap<WorkerId, SocketAddr>,
 }
 
 impl Directory {
     pub fn new(shards: usize) -> Self {
-        Directory { owner: HashMap::new(), per_shard: vec![0; shards.max(1)], models: HashMap::new() }
+        Directory {
+            owner: HashMap::new(),
+            per_shard: vec![0; shards.max(1)],
+            models: HashMap::new(),
+            at_endpoint: HashMap::new(),
+            endpoint_of: HashMap::new(),
+        }
+    }
+
+    /// The worker serving at `endpoint`.
+    pub fn worker_at(&self, endpoint: SocketAddr) -> Option<WorkerId> {
+        self.at_endpoint.get(&endpoint).copied()
     }
 
     pub fn shard_of(&self, id: WorkerId) -> Option<usize> {
@@ -50,11 +66,23 @@ impl Directory {
         };
         self.count_model(spec.model.clone(), 1);
         self.owner.insert(spec.id, (shard, spec.model.clone()));
+        self.forget_endpoint(spec.id);
+        self.at_endpoint.insert(spec.endpoint, spec.id);
+        self.endpoint_of.insert(spec.id, spec.endpoint);
         shard
+    }
+
+    fn forget_endpoint(&mut self, id: WorkerId) {
+        if let Some(old) = self.endpoint_of.remove(&id) {
+            if self.at_endpoint.get(&old) == Some(&id) {
+                self.at_endpoint.remove(&old);
+            }
+        }
     }
 
     pub fn remove(&mut self, id: WorkerId) -> Option<usize> {
         let (shard, model) = self.owner.remove(&id)?;
+        self.forget_endpoint(id);
         self.per_shard[shard] -= 1;
         self.count_model(model, -1);
         Some(shard)

@@ -178,6 +178,35 @@ impl SelectionService {
         Ok(())
     }
 
+    /// The gateway reports that another worker served the request (a
+    /// fallback, a retry, or a pick it ignored): the booking moves there,
+    /// prefill state and lease kept. `Ok(None)` when it is there already;
+    /// the new worker otherwise. Its prefill stays as booked for the pick
+    /// (what the served worker caches of the prompt is not looked up).
+    pub fn move_booking(
+        &mut self,
+        id: ReservationId,
+        to: std::net::SocketAddr,
+        now: Millis,
+    ) -> Result<Option<WorkerId>, BookingError> {
+        let from = self.ledger.owner(id).ok_or(BookingError::NotFound(id))?;
+        let worker = self.directory.worker_at(to).ok_or(BookingError::UnknownEndpoint(to))?;
+        let target = self.directory.shard_of(worker).expect("the directory places every worker it knows");
+        if self.shards[from].booked_worker(id) == Some(worker) {
+            return Ok(None);
+        }
+        let (mut booking, in_prefill) = self.shards[from].take_booking(id)?;
+        booking.worker = worker;
+        self.ledger.release(id);
+        self.ledger.claim(id, target).expect("the id was just released");
+        self.shards[target].apply_booking(BookingEvent::Reserved(booking))?;
+        if !in_prefill {
+            self.shards[target].apply_booking(BookingEvent::PrefillComplete(id))?;
+        }
+        self.admit_waiting(now);
+        Ok(Some(worker))
+    }
+
     /// The request is still answering: its lease ends a full lease from
     /// `now` (a stream longer than the lease keeps its booking).
     pub fn renew_lease(&mut self, id: ReservationId, now: Millis) -> Result<(), BookingError> {

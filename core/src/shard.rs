@@ -32,6 +32,8 @@ pub enum BookingError {
     NotFound(ReservationId),
     #[error("worker {0:?} is not on this shard")]
     UnknownWorker(WorkerId),
+    #[error("no worker serves at {0}")]
+    UnknownEndpoint(std::net::SocketAddr),
     #[error("the selection service is shutting down")]
     ShuttingDown,
 }
@@ -331,6 +333,21 @@ impl Shard {
                 Ok(())
             }
         }
+    }
+
+    /// The worker holding booking `id`.
+    pub fn booked_worker(&self, id: ReservationId) -> Option<WorkerId> {
+        self.bookings.get(&id).map(|b| b.booking.worker)
+    }
+
+    /// Frees a booking and hands back what it booked and whether its
+    /// prefill was still booked: the first half of moving it to another
+    /// worker (the second is a `Reserved` on that worker's shard).
+    pub fn take_booking(&mut self, id: ReservationId) -> Result<(Booking, bool), BookingError> {
+        let active = self.bookings.get(&id).ok_or(BookingError::NotFound(id))?;
+        let taken = (active.booking.clone(), active.in_prefill);
+        self.apply_booking(BookingEvent::Freed(id))?;
+        Ok(taken)
     }
 
     /// Frees every booking whose lease ended by `now`; returns their ids.

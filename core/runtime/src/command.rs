@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kvpick_core::booking::{BookingEvent, ReservationId};
+use kvpick_core::booking::{Booking, BookingEvent, ReservationId};
 use kvpick_core::clock::Millis;
 use kvpick_core::cost::Candidate;
 use kvpick_core::event::KvEvent;
@@ -74,6 +74,8 @@ pub(crate) enum Command {
     /// Boxed: a request is several times the size of the other commands.
     Pick(Box<PickJob>, Reply<Picked>),
     Booking(BookingEvent, Reply<Result<(), BookingError>>),
+    /// Frees a booking and answers what it was (moving it elsewhere).
+    Take(ReservationId, Reply<Result<(Booking, bool), BookingError>>),
     /// A booking change nobody waits for (`prefill_complete`, `free`): see
     /// `ShardedService` for why it cannot be overtaken by what it follows.
     Posted(BookingEvent),

@@ -31,6 +31,7 @@
 //! the shard once for the batch (see `deferred_ring`). A selection with
 //! none beside it rings at once.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
@@ -570,6 +571,57 @@ impl ShardedService {
     pub fn post_prefill_complete(&self, source: &impl ProducerSource, id: ReservationId) -> Result<(), BookingError> {
         let shard = lock(&self.admissions).ledger.owner(id).ok_or(BookingError::NotFound(id))?;
         self.post(source, shard, BookingEvent::PrefillComplete(id))
+    }
+
+    /// See `SelectionService::move_booking`. The ledger points at the new
+    /// shard before either shard is asked, so a free that comes meanwhile
+    /// goes where the booking is going (from the same thread, behind it).
+    pub async fn move_booking(
+        &self,
+        source: &impl ProducerSource,
+        id: ReservationId,
+        to: SocketAddr,
+    ) -> Result<Option<WorkerId>, BookingError> {
+        let worker = self.directory().worker_at(to).ok_or(BookingError::UnknownEndpoint(to))?;
+        let target = self.directory().shard_of(worker).ok_or(BookingError::UnknownEndpoint(to))?;
+        let from = {
+            let mut admissions = lock(&self.admissions);
+            let from = admissions.ledger.release(id).ok_or(BookingError::NotFound(id))?;
+            admissions.ledger.claim(id, target).expect("the id was just released");
+            from
+        };
+        let taken = self.ask(source, from, |r| Command::Take(id, r)).await.map_err(|_| BookingError::ShuttingDown);
+        let (mut booking, in_prefill) = match taken.and_then(|t| t) {
+            Ok(taken) => taken,
+            Err(error) => {
+                // Freed or expired meanwhile: nothing to move.
+                lock(&self.admissions).ledger.release(id);
+                return Err(error);
+            }
+        };
+        // Already there (the gateway's report agrees after all): it goes
+        // back as it was.
+        let moved = booking.worker != worker;
+        booking.worker = worker;
+        let reserved = self.ask(source, target, |r| Command::Booking(BookingEvent::Reserved(booking), r)).await;
+        match reserved {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                lock(&self.admissions).ledger.release(id);
+                return Err(error);
+            }
+            Err(_) => return Err(BookingError::ShuttingDown),
+        }
+        if lock(&self.admissions).ledger.owner(id) != Some(target) {
+            // Freed while it moved: that free found nothing on either
+            // shard, so this one frees what just landed.
+            self.post(source, target, BookingEvent::Freed(id))?;
+            return Err(BookingError::NotFound(id));
+        }
+        if !in_prefill {
+            self.post(source, target, BookingEvent::PrefillComplete(id))?;
+        }
+        Ok(moved.then_some(worker))
     }
 
     /// `SelectionService::renew_lease` without waiting for anything.

@@ -344,6 +344,9 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
         Command::Booking(event, reply) => {
             let _ = reply.send(shard.apply_booking(event));
         }
+        Command::Take(id, reply) => {
+            let _ = reply.send(shard.take_booking(id));
+        }
         Command::Posted(event) => {
             // The poster already answered from the ledger; a miss here
             // means the lease expired or the worker left in between, and

@@ -458,3 +458,35 @@ fn a_renewed_lease_outlives_the_first_and_ends_a_lease_after_the_last_renewal() 
     assert_eq!(svc.shard_stats().leases_expired, 1);
     assert_eq!(svc.renew_lease(sel.id, at(19_000)), Err(BookingError::NotFound(sel.id)));
 }
+
+#[test]
+fn a_booking_moves_to_the_worker_the_gateway_says_served() {
+    let mut svc = service(3, 2, RouterConfig::default());
+    let sel = reserve(&mut svc, 1, &tokens(40, 1));
+    let before = load(&svc, sel.worker.0);
+    assert_eq!(before.requests, 1);
+    assert!(before.prefill_tokens > 0);
+    let other = (1..=3).find(|w| WorkerId(*w) != sel.worker).unwrap();
+    // Where it is already: nothing moves.
+    assert_eq!(svc.move_booking(sel.id, addr(sel.worker.0), T0), Ok(None));
+    assert_eq!(svc.move_booking(sel.id, addr(other), T0), Ok(Some(WorkerId(other))));
+    assert_eq!(load(&svc, sel.worker.0).requests, 0);
+    assert_eq!(load(&svc, sel.worker.0).prefill_tokens, 0);
+    let moved = load(&svc, other);
+    assert_eq!((moved.requests, moved.prefill_tokens), (1, before.prefill_tokens));
+    // Its lifecycle follows it: prefill completes and the free finds it there.
+    svc.prefill_complete(sel.id, T0).unwrap();
+    assert_eq!(load(&svc, other).prefill_tokens, 0);
+    let elsewhere = (1..=3).find(|w| *w != other).unwrap();
+    assert_eq!(svc.move_booking(sel.id, addr(elsewhere), T0), Ok(Some(WorkerId(elsewhere))));
+    assert_eq!(load(&svc, elsewhere).prefill_tokens, 0, "prefill stays complete");
+    svc.free_reservation(sel.id, T0).unwrap();
+    assert!((1..=3).all(|w| load(&svc, w).requests == 0));
+    // Unknown endpoints and freed bookings move nothing.
+    let sel = reserve(&mut svc, 2, &tokens(40, 1));
+    let nowhere: SocketAddr = "10.9.9.9:1".parse().unwrap();
+    assert_eq!(svc.move_booking(sel.id, nowhere, T0), Err(BookingError::UnknownEndpoint(nowhere)));
+    assert_eq!(load(&svc, sel.worker.0).requests, 1);
+    svc.free_reservation(sel.id, T0).unwrap();
+    assert_eq!(svc.move_booking(sel.id, addr(other), T0), Err(BookingError::NotFound(sel.id)));
+}

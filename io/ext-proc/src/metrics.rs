@@ -178,6 +178,8 @@ pub struct ExtProcMetrics {
     select_micros: Mutex<Histogram<u64>>,
     prefill_completes: AtomicU64,
     leases_renewed: AtomicU64,
+    bookings_moved: AtomicU64,
+    bookings_not_moved: AtomicU64,
     frees: AtomicU64,
     frees_not_found: AtomicU64,
     served_mismatches: AtomicU64,
@@ -202,6 +204,8 @@ impl Default for ExtProcMetrics {
             select_micros: histogram(),
             prefill_completes: AtomicU64::new(0),
             leases_renewed: AtomicU64::new(0),
+            bookings_moved: AtomicU64::new(0),
+            bookings_not_moved: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             frees_not_found: AtomicU64::new(0),
             served_mismatches: AtomicU64::new(0),
@@ -264,6 +268,12 @@ impl ExtProcMetrics {
     /// A streaming response renewed its booking's lease.
     pub fn record_lease_renewed(&self) {
         self.leases_renewed.fetch_add(1, Relaxed);
+    }
+
+    /// A booking moved to the worker the gateway says served (`false`:
+    /// it could not be: an unknown endpoint, or already freed).
+    pub fn record_booking_moved(&self, moved: bool) {
+        if moved { &self.bookings_moved } else { &self.bookings_not_moved }.fetch_add(1, Relaxed);
     }
 
     /// A reservation freed; `found` is false when the shard no longer knew
@@ -360,6 +370,8 @@ impl ExtProcMetrics {
             select_micros: lock(&self.select_micros),
             prefill_completes: self.prefill_completes.load(Relaxed),
             leases_renewed: self.leases_renewed.load(Relaxed),
+            bookings_moved: self.bookings_moved.load(Relaxed),
+            bookings_not_moved: self.bookings_not_moved.load(Relaxed),
             frees: self.frees.load(Relaxed),
             frees_not_found: self.frees_not_found.load(Relaxed),
             served_mismatches: self.served_mismatches.load(Relaxed),
@@ -390,6 +402,8 @@ pub struct ExtProcMetricsSnapshot {
     pub select_micros: Histogram<u64>,
     pub prefill_completes: u64,
     pub leases_renewed: u64,
+    pub bookings_moved: u64,
+    pub bookings_not_moved: u64,
     /// Reservations freed by their stream.
     pub frees: u64,
     /// Frees the shards no longer knew (lease expired, worker deleted).

@@ -60,6 +60,11 @@ pub trait Booking: Send + 'static {
     /// outlive a lease shorter than the answer. Called on every chunk;
     /// the booking decides how often that is worth a message.
     fn response_progress(&mut self);
+
+    /// The gateway reports that `endpoint`, not the pick, served the
+    /// request (a fallback, a retry, or a pick it ignored): the load is
+    /// there now. Called at most once, with the response headers.
+    fn served_by(&mut self, endpoint: SocketAddr);
 }
 
 /// Picks the endpoint for one request.

@@ -362,14 +362,18 @@ impl<P: Picks> ExtProcStream<P> {
         let cap = self.shared.config.max_usage_body_bytes;
         self.usage = Some(if headers.event_stream { UsageParser::sse() } else { UsageParser::json(cap) });
         let served = served_endpoint(metadata);
-        if let Some(picked) = &self.picked {
+        if let Some(picked) = &mut self.picked {
             match &served {
                 Served::Endpoint(text) => {
-                    if text.parse::<SocketAddr>().ok() != Some(picked.endpoint) {
+                    let endpoint = text.parse::<SocketAddr>().ok();
+                    if endpoint != Some(picked.endpoint) {
                         // Its times are another worker's (or a retry's).
                         self.response_streamed = false;
                         self.shared.metrics.record_served_mismatch();
                         tracing::debug!(picked = %picked.endpoint, served = %text, "gateway served another endpoint");
+                        if let (Some(endpoint), Some(reservation)) = (endpoint, picked.reservation.as_mut()) {
+                            reservation.served_by(endpoint);
+                        }
                     }
                 }
                 Served::NoLbMetadata | Served::NoServedKey => self.shared.metrics.record_served_missing(),

@@ -290,6 +290,30 @@ impl Release for KvPicker {
         self.service().observe_decode(worker, output_tokens, decode_ns, self.0.clock.now());
     }
 
+    /// On a task of its own: the stream's response goes on meanwhile.
+    fn moved(&self, id: ReservationId, to: SocketAddr) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.0.metrics.record_booking_moved(false);
+            tracing::warn!(reservation = id.0, %to, "no tokio runtime here: the booking stays on the picked worker");
+            return;
+        };
+        let picker = self.clone();
+        runtime.spawn(async move {
+            let inner = &*picker.0;
+            match picker.service().move_booking(&inner.producers, id, to).await {
+                Ok(moved) => {
+                    inner.metrics.record_booking_moved(true);
+                    tracing::debug!(reservation = id.0, %to, ?moved, "booking moved to the served worker");
+                    picker.admit_queued();
+                }
+                Err(error) => {
+                    inner.metrics.record_booking_moved(false);
+                    tracing::info!(reservation = id.0, %to, %error, "gateway served an endpoint kvpick could not move the booking to");
+                }
+            }
+        });
+    }
+
     /// Posted to the owning shard, not awaited.
     fn renew(&self, id: ReservationId) {
         let inner = &*self.0;

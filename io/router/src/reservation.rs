@@ -24,6 +24,8 @@ pub trait Release: Send + Sync + 'static {
     fn free(&self, id: ReservationId);
     /// The request is still answering: its lease starts over.
     fn renew(&self, id: ReservationId);
+    /// Another endpoint served the request: the booking moves there.
+    fn moved(&self, id: ReservationId, to: std::net::SocketAddr);
     /// `output_tokens` after the first took `decode` on `worker`.
     fn decode_observed(&self, worker: WorkerId, output_tokens: u64, decode: Duration);
 }
@@ -158,6 +160,14 @@ impl<R: Release> Booking for Reservation<R> {
         self.renew_if_due(Instant::now());
     }
 
+    fn served_by(&mut self, endpoint: std::net::SocketAddr) {
+        if let Some(booked) = self.booked.as_mut().filter(|_| !self.disarmed) {
+            // Its response times are the served worker's, not predicted.
+            booked.predicted_ns = None;
+            self.picker.moved(self.id, endpoint);
+        }
+    }
+
     fn response_finished(&mut self, output_tokens: u64) {
         let Some(booked) = &self.booked else { return };
         if let (Some(first), Some(after_first)) = (booked.first_token, output_tokens.checked_sub(1)) {
@@ -213,6 +223,7 @@ mod tests {
         fn renew(&self, _: ReservationId) {
             self.0.lock().unwrap().0 += 1;
         }
+        fn moved(&self, _: ReservationId, _: std::net::SocketAddr) {}
         fn decode_observed(&self, _: WorkerId, _: u64, _: Duration) {}
     }
 

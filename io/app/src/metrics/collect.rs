@@ -170,6 +170,9 @@ fn ext_proc(e: &mut Exposition, sources: &Sources) {
         &[],
         m.leases_renewed,
     );
+    let moved = "Bookings moved to the worker the gateway reports as served (x-gateway-destination-endpoint-served).";
+    e.counter("kvpick_bookings_moved_total", moved, &[("result", "moved")], m.bookings_moved);
+    e.counter("kvpick_bookings_moved_total", moved, &[("result", "failed")], m.bookings_not_moved);
     e.counter("kvpick_frees_total", "Bookings freed by their stream.", &[("found", "true")], m.frees);
     e.counter("kvpick_frees_total", "Bookings freed by their stream.", &[("found", "false")], m.frees_not_found);
     e.counter(

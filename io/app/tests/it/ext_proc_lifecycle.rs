@@ -227,6 +227,49 @@ async fn served_endpoint_mismatch_is_counted() {
     h.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_booking_moves_to_the_endpoint_that_served() {
+    let h = Harness::start(Options::default()).await;
+    let booked_at = |loads: Vec<kvpick_core::LoadSnapshot>| {
+        loads.iter().filter(|l| l.requests > 0).map(|l| (l.worker.0 - 1) as usize).collect::<Vec<_>>()
+    };
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    let picked = pick(&mut call, &chat(&words("moved", 30))).await;
+    let picked_index = (0..3).find(|i| endpoint(*i).to_string() == picked).expect("a harness endpoint");
+    assert_eq!(booked_at(h.loads().await), vec![picked_index]);
+    let other = (picked_index + 1) % 3;
+    // The gateway tried the pick, then served from `other` (a fallback).
+    call.send(response_headers("200", "text/event-stream", Some(&format!("{picked},{}", endpoint(other))), false));
+    call.recv().await;
+    wait_for("the booking moved", || async { booked_at(h.loads().await) == vec![other] }).await;
+    let moved = h.loads().await.into_iter().find(|l| l.worker.0 == other as u64 + 1).expect("the served worker");
+    assert!(moved.prefill_tokens > 0, "still in prefill");
+    // The first chunk completes prefill where the booking is now; the end frees it there.
+    call.send(response_body(b"data: {\"choices\":[]}\n\n", false));
+    call.recv().await;
+    wait_for("prefill completed", || async { h.loads().await.iter().all(|l| l.prefill_tokens == 0) }).await;
+    call.send(response_body(b"data: [DONE]\n\n", true));
+    call.recv().await;
+    h.wait_all_freed().await;
+    let m = h.metrics.snapshot();
+    assert_eq!((m.bookings_moved, m.bookings_not_moved, m.frees, m.frees_not_found), (1, 0, 1, 0));
+    assert_eq!(ttft_samples(&h), 0, "another worker's times teach nothing");
+    drop(call);
+
+    // An endpoint outside the pool: counted, and the booking stays.
+    let mut call = Call::open(&mut client).await;
+    let picked = pick(&mut call, &chat("unknown server")).await;
+    call.send(response_headers("200", "application/json", Some("10.9.9.9:8000"), false));
+    call.recv().await;
+    wait_for("counted", || async { h.metrics.snapshot().bookings_not_moved == 1 }).await;
+    let picked_index = (0..3).find(|i| endpoint(*i).to_string() == picked).expect("a harness endpoint");
+    assert_eq!(booked_at(h.loads().await), vec![picked_index]);
+    drop((call, client));
+    h.wait_all_freed().await;
+    h.stop().await;
+}
+
 /// TTFT samples calibration has taken, over every worker.
 fn ttft_samples(h: &Harness) -> u64 {
     h.service.calibration().0.iter().map(|c| c.samples).sum()
