@@ -490,3 +490,16 @@ fn a_booking_moves_to_the_worker_the_gateway_says_served() {
     svc.free_reservation(sel.id, T0).unwrap();
     assert_eq!(svc.move_booking(sel.id, addr(other), T0), Err(BookingError::NotFound(sel.id)));
 }
+
+#[test]
+fn without_a_queue_saturated_workers_shed_at_once() {
+    let mut svc = queueing(0);
+    let under = request(&svc, 1, &tokens(101, 0));
+    assert!(matches!(svc.select_and_reserve(under, T0), Ok(Admission::Reserved(_))));
+    let over = request(&svc, 2, &tokens(8, 500));
+    assert_eq!(svc.select_and_reserve(over, T0), Err(SelectError::QueueFull));
+    assert_eq!((svc.queue_len(), svc.stats().refused_queue_full), (0, 1));
+    // Capacity back: admitted again.
+    svc.prefill_complete(ReservationId(1), T0).unwrap();
+    assert!(matches!(svc.select_and_reserve(request(&svc, 3, &tokens(8, 900)), T0), Ok(Admission::Reserved(_))));
+}

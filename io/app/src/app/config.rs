@@ -230,7 +230,7 @@ fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfi
              --max-num-batched-tokens",
         ));
     }
-    if let Some(n) = v.whole::<usize>(var::QUEUE_CAPACITY, 1)? {
+    if let Some(n) = v.whole::<usize>(var::QUEUE_CAPACITY, 0)? {
         router.queue_capacity = n;
     }
     if let Some(ms) = v.whole::<u64>(var::QUEUE_TIMEOUT_MS, 1)? {
@@ -348,9 +348,11 @@ mod tests {
             (var::MAX_NUM_BATCHED_TOKENS, "8192"),
             (var::OVERLAP_SCORE_WEIGHT, "2.5"),
             (var::SHARDS, "3"),
+            (var::QUEUE_CAPACITY, "0"),
         ])
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.router.queue_threshold, Some(2.0));
+        assert_eq!(c.router.queue_capacity, 0, "no waiting: shed at once");
         assert_eq!(c.router.prefill_load_scale, 2.5);
         assert_eq!(c.runtime.shards, 3);
         assert_eq!(c.runtime.cpus.len(), 3);

@@ -248,7 +248,12 @@ pub const SETTINGS: &[Setting] = &[
         None,
         "Queue while every worker has more than this × max_num_batched_tokens in prefill (unset: never queue)",
     ),
-    s(QUEUE_CAPACITY, "queue-capacity", Some("1024"), "Requests that may wait at once; more get 429"),
+    s(
+        QUEUE_CAPACITY,
+        "queue-capacity",
+        Some("1024"),
+        "Requests that may wait at once; more get 429 with Retry-After (0: no waiting, shed at once when every worker is past --queue-threshold)",
+    ),
     s(QUEUE_TIMEOUT_MS, "queue-timeout-ms", Some("30000"), "How long a request may wait in the queue, in ms; then 429"),
     s(
         LEASE_SECS,
