@@ -135,6 +135,7 @@ fn run(workload: &[(usize, usize, Vec<u32>)], kv_aware: bool, print: usize) -> O
                 model: None,
                 allowed: None,
                 priority: 0,
+                sticky: None,
             };
             match svc.select_and_reserve(request, now) {
                 Ok(Admission::Reserved(sel)) => (sel.worker, sel.overlap_blocks),

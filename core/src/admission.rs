@@ -160,7 +160,14 @@ mod tests {
     use crate::prompt::Prompt;
 
     fn request(id: u64) -> SelectRequest {
-        SelectRequest { id: ReservationId(id), prompt: Prompt::load_only(16), model: None, allowed: None, priority: 0 }
+        SelectRequest {
+            id: ReservationId(id),
+            prompt: Prompt::load_only(16),
+            model: None,
+            allowed: None,
+            priority: 0,
+            sticky: None,
+        }
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct RouterConfig {
     /// predicted slower than this is chosen only when every worker is
     /// (see [`Candidate::predicted_tpot_ns`]). `None`: no guard.
     pub tpot_target: Option<Duration>,
+    /// Session affinity: a request's `sticky` worker is chosen while its
+    /// cost is at most this fraction above the cheapest (0: only on a tie).
+    pub session_margin: f64,
 }
 
 /// How a candidate worker is costed for a request.
@@ -90,6 +93,12 @@ const TPOT_GUARD_PENALTY_NS: f64 = 1e12;
 /// past saturation; with room in the caches the penalty is zero anyway.
 pub const DEFAULT_COPY_WEIGHT: f64 = 2.0;
 
+/// A session stays on its worker while that costs at most a quarter more
+/// than the cheapest: a conversation's cache is there, and a small load
+/// difference is not worth leaving it (llm-d's session-affinity scorer
+/// sticks unconditionally; this yields when the worker is clearly worse).
+pub const DEFAULT_SESSION_MARGIN: f64 = 0.25;
+
 impl Default for RouterConfig {
     fn default() -> Self {
         RouterConfig {
@@ -105,6 +114,7 @@ impl Default for RouterConfig {
             calibration: CalibrationConfig::default(),
             copy_weight: DEFAULT_COPY_WEIGHT,
             tpot_target: None,
+            session_margin: DEFAULT_SESSION_MARGIN,
         }
     }
 }

@@ -125,7 +125,10 @@ impl PickPolicy {
                     c.copy_penalty_ns(best, rates, self.cfg.copy_weight) + c.tpot_guard_ns(rates, self.cfg.tpot_target);
             }
         }
-        let chosen = pick(costs, self.cfg.temperature, rng);
+        let chosen = match sticky_within_margin(request, candidates, costs, self.cfg.session_margin) {
+            Some(i) => i,
+            None => pick(costs, self.cfg.temperature, rng),
+        };
         let c = &candidates[chosen];
         let past_tpot_target = match &self.cfg.cost {
             CostModel::Latency(rates) => c.tpot_guard_ns(rates, self.cfg.tpot_target) > 0.0,
@@ -152,6 +155,20 @@ impl PickPolicy {
             past_tpot_target,
         }
     }
+}
+
+/// The session's worker, when it is a candidate and costs at most
+/// `margin` more than the cheapest.
+fn sticky_within_margin(
+    request: &SelectRequest,
+    candidates: &[Candidate],
+    costs: &[f64],
+    margin: f64,
+) -> Option<usize> {
+    let sticky = request.sticky?;
+    let i = candidates.iter().position(|c| c.worker == sticky)?;
+    let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+    (costs[i] <= min + margin * min.abs()).then_some(i)
 }
 
 /// Up to `n` other candidates by cost, then by their (deterministic) order.

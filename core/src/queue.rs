@@ -41,10 +41,11 @@ impl AdmissionQueue {
         self.positions.contains_key(&id)
     }
 
-    /// Gives the request back when the queue is full.
-    pub fn push(&mut self, request: SelectRequest, deadline: Millis) -> Result<(), SelectRequest> {
+    /// Gives the request back when the queue is full (boxed: a refusal is
+    /// the rare path, and the request is larger than a result should be).
+    pub fn push(&mut self, request: SelectRequest, deadline: Millis) -> Result<(), Box<SelectRequest>> {
         if self.order.len() >= self.capacity {
-            return Err(request);
+            return Err(Box::new(request));
         }
         let position = (Reverse(request.priority), self.arrivals);
         self.arrivals += 1;

@@ -18,6 +18,10 @@ pub struct SelectRequest {
     pub allowed: Option<EndpointFilter>,
     /// Higher is admitted first from the queue.
     pub priority: i32,
+    /// The worker that served this request's session last (session
+    /// affinity): chosen when its cost is within `RouterConfig::
+    /// session_margin` of the cheapest.
+    pub sticky: Option<WorkerId>,
 }
 
 /// A pick, and what was booked for it.

@@ -149,6 +149,8 @@ fn equivalent(seed: u64, shards: usize, kind: RuntimeKind, cfg: RouterConfig) {
                     model: rng.bool().then(|| "m".to_owned()),
                     allowed,
                     priority: rng.i32(0..3),
+                    // Session affinity to some worker, now and then.
+                    sticky: rng.bool().then(|| WorkerId(rng.u64(1..7))),
                 };
                 prompts.push(request.prompt.clone());
                 let a = facade.select_and_reserve(request.clone(), now);
@@ -239,6 +241,7 @@ fn numbered_request(id: ReservationId, i: u64, blocks: u32, alphabet: u32) -> Se
         model: None,
         allowed: None,
         priority: 0,
+        sticky: None,
     }
 }
 
@@ -326,8 +329,14 @@ fn auto_choice_runs_and_shutdown_refuses_new_work() {
     let producer = RefCell::new(service.producer());
     block_on(service.upsert_worker(&producer, WorkerSpec::new(WorkerId(1), addr(1), BS), Millis(0))).expect("upsert");
     service.shutdown();
-    let request =
-        SelectRequest { id: ReservationId(1), prompt: Prompt::load_only(8), model: None, allowed: None, priority: 0 };
+    let request = SelectRequest {
+        id: ReservationId(1),
+        prompt: Prompt::load_only(8),
+        model: None,
+        allowed: None,
+        priority: 0,
+        sticky: None,
+    };
     assert!(block_on(service.select_and_reserve(&producer, request, Millis(0))).is_err());
 }
 
@@ -353,6 +362,7 @@ fn a_queued_request_is_awaited_until_capacity_frees() {
         model: None,
         allowed: None,
         priority: 0,
+        sticky: None,
     };
     let first =
         block_on(assert_send(service.select_and_wait(&producers, request(1), Millis(0)))).expect("admitted at once");
@@ -447,6 +457,7 @@ fn a_query_through_another_ring_sees_frees_that_did_not_ring() {
                 model: None,
                 allowed: None,
                 priority: 0,
+                sticky: None,
             };
             block_on(service.select_and_reserve(&books, request, Millis(0))).expect("admitted");
             // Let the shard go to sleep before the free is posted.

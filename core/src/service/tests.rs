@@ -36,6 +36,7 @@ fn request(svc: &SelectionService, id: u64, toks: &[u32]) -> SelectRequest {
         model: None,
         allowed: None,
         priority: 0,
+        sticky: None,
     }
 }
 
@@ -502,4 +503,31 @@ fn without_a_queue_saturated_workers_shed_at_once() {
     // Capacity back: admitted again.
     svc.prefill_complete(ReservationId(1), T0).unwrap();
     assert!(matches!(svc.select_and_reserve(request(&svc, 3, &tokens(8, 900)), T0), Ok(Admission::Reserved(_))));
+}
+
+#[test]
+fn a_session_sticks_to_its_worker_until_it_costs_a_margin_more() {
+    let mut svc = service(2, 1, RouterConfig::default());
+    // Worker 1 a little busier than worker 2: without affinity, worker 2.
+    let busy = reserve(&mut svc, 1, &tokens(8, 100));
+    assert_eq!(busy.worker, WorkerId(1));
+    let asked = |svc: &SelectionService, id, sticky| SelectRequest { sticky, ..request(svc, id, &tokens(40, 7)) };
+    assert_eq!(svc.select(&asked(&svc, 2, None)).unwrap().worker, WorkerId(2));
+    assert_eq!(svc.select(&asked(&svc, 3, Some(WorkerId(1)))).unwrap().worker, WorkerId(1), "within the margin");
+    // Sessions on worker 1 stay there while within the margin, then yield
+    // to cost: load stays near balance instead of piling on.
+    for id in 10..30 {
+        let sticky = SelectRequest { sticky: Some(WorkerId(1)), ..request(&svc, id, &tokens(40, id as u32 * 1000)) };
+        assert!(matches!(svc.select_and_reserve(sticky, T0), Ok(Admission::Reserved(_))));
+    }
+    let (one, two) = (load(&svc, 1).requests, load(&svc, 2).requests);
+    assert!(two >= 5 && one > two, "{one} on worker 1, {two} on worker 2");
+    // Much busier (a long prompt booked there alone): the session leaves.
+    let mut only_one = EndpointFilter::default();
+    only_one.allow_ip(addr(1).ip());
+    let long = SelectRequest { allowed: Some(only_one), ..request(&svc, 40, &tokens(4_000, 5)) };
+    assert_eq!(svc.select_and_reserve(long, T0).map(|_| ()), Ok(()));
+    assert_eq!(svc.select(&asked(&svc, 41, Some(WorkerId(1)))).unwrap().worker, WorkerId(2), "past the margin");
+    // A sticky worker that is not a candidate (gone, or outside the subset) is ignored.
+    assert_eq!(svc.select(&asked(&svc, 31, Some(WorkerId(9)))).unwrap().worker, WorkerId(2));
 }

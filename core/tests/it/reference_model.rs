@@ -312,6 +312,7 @@ fn run(ops: &[Op], shards: usize) -> Result<(), TestCaseError> {
                     model: None,
                     allowed: None,
                     priority: 0,
+                    sticky: None,
                 };
                 let got = svc.select_and_reserve(request, now);
                 let want = naive.select(&prompt, now, next_id);

@@ -32,6 +32,9 @@ pub struct RequestBody {
     /// body `priority` is the other way round (lower runs first), so it is
     /// negated.
     pub priority: i32,
+    /// A body `session_id` (llm-d's session affinity), when a usable
+    /// string (see `headers::session_key`).
+    pub session_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -48,6 +51,10 @@ struct Raw<'a> {
     cache_salt: Option<Cow<'a, str>>,
     #[serde(default)]
     priority: Option<i64>,
+    /// Any JSON: only a string is a session key, anything else is ignored
+    /// rather than refused.
+    #[serde(borrow, default)]
+    session_id: Option<Prompt<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -86,6 +93,10 @@ impl RequestBody {
             stream: raw.stream.unwrap_or(false),
             cache_salt: raw.cache_salt.map(Cow::into_owned).filter(|s| !s.is_empty()),
             priority,
+            session_id: match raw.session_id {
+                Some(Prompt::Text(text)) => crate::headers::session_key(text.as_bytes()),
+                _ => None,
+            },
         })
     }
 }

@@ -20,6 +20,20 @@ pub const CONFORMANCE_SELECTION: &str = "test-epp-endpoint-selection";
 /// GAIE conformance: echoed on the response with the served endpoint.
 pub const CONFORMANCE_SERVED: &str = "x-conformance-test-served-endpoint";
 
+/// A client's session key (llm-d's session affinity): requests carrying
+/// the same one prefer the worker that served the last.
+pub const SESSION_TOKEN: &str = "x-session-token";
+/// Longer session keys (from the header or the body) are ignored: a key
+/// is an id, and kvpick keeps a table of them.
+pub const MAX_SESSION_KEY_BYTES: usize = 256;
+
+/// A session key as kvpick keeps it: non-empty, at most
+/// [`MAX_SESSION_KEY_BYTES`].
+pub fn session_key(raw: &[u8]) -> Option<String> {
+    let key = std::str::from_utf8(raw).ok()?.trim();
+    (!key.is_empty() && key.len() <= MAX_SESSION_KEY_BYTES).then(|| key.to_owned())
+}
+
 /// Headers only the gateway and kvpick may set: when a client sends them
 /// they are removed before the request goes upstream, never trusted.
 pub const SYSTEM_HEADERS: [&str; 6] = [
@@ -61,6 +75,8 @@ pub struct RequestHeaders {
     pub conformance_selection: Option<String>,
     /// System headers the client sent, to be removed.
     pub client_system_headers: Vec<&'static str>,
+    /// `x-session-token`, when usable (see [`session_key`]).
+    pub session: Option<String>,
 }
 
 impl RequestHeaders {
@@ -72,6 +88,7 @@ impl RequestHeaders {
             path: text(":path").unwrap_or_default(),
             conformance_selection: text(CONFORMANCE_SELECTION),
             client_system_headers,
+            session: find(map, SESSION_TOKEN).and_then(session_key),
         }
     }
 

@@ -113,6 +113,17 @@ fn status_index(status: u16) -> usize {
 pub const FALLBACK_CLASSES: [&str; 6] =
     ["unsupported", "unreachable", "timeout", "rejected", "upstream", "unknown_api"];
 
+/// What session affinity did for a request with a session key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionPick {
+    /// No worker remembered for the session.
+    New,
+    /// Picked the session's last worker.
+    Kept,
+    /// Left it: it cost more than the margin above the cheapest.
+    Moved,
+}
+
 /// Why a request was routed by load alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fallback {
@@ -179,6 +190,7 @@ pub struct ExtProcMetrics {
     prefill_completes: AtomicU64,
     leases_renewed: AtomicU64,
     bookings_moved: AtomicU64,
+    session_picks: [AtomicU64; 3],
     bookings_not_moved: AtomicU64,
     frees: AtomicU64,
     frees_not_found: AtomicU64,
@@ -205,6 +217,7 @@ impl Default for ExtProcMetrics {
             prefill_completes: AtomicU64::new(0),
             leases_renewed: AtomicU64::new(0),
             bookings_moved: AtomicU64::new(0),
+            session_picks: Default::default(),
             bookings_not_moved: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             frees_not_found: AtomicU64::new(0),
@@ -268,6 +281,10 @@ impl ExtProcMetrics {
     /// A streaming response renewed its booking's lease.
     pub fn record_lease_renewed(&self) {
         self.leases_renewed.fetch_add(1, Relaxed);
+    }
+
+    pub fn record_session_pick(&self, pick: SessionPick) {
+        self.session_picks[pick as usize].fetch_add(1, Relaxed);
     }
 
     /// A booking moved to the worker the gateway says served (`false`:
@@ -371,6 +388,7 @@ impl ExtProcMetrics {
             prefill_completes: self.prefill_completes.load(Relaxed),
             leases_renewed: self.leases_renewed.load(Relaxed),
             bookings_moved: self.bookings_moved.load(Relaxed),
+            session_picks: [0, 1, 2].map(|i| self.session_picks[i].load(Relaxed)),
             bookings_not_moved: self.bookings_not_moved.load(Relaxed),
             frees: self.frees.load(Relaxed),
             frees_not_found: self.frees_not_found.load(Relaxed),
@@ -403,6 +421,8 @@ pub struct ExtProcMetricsSnapshot {
     pub prefill_completes: u64,
     pub leases_renewed: u64,
     pub bookings_moved: u64,
+    /// Picks with a session key: new, kept, moved (see [`SessionPick`]).
+    pub session_picks: [u64; 3],
     pub bookings_not_moved: u64,
     /// Reservations freed by their stream.
     pub frees: u64,

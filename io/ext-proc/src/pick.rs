@@ -22,6 +22,9 @@ pub struct PickInput {
     pub body: Option<BodyInput>,
     /// Only these endpoints may serve (subset hint, conformance header).
     pub allowed: Option<EndpointFilter>,
+    /// The client's session key (`x-session-token`, else the body's
+    /// `session_id`), for session affinity.
+    pub session: Option<String>,
 }
 
 #[derive(Debug)]

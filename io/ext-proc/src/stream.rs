@@ -297,7 +297,8 @@ impl<P: Picks> ExtProcStream<P> {
             self.model.clone_from(&parsed.model);
             Some(BodyInput { bytes: body.clone(), parsed })
         };
-        let pick = self.shared.picker.pick(PickInput { body, allowed }).await?;
+        let session = self.headers.session.clone().or_else(|| body.as_ref().and_then(|b| b.parsed.session_id.clone()));
+        let pick = self.shared.picker.pick(PickInput { body, allowed, session }).await?;
         Ok(Picked { endpoint: pick.endpoint, fallbacks: pick.fallbacks, reservation: pick.reservation })
     }
 

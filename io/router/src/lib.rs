@@ -13,6 +13,7 @@
 
 pub mod picker;
 pub mod reservation;
+pub mod sessions;
 pub mod tokenizer;
 
 pub use picker::{KvPick, KvPicker, KvReservation, NullPicker, Picker, PickerConfig};

@@ -7,15 +7,16 @@
 //! futures on the request path.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvpick_core::{BookingError, HashSeed, Prompt, ReservationId, SelectError, SelectRequest, WorkerId};
-use kvpick_ext_proc::metrics::{ExtProcMetrics, Fallback, Phase};
+use kvpick_ext_proc::metrics::{ExtProcMetrics, Fallback, Phase, SessionPick};
 use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError};
 use kvpick_runtime::{Clock, PendingRings, RingScheduler, ShardedService, ThreadProducers};
 
 use crate::reservation::{Release, Reservation, ReservationIds, TtftSample};
+use crate::sessions::Sessions;
 use crate::tokenizer::{Api, FallbackPolicy, TokenizeError, TokenizeRequest, Tokenizer};
 
 /// What the tokenizer is asked for `body`, as `api`.
@@ -110,13 +111,25 @@ pub struct PickerConfig {
     /// that pass, rather than once each (`kvpick_runtime::RingScheduler`).
     /// Off only to measure what it saves.
     pub ring_per_batch: bool,
+    /// Sessions whose last worker is remembered for session affinity
+    /// (0: no affinity).
+    pub sessions: usize,
 }
 
 impl Default for PickerConfig {
     fn default() -> Self {
-        PickerConfig { base_model: None, fallback: FallbackPolicy::default(), ring_per_batch: true }
+        PickerConfig {
+            base_model: None,
+            fallback: FallbackPolicy::default(),
+            ring_per_batch: true,
+            sessions: DEFAULT_SESSIONS,
+        }
     }
 }
+
+/// Sessions remembered by default: at a few hundred bytes of table each,
+/// a hundred thousand conversations cost a few MB.
+pub const DEFAULT_SESSIONS: usize = 100_000;
 
 /// kvpick's pick: tokenize (or fall back to load only), hash once, select
 /// and book on the shards.
@@ -131,6 +144,8 @@ struct KvInner {
     base_model: Option<String>,
     ids: ReservationIds,
     metrics: Arc<ExtProcMetrics>,
+    /// `None`: affinity off.
+    sessions: Option<Mutex<Sessions>>,
 }
 
 impl KvPicker {
@@ -154,6 +169,7 @@ impl KvPicker {
             base_model: config.base_model.clone(),
             ids: ReservationIds::new(),
             metrics,
+            sessions: (config.sessions > 0).then(|| Mutex::new(Sessions::new(config.sessions))),
         }))
     }
 
@@ -178,7 +194,9 @@ impl KvPicker {
         };
         let id = inner.ids.next_id();
         let mut reservation = Reservation::new(id, self.clone(), self.service().lease());
-        let request = SelectRequest { id, prompt, model, allowed: input.allowed, priority };
+        let session = input.session.as_deref().filter(|_| inner.sessions.is_some());
+        let sticky = session.and_then(|key| self.sessions().and_then(|mut s| s.get(key)));
+        let request = SelectRequest { id, prompt, model, allowed: input.allowed, priority, sticky };
         let start = Instant::now();
         let result = self.service().select_and_wait(&inner.producers, request, inner.clock.now()).await;
         inner.metrics.record_select(start.elapsed());
@@ -190,6 +208,16 @@ impl KvPicker {
                     inner.metrics.record_overlap(u64::from(selection.isl_tokens), overlap);
                 }
                 reservation.booked(&selection);
+                if let Some(key) = session {
+                    inner.metrics.record_session_pick(match sticky {
+                        None => SessionPick::New,
+                        Some(worker) if worker == selection.worker => SessionPick::Kept,
+                        Some(_) => SessionPick::Moved,
+                    });
+                    if let Some(mut sessions) = self.sessions() {
+                        sessions.insert(key, selection.worker);
+                    }
+                }
                 Ok(Pick {
                     endpoint: selection.endpoint,
                     fallbacks: selection.fallbacks,
@@ -201,6 +229,12 @@ impl KvPicker {
                 Err(error.into())
             }
         }
+    }
+
+    /// The session table, when affinity is on (a poisoned lock is taken
+    /// over: the table holds no invariant a panic could break).
+    fn sessions(&self) -> Option<std::sync::MutexGuard<'_, Sessions>> {
+        self.0.sessions.as_ref().map(|m| m.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
     }
 
     /// The adapter name when `model` is not the pool's base model.

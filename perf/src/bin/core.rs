@@ -585,6 +585,7 @@ fn bench_selection(
             model: None,
             allowed: None,
             priority: 0,
+            sticky: None,
         };
         let t0 = Instant::now();
         let reserved = service.select_and_reserve(request, Millis(i));

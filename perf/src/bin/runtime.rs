@@ -161,6 +161,7 @@ fn request(i: u64, prompts: &[Prompt]) -> SelectRequest {
         model: None,
         allowed: None,
         priority: 0,
+        sticky: None,
     }
 }
 

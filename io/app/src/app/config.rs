@@ -91,7 +91,10 @@ impl ServeConfig {
             Some("fail") => FallbackPolicy::Fail,
             _ => FallbackPolicy::LoadOnly,
         };
-        let picker = PickerConfig { base_model: model.clone(), fallback, ..PickerConfig::default() };
+        let mut picker = PickerConfig { base_model: model.clone(), fallback, ..PickerConfig::default() };
+        if let Some(n) = v.whole::<usize>(var::SESSIONS, 0)? {
+            picker.sessions = n;
+        }
         let discovery = discovery(v, block_size, &model, max_num_batched_tokens, total_kv_blocks)?;
         if tokenizer.is_none() && matches!(discovery, DiscoveryMode::Kubernetes(_)) {
             return Err(ConfigError::Missing(
@@ -247,6 +250,9 @@ fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfi
     }
     if let Some(weight) = v.number(var::COPY_WEIGHT, 0.0)? {
         router.copy_weight = weight;
+    }
+    if let Some(margin) = v.number(var::SESSION_MARGIN, 0.0)? {
+        router.session_margin = margin;
     }
     if let Some(ms) = v.number(var::TPOT_TARGET_MS, 0.0)? {
         router.tpot_target = Some(Duration::from_secs_f64(ms / 1e3));
@@ -416,6 +422,11 @@ mod tests {
         let c =
             config(&[(var::WORKERS_FILE, "w.yaml"), (var::TPOT_TARGET_MS, "12.5")]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.router.tpot_target, Some(Duration::from_micros(12_500)));
+        assert_eq!(c.router.session_margin, kvpick_core::cost::DEFAULT_SESSION_MARGIN);
+        assert_eq!(c.picker.sessions, kvpick_router::picker::DEFAULT_SESSIONS);
+        let c = config(&[(var::WORKERS_FILE, "w.yaml"), (var::SESSIONS, "0"), (var::SESSION_MARGIN, "1.5")])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((c.picker.sessions, c.router.session_margin), (0, 1.5));
     }
 
     #[test]

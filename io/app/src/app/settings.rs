@@ -68,6 +68,8 @@ pub const COPY_WEIGHT: &str = "KVPICK_COPY_WEIGHT";
 pub const CALIBRATE: &str = "KVPICK_CALIBRATE";
 pub const CALIBRATION_STALE_SECS: &str = "KVPICK_CALIBRATION_STALE_SECS";
 pub const TPOT_TARGET_MS: &str = "KVPICK_TPOT_TARGET_MS";
+pub const SESSIONS: &str = "KVPICK_SESSIONS";
+pub const SESSION_MARGIN: &str = "KVPICK_SESSION_MARGIN";
 pub const PREFILL_LOAD_SCALE: &str = "DYN_ROUTER_PREFILL_LOAD_SCALE";
 pub const OVERLAP_SCORE_WEIGHT: &str = "DYN_ROUTER_OVERLAP_SCORE_WEIGHT";
 pub const TEMPERATURE: &str = "DYN_ROUTER_TEMPERATURE";
@@ -211,6 +213,18 @@ pub const SETTINGS: &[Setting] = &[
         "tpot-target-ms",
         None,
         "Latency cost: a worker where the request's decode step is predicted slower than this many ms (a step's overhead plus one decode per sequence running there, at the worker's learned speed) is chosen only when every worker is; unset: no TPOT guard",
+    ),
+    s(
+        SESSIONS,
+        "sessions",
+        Some("100000"),
+        "Session affinity: client sessions (x-session-token header, else a body `session_id`) whose last worker is remembered (0: no affinity)",
+    ),
+    s(
+        SESSION_MARGIN,
+        "session-margin",
+        Some("0.25"),
+        "Session affinity: a session stays on its last worker while that costs at most this fraction more than the cheapest",
     ),
     s(
         CALIBRATE,

@@ -170,6 +170,14 @@ fn ext_proc(e: &mut Exposition, sources: &Sources) {
         &[],
         m.leases_renewed,
     );
+    for (i, result) in ["new", "kept", "moved"].into_iter().enumerate() {
+        e.counter(
+            "kvpick_session_picks_total",
+            "Picks of requests with a session key (x-session-token or session_id): no worker remembered, the session's worker kept, or left for a cheaper one.",
+            &[("result", result)],
+            m.session_picks[i],
+        );
+    }
     let moved = "Bookings moved to the worker the gateway reports as served (x-gateway-destination-endpoint-served).";
     e.counter("kvpick_bookings_moved_total", moved, &[("result", "moved")], m.bookings_moved);
     e.counter("kvpick_bookings_moved_total", moved, &[("result", "failed")], m.bookings_not_moved);

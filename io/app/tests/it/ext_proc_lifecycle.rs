@@ -8,6 +8,8 @@ use std::time::Duration;
 use crate::ext_proc_support::h2_client::RawConnection;
 use crate::ext_proc_support::*;
 use kvpick_core::{CostModel, EngineRates, RouterConfig};
+use kvpick_proto::ext_proc::external_processor_client::ExternalProcessorClient;
+use tonic::transport::Channel;
 
 async fn prefill_tokens(h: &Harness) -> u64 {
     h.loads().await.iter().map(|l| l.prefill_tokens).sum()
@@ -398,5 +400,57 @@ async fn a_stream_longer_than_the_lease_keeps_its_booking() {
     // its booking (the silent one's lease had taken it).
     assert!(m.leases_renewed >= 6, "{} renewals", m.leases_renewed);
     assert_eq!((m.frees, m.frees_not_found), (1, 1));
+    h.stop().await;
+}
+
+/// Picks `body` with the request headers `extra`, ends the response, and
+/// returns the destination once the booking is freed.
+async fn pick_and_finish(
+    h: &Harness,
+    client: &mut ExternalProcessorClient<Channel>,
+    extra: &[(&str, &str)],
+    body: &str,
+) -> String {
+    let mut call = Call::open(client).await;
+    call.send(request_headers("POST", "/v1/chat/completions", extra, false, full_duplex()));
+    call.send(request_body(body.as_bytes(), true));
+    let picked = destination(&call.recv().await).expect("a pick");
+    call.recv().await;
+    finish_response(&mut call).await;
+    drop(call);
+    h.wait_all_freed().await;
+    picked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_sticks_to_its_worker() {
+    let h = Harness::start(Options::default()).await;
+    let mut client = h.client().await;
+    // Idle workers tie: without a session, picks spread at random.
+    let mut spread = std::collections::BTreeSet::new();
+    for i in 0..12 {
+        spread.insert(pick_and_finish(&h, &mut client, &[], &chat(&words(&format!("free{i}-"), 20))).await);
+    }
+    assert!(spread.len() > 1, "ties go to several workers");
+    // With a session key (header), every turn goes where the first went.
+    let header = [("x-session-token", "conversation-1")];
+    let first = pick_and_finish(&h, &mut client, &header, &chat(&words("turn0-", 20))).await;
+    for i in 1..12 {
+        let again = pick_and_finish(&h, &mut client, &header, &chat(&words(&format!("turn{i}-"), 20))).await;
+        assert_eq!(again, first, "turn {i}");
+    }
+    // The body's session_id works the same; a non-string one is ignored.
+    let body = |i: usize, session: serde_json::Value| {
+        serde_json::json!({"model": "test-model", "messages": [{"role": "user", "content": words(&format!("b{i}-"), 20)}],
+            "session_id": session}).to_string()
+    };
+    let first = pick_and_finish(&h, &mut client, &[], &body(0, "conversation-2".into())).await;
+    for i in 1..8 {
+        assert_eq!(pick_and_finish(&h, &mut client, &[], &body(i, "conversation-2".into())).await, first);
+    }
+    pick_and_finish(&h, &mut client, &[], &body(99, serde_json::json!({"not": "a key"}))).await;
+    let m = h.metrics.snapshot();
+    assert_eq!(m.session_picks, [2, 18, 0], "new, kept, moved");
+    drop(client);
     h.stop().await;
 }

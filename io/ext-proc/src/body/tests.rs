@@ -56,3 +56,16 @@ fn paths() {
     assert_eq!(api_of_path("/v1/completions/"), Some(Api::Completions));
     assert_eq!(api_of_path("/v1/embeddings"), None);
 }
+
+#[test]
+fn a_session_id_is_a_short_string_or_nothing() {
+    let session = |json: &str| parse(json, None).unwrap_or_else(|e| panic!("{e}")).session_id;
+    assert_eq!(session(r#"{"model":"m","session_id":" chat-7 "}"#).as_deref(), Some("chat-7"));
+    // Not a string, empty or too long: ignored, never a refused request.
+    assert_eq!(session(r#"{"model":"m","session_id":42}"#), None);
+    assert_eq!(session(r#"{"model":"m","session_id":{"a":[1]}}"#), None);
+    assert_eq!(session(r#"{"model":"m","session_id":""}"#), None);
+    let long = format!(r#"{{"model":"m","session_id":"{}"}}"#, "x".repeat(crate::headers::MAX_SESSION_KEY_BYTES + 1));
+    assert_eq!(session(&long), None);
+    assert_eq!(session(r#"{"model":"m"}"#), None);
+}

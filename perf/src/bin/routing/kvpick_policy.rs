@@ -92,6 +92,7 @@ impl Policy for Kvpick {
             model: None,
             allowed: None,
             priority: 0,
+            sticky: None,
         };
         match self.svc.select_and_reserve(request, millis(arrival.now_ns)) {
             Ok(Admission::Reserved(selection)) => {
