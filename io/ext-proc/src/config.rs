@@ -32,6 +32,9 @@ pub struct ExtProcConfig {
     /// GAIE conformance hooks: `test-epp-endpoint-selection` restricts the
     /// pick, and the served endpoint is echoed on the response.
     pub conformance_hooks: bool,
+    /// The destination header carries the fallback list too, not only the
+    /// `envoy.lb` metadata (agentgateway answers 503 to a list there).
+    pub fallbacks_in_header: bool,
     pub assumed_body_mode: AssumedBodyMode,
     /// Largest JSON response body kept to read its `usage`.
     pub max_usage_body_bytes: usize,
@@ -46,6 +49,7 @@ impl Default for ExtProcConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_inflight_requests: DEFAULT_MAX_INFLIGHT,
             conformance_hooks: false,
+            fallbacks_in_header: false,
             assumed_body_mode: AssumedBodyMode::default(),
             max_usage_body_bytes: 1024 * 1024,
             tls: Tls::Off,

@@ -314,8 +314,12 @@ impl<P: Picks> ExtProcStream<P> {
         };
         self.shared.metrics.record_status(200);
         self.shared.metrics.record_model_decision(&self.model, None);
+        // The ranked list goes in the metadata; the header has the pick
+        // alone unless asked (some gateways refuse a list there).
         let destination = picked.destination();
-        let mutation = self.headers.pick_mutation(&destination);
+        let header =
+            if self.shared.config.fallbacks_in_header { destination.clone() } else { picked.endpoint.to_string() };
+        let mutation = self.headers.pick_mutation(&header);
         let metadata = Some(destination_metadata(&destination));
         if !self.headers_answered {
             self.out.push_back(responses::headers(Path::Request, Some(mutation), true, metadata));

@@ -151,8 +151,8 @@ the value is set (not null, not ""). Called as
 Checks that fail the render with a message naming the value.
 */}}
 {{- define "kvpick.validate" -}}
-{{- if and (eq .Values.gateway.flavour "agentgateway") (gt (int .Values.gateway.fallbackEndpoints) 0) }}
-{{- fail "gateway.fallbackEndpoints must be 0 with gateway.flavour=agentgateway: agentgateway answers 503 to a list of endpoints" }}
+{{- if and (eq .Values.gateway.flavour "agentgateway") .Values.gateway.fallbacksInHeader }}
+{{- fail "gateway.fallbacksInHeader must be false with gateway.flavour=agentgateway: agentgateway answers 503 to a list of endpoints in the header" }}
 {{- end }}
 {{- if and (include "kvpick.kubernetesMode" .) (not (include "kvpick.tokenizerUrl" .)) }}
 {{- fail "Kubernetes discovery needs a tokenizer: set tokenizer.url, or keep tokenizer.service.create=true" }}

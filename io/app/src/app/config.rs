@@ -147,6 +147,9 @@ fn ext_proc(v: &Values) -> Result<ExtProcConfig, ConfigError> {
     if let Some(on) = v.boolean(var::CONFORMANCE_HOOKS)? {
         config.conformance_hooks = on;
     }
+    if let Some(on) = v.boolean(var::FALLBACKS_IN_HEADER)? {
+        config.fallbacks_in_header = on;
+    }
     Ok(config)
 }
 
@@ -450,14 +453,17 @@ mod tests {
         let c = config(&[(var::WORKERS_FILE, "w")]).unwrap_or_else(|e| panic!("{e}"));
         let e = &c.ext_proc;
         assert_eq!((e.max_inflight_requests, e.max_body_bytes, e.tls.clone()), (1024, 16 << 20, Tls::Off));
+        assert!(!e.fallbacks_in_header, "the header carries the pick alone by default");
         assert_eq!(c.picker, PickerConfig::default());
         let c = config(&[
             (var::WORKERS_FILE, "w"),
             (var::MAX_INFLIGHT_REQUESTS, "8"),
             (var::SECURE_SERVING, "true"),
             (var::MODEL, "llama"),
+            (var::FALLBACKS_IN_HEADER, "true"),
         ])
         .unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.ext_proc.fallbacks_in_header);
         assert_eq!(c.ext_proc.max_inflight_requests, 8);
         assert!(matches!(c.ext_proc.tls, Tls::SelfSigned { .. }));
         assert_eq!(c.picker.base_model.as_deref(), Some("llama"));

@@ -79,6 +79,7 @@ pub const QUEUE_TIMEOUT_MS: &str = "DYN_ROUTER_QUEUE_TIMEOUT_MS";
 pub const LEASE_SECS: &str = "DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS";
 pub const ROUTER_SEED: &str = "DYN_ROUTER_SEED";
 pub const FALLBACK_ENDPOINTS: &str = "KVPICK_FALLBACK_ENDPOINTS";
+pub const FALLBACKS_IN_HEADER: &str = "KVPICK_FALLBACKS_IN_HEADER";
 pub const SHARDS: &str = "KVPICK_SHARDS";
 pub const SHARD_CPUS: &str = "KVPICK_SHARD_CPUS";
 pub const RUNTIME: &str = "KVPICK_RUNTIME";
@@ -280,7 +281,13 @@ pub const SETTINGS: &[Setting] = &[
         FALLBACK_ENDPOINTS,
         "fallback-endpoints",
         Some("0"),
-        "Also send the next N cheapest endpoints, as `ip:port,ip:port,…`, for gateways that try them in order (Envoy); agentgateway rejects a list, so 0 sends the pick alone",
+        "Also send the next N cheapest endpoints, ranked, as `ip:port,ip:port,…` in the envoy.lb metadata, for gateways that try them in order (Envoy-based ones); the header keeps the pick alone unless --fallbacks-in-header",
+    ),
+    s(
+        FALLBACKS_IN_HEADER,
+        "fallbacks-in-header",
+        Some("false"),
+        "Put the fallback list in the x-gateway-destination-endpoint header too (agentgateway answers 503 to a list there: keep false for it)",
     ),
     s(SHARDS, "shards", None, "Shard threads (default: all cores but the I/O threads', at least 1)"),
     s(
