@@ -6,12 +6,12 @@
 //! `sleeping` load on the producer side, are each separated by a SeqCst
 //! fence: at least one side sees the other, so no wake-up is lost.
 
-use std::sync::Arc;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Wake, Waker};
 use std::thread::Thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use atomic_waker::AtomicWaker;
 
@@ -24,6 +24,10 @@ pub(crate) struct Doorbell {
     /// counting the wake-up itself.
     rung_at: AtomicU64,
     waker: AtomicWaker,
+    /// The glommio executor thread that sleeps on this doorbell, while it
+    /// runs (see `nudge`); held locked while it is signalled, so it is
+    /// never signalled after it has gone.
+    thread: Mutex<Option<u64>>,
 }
 
 const NEVER: u64 = u64::MAX;
@@ -36,6 +40,7 @@ impl Default for Doorbell {
             rung: AtomicBool::new(false),
             rung_at: AtomicU64::new(NEVER),
             waker: AtomicWaker::new(),
+            thread: Mutex::new(None),
         }
     }
 }
@@ -99,6 +104,29 @@ impl Doorbell {
             if self.rung.load(Ordering::Acquire) { std::task::Poll::Ready(()) } else { std::task::Poll::Pending }
         })
         .await
+    }
+
+    /// The shard's glommio thread starts (`Some`) or stops (`None`) sleeping here.
+    pub(crate) fn set_thread(&self, thread: Option<u64>) {
+        *self.thread.lock().unwrap_or_else(PoisonError::into_inner) = thread;
+    }
+
+    /// Runs `f` on the registered thread, if any, while it cannot go.
+    pub(crate) fn with_thread(&self, f: impl FnOnce(u64)) {
+        if let Some(thread) = *self.thread.lock().unwrap_or_else(PoisonError::into_inner) {
+            f(thread);
+        }
+    }
+
+    /// Rung at least `for_at_least` ago and still asleep: the wake-up was
+    /// lost.
+    pub(crate) fn rung_and_asleep_for(&self, for_at_least: Duration) -> bool {
+        if !self.sleeping.load(Ordering::Relaxed) || !self.rung.load(Ordering::Acquire) {
+            return false;
+        }
+        let rung_at = self.rung_at.load(Ordering::Relaxed);
+        let now = u64::try_from(ORIGIN.elapsed().as_nanos()).unwrap_or(NEVER);
+        rung_at != NEVER && now.saturating_sub(rung_at) >= u64::try_from(for_at_least.as_nanos()).unwrap_or(NEVER)
     }
 
     /// Resets the flags; returns when the shard was rung, if it was.

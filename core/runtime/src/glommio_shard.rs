@@ -57,6 +57,8 @@ pub(crate) async fn run(shard_loop: ShardLoop) {
         executor.create_task_queue(Shares::Static(SELECTION_SHARES), Latency::Matters(SELECTION_LATENCY), "selections");
     let background = executor.create_task_queue(Shares::Static(BACKGROUND_SHARES), Latency::NotImportant, "background");
     let state: State = Rc::new(RefCell::new(shard_loop));
+    let shared = state.borrow().shared_arc();
+    shared.doorbell.set_thread(Some(super::nudge::current_thread()));
     let events_waiting = Rc::new(Semaphore::new(0));
     // Dropping a glommio task cancels it: the two background tasks live
     // exactly as long as the selection task.
@@ -69,6 +71,7 @@ pub(crate) async fn run(shard_loop: ShardLoop) {
         .await;
     drop((events, leases));
     state.borrow_mut().finish();
+    shared.doorbell.set_thread(None);
 }
 
 /// Runs every command but KV events; sleeps on the doorbell when there are

@@ -20,6 +20,7 @@ mod command;
 mod deferred_ring;
 mod doorbell;
 mod glommio_shard;
+mod nudge;
 mod producer;
 mod service;
 mod shard_loop;

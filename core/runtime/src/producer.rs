@@ -23,6 +23,8 @@ pub struct RingCounters {
     pub full_waits: AtomicU64,
     /// Selections refused because a ring stayed full past the bound.
     pub selections_refused: AtomicU64,
+    /// Glommio shards woken by a signal after a lost wake-up (`nudge`).
+    pub glommio_nudges: AtomicU64,
 }
 
 /// Why a push did not happen.

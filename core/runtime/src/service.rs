@@ -186,6 +186,12 @@ impl ShardedService {
                 }
             }
         }
+        let counters = Arc::<RingCounters>::default();
+        if kind == RuntimeKind::Glommio {
+            if let Err(error) = super::nudge::spawn_watchdog(shards.to_vec(), counters.clone()) {
+                tracing::warn!(%error, "no glommio watchdog thread: a lost wake-up would stall a shard until the next one");
+            }
+        }
         Ok(ShardedService {
             calibration: Mutex::new(Calibration::new(common.picking.policy.config().calibration.clone())),
             picking: common.picking,
@@ -196,7 +202,7 @@ impl ShardedService {
             shards,
             threads: Mutex::new(threads),
             admissions: common.admissions,
-            counters: Arc::default(),
+            counters,
             spin,
             selections_in_flight: AtomicUsize::new(0),
         })

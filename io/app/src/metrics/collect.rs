@@ -336,6 +336,12 @@ async fn shard_families(e: &mut Exposition, producers: &ThreadProducers, workers
         rings.full_waits.load(relaxed),
     );
     e.counter(
+        "kvpick_glommio_nudges_total",
+        "Glommio shards woken by a signal after sleeping through a producer's wake-up.",
+        &[],
+        rings.glommio_nudges.load(relaxed),
+    );
+    e.counter(
         "kvpick_ring_selections_refused_total",
         "Selections refused because a ring stayed full past the bound.",
         &[],

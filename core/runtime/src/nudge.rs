@@ -1,0 +1,128 @@
+//! Interrupting a glommio shard's sleep from another thread.
+//!
+//! Under CPU contention a glommio executor can sleep in `io_uring_enter`
+//! with neither its cross-thread wake-up (the eventfd a producer's ring
+//! writes) nor its own timer ending the sleep: both shards of the
+//! concurrent-producers test were seen asleep for minutes with commands in
+//! their rings, until a debugger's attach (a signal) woke them. The cause is
+//! inside glommio 0.9; what ends such a sleep is a signal, which makes
+//! `io_uring_enter` return `EINTR` and the executor poll again. So a
+//! watchdog thread looks, every [`WATCH_EVERY`], for a shard that was rung
+//! longer ago than that and is still asleep, and sends its thread SIGURG,
+//! whose handler does nothing. SIGURG: its default is to be ignored (an
+//! ignored signal would interrupt nothing, hence the handler), nothing in
+//! kvpick uses it, and it is sent to one thread only.
+
+use std::sync::Arc;
+use std::sync::Once;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::producer::RingCounters;
+use super::shard_loop::ShardShared;
+
+/// How often the watchdog looks, and how long a ring may go unanswered by
+/// a sleeping shard before its thread is interrupted.
+pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(10);
+
+extern "C" fn ignore(_: libc::c_int) {}
+
+/// Installs the no-op SIGURG handler, once per process, without
+/// `SA_RESTART`, so that a blocking call in the signalled thread returns.
+fn install_handler() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: a zeroed `sigaction` is valid (empty mask, no flags); the
+        // handler is an `extern "C" fn(c_int)` that touches nothing, so it
+        // is async-signal-safe.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = ignore as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            libc::sigemptyset(&mut action.sa_mask);
+            if libc::sigaction(libc::SIGURG, &action, std::ptr::null_mut()) != 0 {
+                tracing::warn!(error = %std::io::Error::last_os_error(), "no SIGURG handler: a stuck glommio shard cannot be nudged");
+            }
+        }
+    });
+}
+
+/// The calling thread, as the watchdog will signal it.
+pub(crate) fn current_thread() -> u64 {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() as u64 }
+}
+
+/// Watches glommio shards until every one has exited, counting the nudges
+/// it sends.
+pub(crate) fn spawn_watchdog(shards: Vec<Arc<ShardShared>>, counters: Arc<RingCounters>) -> std::io::Result<()> {
+    install_handler();
+    std::thread::Builder::new().name("kvpick-glommio-watchdog".into()).spawn(move || {
+        while !shards.iter().all(|s| s.exited()) {
+            std::thread::sleep(WATCH_EVERY);
+            for (i, shard) in shards.iter().enumerate() {
+                if !shard.doorbell.rung_and_asleep_for(WATCH_EVERY) {
+                    continue;
+                }
+                shard.doorbell.with_thread(|thread| {
+                    // SAFETY: the id is registered only while its glommio
+                    // thread runs the shard, and cannot be unregistered
+                    // while `with_thread` holds it; SIGURG has a handler.
+                    let sent = unsafe { libc::pthread_kill(thread as libc::pthread_t, libc::SIGURG) };
+                    if sent == 0 {
+                        counters.glommio_nudges.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(shard = i, "a sleeping glommio shard missed its wake-up: nudged");
+                    }
+                });
+            }
+        }
+    })?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::doorbell::Doorbell;
+
+    #[test]
+    fn sigurg_interrupts_a_blocking_call_in_the_signalled_thread() {
+        install_handler();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let blocked = std::thread::spawn(move || {
+            let mut fds = [0; 2];
+            // SAFETY: a pipe nobody writes to: `read` blocks until a signal.
+            let result = unsafe {
+                assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+                tx.send(current_thread()).unwrap();
+                let mut byte = 0u8;
+                let n = libc::read(fds[0], (&mut byte as *mut u8).cast(), 1);
+                let error = std::io::Error::last_os_error();
+                libc::close(fds[0]);
+                libc::close(fds[1]);
+                (n, error.raw_os_error())
+            };
+            result
+        });
+        let thread = rx.recv().unwrap();
+        // The read may not have started yet: signal until it returns.
+        while !blocked.is_finished() {
+            std::thread::sleep(Duration::from_millis(20));
+            // SAFETY: the thread is alive until `is_finished`; joined below.
+            unsafe { libc::pthread_kill(thread as libc::pthread_t, libc::SIGURG) };
+        }
+        assert_eq!(blocked.join().unwrap(), (-1, Some(libc::EINTR)));
+    }
+
+    #[test]
+    fn only_a_ring_unanswered_for_a_while_counts_as_lost() {
+        let bell = Doorbell::default();
+        assert!(bell.prepare_sleep(|| false));
+        assert!(!bell.rung_and_asleep_for(Duration::from_millis(5)), "not rung");
+        assert!(bell.ring());
+        assert!(!bell.rung_and_asleep_for(Duration::from_secs(60)), "rung just now");
+        std::thread::sleep(Duration::from_millis(15));
+        assert!(bell.rung_and_asleep_for(Duration::from_millis(10)));
+        bell.woke();
+        assert!(!bell.rung_and_asleep_for(Duration::ZERO), "awake");
+    }
+}
