@@ -91,7 +91,7 @@ mod tests {
         let blocked = std::thread::spawn(move || {
             let mut fds = [0; 2];
             // SAFETY: a pipe nobody writes to: `read` blocks until a signal.
-            let result = unsafe {
+            unsafe {
                 assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
                 tx.send(current_thread()).unwrap();
                 let mut byte = 0u8;
@@ -100,8 +100,7 @@ mod tests {
                 libc::close(fds[0]);
                 libc::close(fds[1]);
                 (n, error.raw_os_error())
-            };
-            result
+            }
         });
         let thread = rx.recv().unwrap();
         // The read may not have started yet: signal until it returns.
