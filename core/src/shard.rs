@@ -79,6 +79,9 @@ pub struct LoadSnapshot {
     pub active_blocks: u64,
     pub requests: u32,
     pub cached_blocks: u64,
+    /// The block size the worker's KV events carry, when it differs from
+    /// kvpick's: the most common silent misconfiguration (nothing matches).
+    pub block_size_mismatch: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -88,6 +91,9 @@ struct WorkerEntry {
     /// Calibrated speed relative to the fleet (see `Calibration`).
     speed: f64,
     churn: Churn,
+    /// The block size the worker's KV events carry, while it is not the
+    /// one kvpick hashes with: none of its cache can match.
+    engine_block_size: Option<u32>,
 }
 
 /// How hard a worker's cache is churning, from its own KV events: blocks
@@ -170,6 +176,7 @@ impl Shard {
             let entry = self.slots[slot as usize].as_mut().expect("by_id points at live slots");
             if entry.spec.block_size != spec.block_size {
                 self.index.clear(slot);
+                entry.engine_block_size = None;
             }
             entry.spec = spec;
             return;
@@ -183,8 +190,13 @@ impl Shard {
         } as Slot;
         self.by_id.insert(spec.id, slot);
         self.index.add_worker(slot);
-        self.slots[slot as usize] =
-            Some(WorkerEntry { spec, load: WorkerLoad::default(), speed: 1.0, churn: Churn::default() });
+        self.slots[slot as usize] = Some(WorkerEntry {
+            spec,
+            load: WorkerLoad::default(),
+            speed: 1.0,
+            churn: Churn::default(),
+            engine_block_size: None,
+        });
     }
 
     /// Removes a worker, its cache and its bookings (returned: they are
@@ -213,6 +225,9 @@ impl Shard {
                             KvEvent::Cleared => entry.churn = Churn::default(),
                             _ => entry.churn.record(applied),
                         }
+                        if matches!(event, KvEvent::Stored { .. }) {
+                            entry.engine_block_size = None;
+                        }
                     }
                 }
                 self.stats.events_applied += 1;
@@ -221,6 +236,12 @@ impl Shard {
                 self.stats.unknown_removals += applied.unknown_removed;
             }
             Err(EventError::UnknownParent(_)) => self.stats.unknown_parent_events += 1,
+            Err(EventError::BlockSizeMismatch { event, .. }) => {
+                self.stats.events_rejected += 1;
+                if let Some(entry) = self.by_id.get(&worker).and_then(|&slot| self.slots[slot as usize].as_mut()) {
+                    entry.engine_block_size = Some(*event);
+                }
+            }
             Err(_) => self.stats.events_rejected += 1,
         }
         result
@@ -255,7 +276,7 @@ impl Shard {
             self.overlap_by_slot[slot as usize] = depth;
         }
         for (slot, entry) in self.slots.iter().enumerate() {
-            let Some(WorkerEntry { spec, load, speed, churn }) = entry else { continue };
+            let Some(WorkerEntry { spec, load, speed, churn, .. }) = entry else { continue };
             if spec.lifecycle != Lifecycle::Schedulable
                 || !spec.serves(query.model)
                 || query.allowed.is_some_and(|f| !f.allows(&spec.endpoint))
@@ -385,8 +406,22 @@ impl Shard {
                 active_blocks: entry.load.active_blocks(),
                 requests: entry.load.requests(),
                 cached_blocks: self.index.worker_blocks(slot as Slot) as u64,
+                block_size_mismatch: entry.engine_block_size,
             })
         })
+    }
+
+    /// The block size the worker's KV events carry, when it is not the one
+    /// kvpick hashes with.
+    pub fn engine_block_size(&self, id: WorkerId) -> Option<u32> {
+        let slot = *self.by_id.get(&id)?;
+        self.slots[slot as usize].as_ref().and_then(|e| e.engine_block_size)
+    }
+
+    /// The worker's endpoint, for messages.
+    pub fn endpoint_of(&self, id: WorkerId) -> Option<std::net::SocketAddr> {
+        let slot = *self.by_id.get(&id)?;
+        self.slots[slot as usize].as_ref().map(|e| e.spec.endpoint)
     }
 
     /// Overlap depth of every worker holding a prefix of `seq_hashes`.

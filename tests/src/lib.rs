@@ -396,6 +396,7 @@ impl Stack {
             active_blocks: 0,
             requests: 0,
             cached_blocks: 0,
+            block_size_mismatch: None,
         })
     }
 

@@ -16,6 +16,7 @@ use super::doorbell::Doorbell;
 use super::spin_policy::SpinPolicy;
 use kvpick_core::booking::BookingEvent;
 use kvpick_core::cost::Candidate;
+use kvpick_core::index::EventError;
 use kvpick_core::pick::Decision;
 use kvpick_core::request::SelectError;
 use kvpick_core::shard::{CandidateQuery, Shard};
@@ -325,8 +326,24 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
             let _ = reply.send(shard.delete_worker(id));
         }
         Command::Event(worker, event) => {
-            // Failures are counted in the shard's stats.
-            let _ = shard.apply_event(worker, &event);
+            // Failures are counted in the shard's stats; a block size that
+            // disagrees is said once per worker, at warn: until it is
+            // fixed nothing that worker caches can ever match.
+            let before = shard.engine_block_size(worker);
+            if let Err(EventError::BlockSizeMismatch { event, worker: ours }) = shard.apply_event(worker, &event) {
+                if before != Some(event) {
+                    let endpoint = shard.endpoint_of(worker).map(|e| e.to_string()).unwrap_or_default();
+                    tracing::warn!(
+                        worker = worker.0,
+                        %endpoint,
+                        engine_block_size = event,
+                        kvpick_block_size = ours,
+                        "worker {endpoint} publishes KV blocks of {event} tokens but kvpick hashes blocks of {ours} \
+                         (--block-size / DYN_KV_CACHE_BLOCK_SIZE, or the worker's block_size): its events are refused \
+                         and nothing it caches can match until both are the same (kvpick_worker_block_size_mismatch)"
+                    );
+                }
+            }
         }
         Command::Candidates(query, reply) => {
             let mut out = Vec::with_capacity(shard.worker_count());

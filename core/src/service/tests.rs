@@ -91,7 +91,14 @@ fn reservation_lifecycle_moves_load_and_is_idempotent() {
     let sel = reserve(&mut svc, 7, &tokens(10, 0));
     assert_eq!(
         load(&svc, 1),
-        LoadSnapshot { worker: WorkerId(1), prefill_tokens: 10, active_blocks: 3, requests: 1, cached_blocks: 0 }
+        LoadSnapshot {
+            worker: WorkerId(1),
+            prefill_tokens: 10,
+            active_blocks: 3,
+            requests: 1,
+            cached_blocks: 0,
+            block_size_mismatch: None
+        }
     );
     svc.prefill_complete(sel.id, T0).unwrap();
     svc.prefill_complete(sel.id, T0).unwrap();
@@ -102,7 +109,14 @@ fn reservation_lifecycle_moves_load_and_is_idempotent() {
     assert_eq!(svc.prefill_complete(sel.id, T0), Err(BookingError::NotFound(sel.id)));
     assert_eq!(
         load(&svc, 1),
-        LoadSnapshot { worker: WorkerId(1), prefill_tokens: 0, active_blocks: 0, requests: 0, cached_blocks: 0 }
+        LoadSnapshot {
+            worker: WorkerId(1),
+            prefill_tokens: 0,
+            active_blocks: 0,
+            requests: 0,
+            cached_blocks: 0,
+            block_size_mismatch: None
+        }
     );
 }
 
@@ -530,4 +544,26 @@ fn a_session_sticks_to_its_worker_until_it_costs_a_margin_more() {
     assert_eq!(svc.select(&asked(&svc, 41, Some(WorkerId(1)))).unwrap().worker, WorkerId(2), "past the margin");
     // A sticky worker that is not a candidate (gone, or outside the subset) is ignored.
     assert_eq!(svc.select(&asked(&svc, 31, Some(WorkerId(9)))).unwrap().worker, WorkerId(2));
+}
+
+#[test]
+fn a_worker_whose_events_carry_another_block_size_is_flagged_until_they_agree() {
+    let mut svc = service(2, 1, RouterConfig::default());
+    let wrong = KvEvent::Stored {
+        block_hashes: vec![1, 2],
+        parent: None,
+        token_ids: tokens(4 * BS, 1),
+        block_size: 2 * BS,
+        seed: HashSeed::default(),
+    };
+    assert_eq!(
+        svc.apply_kv_event(WorkerId(1), &wrong),
+        Err(crate::index::EventError::BlockSizeMismatch { event: 2 * BS, worker: BS })
+    );
+    assert_eq!(load(&svc, 1).block_size_mismatch, Some(2 * BS));
+    assert_eq!((load(&svc, 1).cached_blocks, load(&svc, 2).block_size_mismatch), (0, None));
+    // Fixed (an event of the right size): no longer flagged.
+    store(&mut svc, 1, &tokens(2 * BS, 9));
+    assert_eq!(load(&svc, 1).block_size_mismatch, None);
+    assert_eq!(load(&svc, 1).cached_blocks, 2);
 }

@@ -53,6 +53,7 @@ impl NaiveWorker {
             active_blocks: self.active_set().len() as u64 + self.bookings.values().map(|b| b.unhashed).sum::<u64>(),
             requests: self.bookings.len() as u32,
             cached_blocks: self.blocks.len() as u64,
+            block_size_mismatch: None,
         }
     }
 }

@@ -354,11 +354,16 @@ async fn shard_families(e: &mut Exposition, producers: &ThreadProducers, workers
         .collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
     type Field = fn(&kvpick_core::LoadSnapshot) -> f64;
-    let families: [(&str, &str, Field); 4] = [
+    let families: [(&str, &str, Field); 5] = [
         ("kvpick_worker_prefill_tokens", "Prefill tokens booked on the worker.", |l| l.prefill_tokens as f64),
         ("kvpick_worker_active_blocks", "Decode blocks booked on the worker.", |l| l.active_blocks as f64),
         ("kvpick_worker_requests", "Requests booked on the worker.", |l| f64::from(l.requests)),
         ("kvpick_worker_cached_blocks", "Blocks the worker holds, per the index.", |l| l.cached_blocks as f64),
+        (
+            "kvpick_worker_block_size_mismatch",
+            "The block size the worker's KV events carry when it is not kvpick's --block-size (0: they agree); its events are refused.",
+            |l| f64::from(l.block_size_mismatch.unwrap_or(0)),
+        ),
     ];
     for (family, help, field) in families {
         for (name, load) in &named {
