@@ -5,8 +5,10 @@
 //!   answers.
 //! - `readiness`, `inference-extension` (GAIE conformance probes) and
 //!   `envoy.service.ext_proc.v3.ExternalProcessor` (Envoy's cluster health
-//!   check): SERVING only while at least one worker is schedulable, so a
-//!   gateway never sends traffic to a picker that can only answer 503.
+//!   check): SERVING only while at least one worker is schedulable and
+//!   usable (not all of them publish KV blocks of another size than
+//!   kvpick's), so a gateway never sends traffic to a picker that can only
+//!   answer 503, or one whose every cache lookup is bound to miss.
 //!
 //! Whoever knows the workers (the discovery wiring) reports their count
 //! through [`Readiness`]; a task on the current tokio runtime mirrors it
@@ -33,16 +35,23 @@ pub const GATED: [&str; 3] = [READINESS, INFERENCE_EXTENSION, EXT_PROC];
 /// Where the wiring reports how many workers can take requests.
 #[derive(Clone, Debug)]
 pub struct Readiness {
-    workers: Arc<watch::Sender<usize>>,
+    /// Schedulable workers, and how many of them are unusable.
+    workers: Arc<watch::Sender<(usize, usize)>>,
 }
 
 impl Readiness {
     pub fn set_schedulable_workers(&self, count: usize) {
-        self.workers.send_replace(count);
+        self.workers.send_if_modified(|w| std::mem::replace(&mut w.0, count) != count);
+    }
+
+    /// Workers whose KV events cannot be used (a block size other than
+    /// kvpick's): ready only while some worker is not one of them.
+    pub fn set_unusable_workers(&self, count: usize) {
+        self.workers.send_if_modified(|w| std::mem::replace(&mut w.1, count) != count);
     }
 
     pub fn schedulable_workers(&self) -> usize {
-        *self.workers.borrow()
+        self.workers.borrow().0
     }
 }
 
@@ -65,16 +74,24 @@ impl Health {
         for name in GATED {
             reporter.set_service_status(name, ServingStatus::NotServing).await;
         }
-        let (workers, mut seen) = watch::channel(0usize);
+        let (workers, mut seen) = watch::channel((0usize, 0usize));
         let mirror = reporter.clone();
         tokio::spawn(async move {
             let mut last = None;
             loop {
-                let ready = *seen.borrow_and_update() > 0;
+                let (schedulable, unusable) = *seen.borrow_and_update();
+                let ready = schedulable > unusable;
                 if last != Some(ready) {
                     let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
                     for name in GATED {
                         mirror.set_service_status(name, status).await;
+                    }
+                    if !ready && schedulable > 0 {
+                        tracing::warn!(
+                            schedulable,
+                            "readiness NOT_SERVING: every worker publishes KV blocks of another size than kvpick's \
+                             --block-size (kvpick_worker_block_size_mismatch)"
+                        );
                     }
                     tracing::info!(ready, "readiness changed");
                     last = Some(ready);

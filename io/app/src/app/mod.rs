@@ -186,13 +186,17 @@ impl App {
 
         tasks.push(tokio::spawn(applier.run(updates_rx)));
         // Leases expire on the shards' own timers; queue deadlines and the
-        // admissions they unblock need a clock tick from here.
+        // admissions they unblock need a clock tick from here, and readiness
+        // the count of workers whose events carry another block size.
         let ticker = producers.clone();
+        let readiness = health.readiness();
         tasks.push(tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_millis(250));
             loop {
                 every.tick().await;
                 ticker.service().tick(&ticker, clock.now()).await;
+                let loads = ticker.service().loads(&ticker).await;
+                readiness.set_unusable_workers(loads.iter().filter(|l| l.block_size_mismatch.is_some()).count());
             }
         }));
 

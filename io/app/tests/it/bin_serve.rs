@@ -223,3 +223,57 @@ async fn profile_writes_a_flame_graph_at_exit() {
     assert!(text.contains("<svg") && text.contains("</svg>"), "not an SVG: {}", &text[..text.len().min(200)]);
     fleet.shutdown().await;
 }
+
+/// An engine whose `--block-size` is not kvpick's: its events are refused,
+/// the worker is flagged with its block size, a warning names both values,
+/// and with no other worker kvpick stops being ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_with_another_block_size_is_named_and_not_ready() {
+    use kvpick_proto::health::health_check_response::ServingStatus;
+    use kvpick_proto::health::{HealthCheckRequest, health_client::HealthClient};
+
+    let fleet = fleet(1).await;
+    let dir = TempDir::new("block-size");
+    let file = dir.path("workers.json");
+    write_workers(&file, &fleet, &[0]);
+    // The simulated engines use blocks of 16 tokens.
+    let mut kvpick = serve(&file, &["--block-size", "32"]);
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", kvpick.health))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let health = HealthClient::new(channel);
+    let readiness = |mut health: HealthClient<tonic::transport::Channel>| async move {
+        let request = HealthCheckRequest { service: "readiness".into() };
+        let status = health.check(request).await.unwrap_or_else(|e| panic!("{e}")).into_inner().status;
+        ServingStatus::try_from(status).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let deadline = Instant::now() + WAIT;
+    while readiness(health.clone()).await != ServingStatus::Serving {
+        assert!(Instant::now() < deadline, "never ready with one worker");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
+    let text = "a prompt long enough to fill several blocks of sixteen tokens each ".repeat(6);
+    let exchange = gateway.post("/v1/chat/completions", &chat(&text)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(exchange.status, 200);
+    let warning = kvpick.wait_log(|v| v["level"] == "WARN" && v["engine_block_size"] == 16);
+    let message = warning["message"].as_str().unwrap_or_default().to_owned();
+    let endpoint = fleet.endpoints()[0].http.to_string();
+    assert!(
+        message.contains(&format!("worker {endpoint} publishes KV blocks of 16 tokens but kvpick hashes blocks of 32")),
+        "{message}"
+    );
+    let metrics = scrape(kvpick.metrics).await;
+    assert_eq!(value(&metrics, "kvpick_worker_block_size_mismatch", &[("worker", &endpoint)]), 16.0);
+    assert!(value(&metrics, "kvpick_index_events_rejected_total", &[]) > 0.0);
+    let deadline = Instant::now() + WAIT;
+    while readiness(health.clone()).await != ServingStatus::NotServing {
+        assert!(Instant::now() < deadline, "still ready with its only worker unusable");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(health);
+    fleet.shutdown().await;
+}

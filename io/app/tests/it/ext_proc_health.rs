@@ -52,6 +52,17 @@ async fn readiness_follows_schedulable_workers() {
         }
     }
 
+    // Its KV events carry another block size: nothing it caches can match,
+    // so kvpick is not ready with it alone; one usable worker more, it is.
+    h.health.readiness().set_unusable_workers(1);
+    let next = tokio::time::timeout(WAIT, watch.message()).await.expect("in time").expect("ok").expect("a status");
+    assert_eq!(ServingStatus::try_from(next.status), Ok(ServingStatus::NotServing));
+    h.health.readiness().set_schedulable_workers(2);
+    let next = tokio::time::timeout(WAIT, watch.message()).await.expect("in time").expect("ok").expect("a status");
+    assert_eq!(ServingStatus::try_from(next.status), Ok(ServingStatus::Serving));
+    h.health.readiness().set_unusable_workers(0);
+    h.health.readiness().set_schedulable_workers(1);
+
     // And goes away.
     h.health.readiness().set_schedulable_workers(0);
     let next = tokio::time::timeout(WAIT, watch.message()).await.expect("in time").expect("ok").expect("a status");
