@@ -277,3 +277,54 @@ async fn an_engine_with_another_block_size_is_named_and_not_ready() {
     drop(health);
     fleet.shutdown().await;
 }
+
+/// Every query of the Grafana dashboard (deploy/grafana/kvpick.json) names
+/// metrics the binary exports, after a little traffic (streamed answers, a
+/// refused request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_queries_only_exported_metrics() {
+    let dashboard_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/grafana/kvpick.json");
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&dashboard_path).unwrap_or_else(|e| panic!("{}: {e}", dashboard_path.display())),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", dashboard_path.display()));
+    let mut queried = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap_or_else(|| panic!("no panels")) {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap_or_else(|| panic!("a target without expr in {panel}"));
+            let mut rest = expr;
+            while let Some(at) = rest.find("kvpick_").into_iter().chain(rest.find("inference_")).min() {
+                let name: String = rest[at..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                rest = &rest[at + name.len()..];
+                queried.insert(name);
+            }
+        }
+    }
+    assert!(queried.len() > 20, "{queried:?}");
+
+    let fleet = fleet(2).await;
+    let dir = TempDir::new("dashboard");
+    let file = dir.path("workers.json");
+    write_workers(&file, &fleet, &[0, 1]);
+    let kvpick = serve(&file, &[]);
+    let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
+    for turn in 0..3 {
+        let text = format!("{} turn {turn}", "a system prompt repeated for the dashboard's sake ".repeat(8));
+        let exchange = gateway.post("/v1/chat/completions", &chat(&text)).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(exchange.status, 200);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let refused = gateway.post("/v1/chat/completions", b"{not json").await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(refused.status, 400);
+
+    let (status, text) = crate::bin_support::http_get(kvpick.metrics, "/metrics").await;
+    assert_eq!(status, 200);
+    let exported: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let missing: Vec<&String> = queried.iter().filter(|name| !exported.contains(name.as_str())).collect();
+    assert!(missing.is_empty(), "the dashboard queries metrics kvpick does not export: {missing:?}");
+    fleet.shutdown().await;
+}
