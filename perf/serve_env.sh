@@ -29,3 +29,24 @@ PY
 wait_port() {
   for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.05; done
 }
+
+# Builds the release binaries, then starts the render engine, `kvpick serve`
+# (static mode, the workers file, ext_proc on 127.0.0.1:$1, health $1+1,
+# metrics $1+88) and the null picker in a process of its own, so both
+# servers share the machine with the client the same way. Sets $render and
+# $null (the null picker's address).
+start_serve_and_null() {
+  echo "== building (release): kvpick, kvpick-load, kvpick-sim" >&2
+  cargo build --release -q -p kvpick-app --bin kvpick -p kvpick-perf --bin kvpick-load -p kvpick-sim --bin kvpick-sim
+  start_render
+  write_workers
+  ./target/release/kvpick serve --workers-file "$OUT/workers.json" --listen-address 127.0.0.1 \
+    --ext-proc-port "$1" --health-port "$(($1 + 1))" --metrics-port "$(($1 + 88))" --tokenizer-url "$render" \
+    --model sim-model --log warn 2>"$OUT/serve.stderr" &
+  pids+=($!)
+  wait_port "$1"
+  ./target/release/kvpick-load --spawn null --serve-for 3600s >"$OUT/null.stdout" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 100); do grep -q 'listening on' "$OUT/null.stdout" 2>/dev/null && break; sleep 0.05; done
+  null=$(grep -o 'listening on [0-9.:]*' "$OUT/null.stdout" | awk '{print $3}')
+}

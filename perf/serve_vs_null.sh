@@ -14,25 +14,9 @@ DURATION=${DURATION:-10s}
 OUT=target/serve-vs-null
 mkdir -p "$OUT"
 
-echo "== building (release): kvpick, kvpick-load, kvpick-sim" >&2
-cargo build --release -q -p kvpick-app --bin kvpick -p kvpick-perf --bin kvpick-load -p kvpick-sim --bin kvpick-sim
-
 # shellcheck source=perf/serve_env.sh
 source perf/serve_env.sh
-start_render
-write_workers
-
-./target/release/kvpick serve --workers-file "$OUT/workers.json" --listen-address 127.0.0.1 \
-  --ext-proc-port 19102 --health-port 19103 --metrics-port 19190 --tokenizer-url "$render" \
-  --model sim-model --log warn 2>"$OUT/serve.stderr" &
-pids+=($!)
-wait_port 19102
-# The null picker as a server process of its own too, so both servers
-# share the machine with the client the same way.
-./target/release/kvpick-load --spawn null --serve-for 3600s >"$OUT/null.stdout" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do grep -q 'listening on' "$OUT/null.stdout" 2>/dev/null && break; sleep 0.05; done
-null=$(grep -o 'listening on [0-9.:]*' "$OUT/null.stdout" | awk '{print $3}')
+start_serve_and_null 19102
 
 summary() { # label concurrency file
   python3 - "$@" <<'PY'

@@ -21,23 +21,9 @@ mkdir -p "$OUT"
 [ -x "$GHZ" ] || { echo "no ghz (set GHZ or install it: go install github.com/bojand/ghz/cmd/ghz@v0.120.0)" >&2; exit 1; }
 
 [ -d perf/ghz/protos/data-plane-api ] || (cd perf/ghz && ./fetch-protos.sh >&2)
-echo "== building (release): kvpick, kvpick-load, kvpick-sim" >&2
-cargo build --release -q -p kvpick-app --bin kvpick -p kvpick-perf --bin kvpick-load -p kvpick-sim --bin kvpick-sim
-
 # shellcheck source=perf/serve_env.sh
 source perf/serve_env.sh
-start_render
-write_workers
-
-./target/release/kvpick serve --workers-file "$OUT/workers.json" --listen-address 127.0.0.1 \
-  --ext-proc-port 19202 --health-port 19203 --metrics-port 19290 --tokenizer-url "$render" \
-  --model sim-model --log warn 2>"$OUT/serve.stderr" &
-pids+=($!)
-wait_port 19202
-./target/release/kvpick-load --spawn null --serve-for 3600s >"$OUT/null.stdout" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do grep -q 'listening on' "$OUT/null.stdout" 2>/dev/null && break; sleep 0.05; done
-null=$(grep -o 'listening on [0-9.:]*' "$OUT/null.stdout" | awk '{print $3}')
+start_serve_and_null 19202
 
 ghz_run() { # address concurrency output
   local amount=(-z "$DURATION")
