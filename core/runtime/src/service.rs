@@ -394,6 +394,26 @@ impl ShardedService {
         Ok(candidates)
     }
 
+    /// What a pick of `request` would see and choose, booking nothing (the
+    /// debug view's "why that worker?"): every candidate, its cost under
+    /// the policy, in worker order, and the selection. A generator of its
+    /// own breaks ties, so explaining never shifts the real picks' draws.
+    pub async fn explain(
+        &self,
+        source: &impl ProducerSource,
+        request: &SelectRequest,
+    ) -> Result<(Vec<Candidate>, Vec<f64>, Selection), SelectError> {
+        let mut candidates =
+            self.gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref()).await?;
+        if candidates.is_empty() {
+            return Err(SelectError::NoEligibleWorkers);
+        }
+        let mut costs = Vec::with_capacity(candidates.len());
+        let mut rng = fastrand::Rng::with_seed(0);
+        let selection = self.picking.policy.choose(request, &mut candidates, &mut costs, &mut rng);
+        Ok((candidates, costs, selection))
+    }
+
     /// Picks and books, exactly as `SelectionService::select_and_reserve`.
     pub async fn select_and_reserve(
         &self,

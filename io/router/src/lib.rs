@@ -16,5 +16,5 @@ pub mod reservation;
 pub mod sessions;
 pub mod tokenizer;
 
-pub use picker::{KvPick, KvPicker, KvReservation, NullPicker, Picker, PickerConfig};
+pub use picker::{Explained, KvPick, KvPicker, KvReservation, NullPicker, Picker, PickerConfig};
 pub use reservation::{Release, Reservation, ReservationIds};

@@ -131,6 +131,20 @@ impl Default for PickerConfig {
 /// a hundred thousand conversations cost a few MB.
 pub const DEFAULT_SESSIONS: usize = 100_000;
 
+/// A pick explained: the prompt's size, every candidate with its cost
+/// (in the cost model's unit: ns for the latency cost, blocks for
+/// Dynamo's), and what would be chosen.
+#[derive(Debug)]
+pub struct Explained {
+    pub isl_tokens: u32,
+    /// False when the prompt's length is a guess (it was not tokenized).
+    pub tokens_known: bool,
+    /// The session's last worker, when the request named a session.
+    pub sticky: Option<WorkerId>,
+    pub candidates: Vec<(kvpick_core::Candidate, f64)>,
+    pub selection: kvpick_core::Selection,
+}
+
 /// kvpick's pick: tokenize (or fall back to load only), hash once, select
 /// and book on the shards.
 #[derive(Clone)]
@@ -177,9 +191,11 @@ impl KvPicker {
         self.0.producers.service()
     }
 
-    pub async fn pick(&self, input: PickInput) -> Result<KvPick, RequestError> {
+    /// The prompt (tokenized and hashed, or load-only), the model the
+    /// workers must serve, and the queue priority.
+    async fn prepare(&self, input: &PickInput) -> Result<(Prompt, Option<String>, i32), RequestError> {
         let inner = &*self.0;
-        let (prompt, model, priority) = match &input.body {
+        Ok(match &input.body {
             None => {
                 inner.metrics.record_header_only();
                 (Prompt::load_only(0), None, 0)
@@ -191,7 +207,32 @@ impl KvPicker {
                 let model = if lora.is_some() { inner.base_model.clone() } else { Some(body.parsed.model.clone()) };
                 (prompt, model, body.parsed.priority)
             }
-        };
+        })
+    }
+
+    /// What `pick` would do with `input`, booking nothing and remembering
+    /// no session: the debug view's answer to "why that worker?".
+    pub async fn explain(&self, input: PickInput) -> Result<Explained, RequestError> {
+        let (prompt, model, priority) = self.prepare(&input).await?;
+        let tokens_known = prompt.tokens_known;
+        let isl_tokens = prompt.isl_tokens;
+        let session = input.session.as_deref().filter(|_| self.0.sessions.is_some());
+        let sticky = session.and_then(|key| self.sessions().and_then(|mut s| s.get(key)));
+        let request = SelectRequest { id: ReservationId(0), prompt, model, allowed: input.allowed, priority, sticky };
+        let (candidates, costs, selection) =
+            self.service().explain(&self.0.producers, &request).await.map_err(RequestError::from)?;
+        Ok(Explained {
+            isl_tokens,
+            tokens_known,
+            sticky,
+            candidates: candidates.into_iter().zip(costs).collect(),
+            selection,
+        })
+    }
+
+    pub async fn pick(&self, input: PickInput) -> Result<KvPick, RequestError> {
+        let inner = &*self.0;
+        let (prompt, model, priority) = self.prepare(&input).await?;
         let id = inner.ids.next_id();
         let mut reservation = Reservation::new(id, self.clone(), self.service().lease());
         let session = input.session.as_deref().filter(|_| inner.sessions.is_some());

@@ -51,6 +51,8 @@ pub struct ServeConfig {
     pub log_format: LogFormat,
     pub log_filter: String,
     pub profile: Option<PathBuf>,
+    /// The debug view on the metrics port.
+    pub debug_endpoints: bool,
 }
 
 /// One message for the operator: what is wrong and what would work.
@@ -125,6 +127,7 @@ impl ServeConfig {
             log_format,
             log_filter: v.get(var::LOG_LEVEL).unwrap_or("info").to_owned(),
             profile: v.get(var::PROFILE).map(PathBuf::from),
+            debug_endpoints: v.boolean(var::DEBUG_ENDPOINTS)?.unwrap_or(false),
         })
     }
 }

@@ -160,7 +160,7 @@ impl App {
 
         let ext_proc_metrics = Arc::new(ExtProcMetrics::new());
         let picker = KvPicker::new(service.clone(), clock.clone(), tokenizer, &config.picker, ext_proc_metrics.clone());
-        let server = ExtProcServer::new(config.ext_proc.clone(), Picker::Kv(picker), ext_proc_metrics.clone())
+        let server = ExtProcServer::new(config.ext_proc.clone(), Picker::Kv(picker.clone()), ext_proc_metrics.clone())
             .with_health(&health);
         let ext_proc_listener = bind("ext_proc", config.ext_proc.listen).await?;
         let ext_proc = server.spawn_on(ext_proc_listener)?;
@@ -172,6 +172,7 @@ impl App {
             ingest: Some(ingest.metrics().clone()),
             service: Some(producers.clone()),
             workers: workers.clone(),
+            debug: config.debug_endpoints.then(|| picker.clone()),
         };
         let metrics_listener = bind("metrics", config.metrics_listen).await?;
         let metrics = MetricsServer::spawn(metrics_listener, sources)

@@ -88,6 +88,7 @@ pub const SHUTDOWN_GRACE_MS: &str = "KVPICK_SHUTDOWN_GRACE_MS";
 pub const LOG_FORMAT: &str = "KVPICK_LOG_FORMAT";
 pub const LOG_LEVEL: &str = "KVPICK_LOG";
 pub const PROFILE: &str = "KVPICK_PROFILE";
+pub const DEBUG_ENDPOINTS: &str = "KVPICK_DEBUG_ENDPOINTS";
 
 /// Every setting, in `--help` order. Only this module and `app::config`
 /// (which turns [`Values`] into the typed configs) know these names.
@@ -322,6 +323,12 @@ pub const SETTINGS: &[Setting] = &[
         "Log filter, e.g. `info` or `kvpick_app=debug,info` (per-request lines are at debug)",
     ),
     s(PROFILE, "profile", None, "Write a CPU flame graph (SVG) of the whole run to this file at exit"),
+    s(
+        DEBUG_ENDPOINTS,
+        "debug-endpoints",
+        Some("false"),
+        "Serve the debug view on the metrics port: GET /debug/workers and POST /debug/explain (a request body: every candidate's overlap, load and cost, and the pick; nothing booked); `kvpick inspect` reads them",
+    ),
 ];
 
 /// The flag's id in clap is the variable's name.

@@ -59,6 +59,8 @@ pub struct Sources {
     pub ingest: Option<Arc<IngestMetrics>>,
     pub service: Option<ThreadProducers>,
     pub workers: WorkerNames,
+    /// The debug view's picker, when `--debug-endpoints` is on.
+    pub debug: Option<kvpick_router::KvPicker>,
 }
 
 pub async fn render(sources: &Sources) -> String {

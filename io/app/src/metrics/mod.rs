@@ -12,6 +12,7 @@
 //! bucket.
 
 pub mod collect;
+pub mod debug;
 mod exposition;
 mod server;
 

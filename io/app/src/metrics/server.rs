@@ -1,5 +1,6 @@
-//! The metrics port: `GET /metrics` answers the exposition; anything else
-//! 404. HTTP/1 on hyper (already in the tree for the tokenizer client).
+//! The metrics port: `GET /metrics` answers the exposition, and with
+//! `--debug-endpoints` the debug view (`debug.rs`); anything else 404.
+//! HTTP/1 on hyper (already in the tree for the tokenizer client).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -87,10 +88,34 @@ impl Drop for MetricsServer {
 }
 
 async fn answer(request: Request<Incoming>, sources: Arc<Sources>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let response = match (request.method(), request.uri().path()) {
-        (&hyper::Method::GET, "/metrics") => {
+    let json = |status: u16, value: serde_json::Value| {
+        Response::builder()
+            .status(status)
+            .header(hyper::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(format!("{value:#}\n"))))
+    };
+    let response = match (request.method(), request.uri().path(), &sources.debug) {
+        (&hyper::Method::GET, "/metrics", _) => {
             let text = render(&sources).await;
             Response::builder().header(hyper::header::CONTENT_TYPE, CONTENT_TYPE).body(Full::new(Bytes::from(text)))
+        }
+        (&hyper::Method::GET, "/debug/workers", Some(_)) => json(200, super::debug::workers(&sources).await),
+        (&hyper::Method::POST, "/debug/explain", Some(picker)) => {
+            // `?path=/v1/completions` for a completions body; chat by default.
+            let path = request
+                .uri()
+                .query()
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("path=")))
+                .unwrap_or("/v1/chat/completions")
+                .to_owned();
+            let limited = http_body_util::Limited::new(request.into_body(), super::debug::MAX_EXPLAIN_BYTES);
+            match http_body_util::BodyExt::collect(limited).await {
+                Err(error) => json(413, serde_json::json!({ "error": error.to_string() })),
+                Ok(body) => match super::debug::explain(&sources, picker, &path, body.to_bytes()).await {
+                    Ok(value) => json(200, value),
+                    Err((status, message)) => json(status, serde_json::json!({ "error": message })),
+                },
+            }
         }
         _ => Response::builder().status(StatusCode::NOT_FOUND).body(Full::new(Bytes::from_static(b"not found\n"))),
     };

@@ -328,3 +328,51 @@ async fn the_dashboard_queries_only_exported_metrics() {
     assert!(missing.is_empty(), "the dashboard queries metrics kvpick does not export: {missing:?}");
     fleet.shutdown().await;
 }
+
+/// The debug view: off by default; with `--debug-endpoints`, the workers
+/// and an explained pick (the worker holding the prefix picked, nothing
+/// booked), as JSON and as `kvpick inspect`'s tables.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_debug_view_explains_a_pick_without_booking() {
+    let fleet = fleet(2).await;
+    let dir = TempDir::new("debug");
+    let file = dir.path("workers.json");
+    write_workers(&file, &fleet, &[0, 1]);
+    let off = serve(&file, &[]);
+    assert_eq!(crate::bin_support::http_get(off.metrics, "/debug/workers").await.0, 404);
+    drop(off);
+
+    let kvpick = serve(&file, &["--debug-endpoints", "true"]);
+    let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
+    let text = "a long system prompt that the next request will share, word after word ".repeat(10);
+    let exchange = gateway.post("/v1/chat/completions", &chat(&text)).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(exchange.status, 200);
+    let served = exchange.endpoint.unwrap_or_else(|| panic!("no pick")).to_string();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let (status, body) = crate::bin_support::http_get(kvpick.metrics, "/debug/workers").await;
+    assert_eq!(status, 200, "{body}");
+    let workers: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let rows = workers["workers"].as_array().unwrap_or_else(|| panic!("{workers}"));
+    assert_eq!(rows.len(), 2);
+    let holder = rows.iter().find(|w| w["worker"] == served.as_str()).unwrap_or_else(|| panic!("{workers}"));
+    assert!(holder["cached_blocks"].as_u64().unwrap_or(0) > 0, "{workers}");
+
+    // The same prompt, explained: the holder is picked for its overlap.
+    let request = dir.path("request.json");
+    std::fs::write(&request, chat(&format!("{text} and then a new question"))).unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("http://{}", kvpick.metrics);
+    let out = binary().args(["inspect", &url, "--explain"]).arg(&request).output().unwrap_or_else(|e| panic!("{e}"));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(table.contains(&format!("{served} <- picked")), "{table}");
+    assert!(table.contains("ns of predicted time to first token"), "{table}");
+    let out = binary().args(["inspect", &url]).output().unwrap_or_else(|e| panic!("{e}"));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && table.contains(&served) && table.contains("cached blk"), "{table}");
+    // Explaining booked nothing.
+    let metrics = scrape(kvpick.metrics).await;
+    assert_eq!(value(&metrics, "kvpick_reservations_active", &[]), 0.0);
+    assert_eq!(value(&metrics, "kvpick_requests_total", &[("code", "200")]), 1.0);
+    fleet.shutdown().await;
+}

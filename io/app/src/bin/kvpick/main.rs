@@ -7,6 +7,8 @@
 //!   of it and a multi-turn chat workload through the real ext_proc server,
 //!   compared with round-robin and an approximate-prefix picker. Needs
 //!   nothing installed.
+//! - `kvpick inspect URL`: a running `kvpick serve`'s debug view (with
+//!   `--debug-endpoints`) as tables: its workers, or `--explain FILE`.
 //!
 //! Exit codes: 0 after a clean stop, 1 when start-up fails, 2 for a bad
 //! setting.
@@ -15,6 +17,7 @@
 mod approx_prefix;
 #[cfg(feature = "demo")]
 mod demo;
+mod inspect;
 mod logging;
 mod profile;
 
@@ -66,6 +69,13 @@ fn command() -> Command {
         .arg_required_else_help(true)
         .subcommand(serve)
         .subcommand(demo)
+        .subcommand(
+            Command::new("inspect")
+                .about("Show a running kvpick's workers, or how it would pick for a request body (needs kvpick serve --debug-endpoints)")
+                .arg(Arg::new("url").value_name("URL").help("Its metrics address [default: http://127.0.0.1:9090]"))
+                .arg(Arg::new("explain").long("explain").value_name("FILE").help("A request body (JSON) to explain the pick of"))
+                .arg(Arg::new("path").long("path").value_name("PATH").help("The route the body is for [default: /v1/chat/completions]")),
+        )
 }
 
 fn main() -> ExitCode {
@@ -79,6 +89,7 @@ fn main() -> ExitCode {
     };
     match matches.subcommand() {
         Some(("serve", m)) => serve(&Values::from_matches(m)),
+        Some(("inspect", m)) => inspect::run(m),
         #[cfg(feature = "demo")]
         Some(("demo", m)) => demo::run(m),
         #[cfg(not(feature = "demo"))]
