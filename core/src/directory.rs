@@ -9,14 +9,14 @@ use crate::worker::{WorkerId, WorkerSpec};
 
 #[derive(Debug)]
 pub struct Directory {
-    owner: HashMap<WorkerId, (usize, Option<String>)>,
+    /// Each worker's shard, model and endpoint.
+    owner: HashMap<WorkerId, (usize, Option<String>, SocketAddr)>,
     per_shard: Vec<usize>,
     /// Workers per served model; `None` counts workers serving any model.
     models: HashMap<Option<String>, u32>,
     /// Which worker an endpoint is, for a gateway's report of the one
     /// that served.
     at_endpoint: HashMap<SocketAddr, WorkerId>,
-    endpoint_of: HashMap<WorkerId, SocketAddr>,
 }
 
 impl Directory {
@@ -26,7 +26,6 @@ impl Directory {
             per_shard: vec![0; shards.max(1)],
             models: HashMap::new(),
             at_endpoint: HashMap::new(),
-            endpoint_of: HashMap::new(),
         }
     }
 
@@ -36,7 +35,7 @@ impl Directory {
     }
 
     pub fn shard_of(&self, id: WorkerId) -> Option<usize> {
-        self.owner.get(&id).map(|(shard, _)| *shard)
+        self.owner.get(&id).map(|(shard, _, _)| *shard)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -54,8 +53,9 @@ impl Directory {
     /// the worker lives.
     pub fn place(&mut self, spec: &WorkerSpec) -> usize {
         let shard = match self.owner.remove(&spec.id) {
-            Some((shard, old_model)) => {
+            Some((shard, old_model, old_endpoint)) => {
                 self.count_model(old_model, -1);
+                self.forget_endpoint(spec.id, old_endpoint);
                 shard
             }
             None => {
@@ -65,24 +65,21 @@ impl Directory {
             }
         };
         self.count_model(spec.model.clone(), 1);
-        self.owner.insert(spec.id, (shard, spec.model.clone()));
-        self.forget_endpoint(spec.id);
+        self.owner.insert(spec.id, (shard, spec.model.clone(), spec.endpoint));
         self.at_endpoint.insert(spec.endpoint, spec.id);
-        self.endpoint_of.insert(spec.id, spec.endpoint);
         shard
     }
 
-    fn forget_endpoint(&mut self, id: WorkerId) {
-        if let Some(old) = self.endpoint_of.remove(&id) {
-            if self.at_endpoint.get(&old) == Some(&id) {
-                self.at_endpoint.remove(&old);
-            }
+    /// `id` no longer serves at `endpoint` (unless another worker took it).
+    fn forget_endpoint(&mut self, id: WorkerId, endpoint: SocketAddr) {
+        if self.at_endpoint.get(&endpoint) == Some(&id) {
+            self.at_endpoint.remove(&endpoint);
         }
     }
 
     pub fn remove(&mut self, id: WorkerId) -> Option<usize> {
-        let (shard, model) = self.owner.remove(&id)?;
-        self.forget_endpoint(id);
+        let (shard, model, endpoint) = self.owner.remove(&id)?;
+        self.forget_endpoint(id, endpoint);
         self.per_shard[shard] -= 1;
         self.count_model(model, -1);
         Some(shard)

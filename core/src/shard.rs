@@ -218,16 +218,14 @@ impl Shard {
         let result = self.apply_event_inner(worker, event);
         match &result {
             Ok(applied) => {
-                if let Some(&slot) = self.by_id.get(&worker) {
-                    if let Some(entry) = self.slots[slot as usize].as_mut() {
-                        // A cleared cache is an empty one, not one churning.
-                        match event {
-                            KvEvent::Cleared => entry.churn = Churn::default(),
-                            _ => entry.churn.record(applied),
-                        }
-                        if matches!(event, KvEvent::Stored { .. }) {
-                            entry.engine_block_size = None;
-                        }
+                if let Some(entry) = self.entry_of_mut(worker) {
+                    // A cleared cache is an empty one, not one churning.
+                    match event {
+                        KvEvent::Cleared => entry.churn = Churn::default(),
+                        _ => entry.churn.record(applied),
+                    }
+                    if matches!(event, KvEvent::Stored { .. }) {
+                        entry.engine_block_size = None;
                     }
                 }
                 self.stats.events_applied += 1;
@@ -238,7 +236,7 @@ impl Shard {
             Err(EventError::UnknownParent(_)) => self.stats.unknown_parent_events += 1,
             Err(EventError::BlockSizeMismatch { event, .. }) => {
                 self.stats.events_rejected += 1;
-                if let Some(entry) = self.by_id.get(&worker).and_then(|&slot| self.slots[slot as usize].as_mut()) {
+                if let Some(entry) = self.entry_of_mut(worker) {
                     entry.engine_block_size = Some(*event);
                 }
             }
@@ -264,6 +262,11 @@ impl Shard {
 
     fn entry(&self, slot: Slot) -> &WorkerEntry {
         self.slots[slot as usize].as_ref().expect("slot taken from by_id")
+    }
+
+    fn entry_of_mut(&mut self, worker: WorkerId) -> Option<&mut WorkerEntry> {
+        let slot = *self.by_id.get(&worker)?;
+        Some(self.slots[slot as usize].as_mut().expect("by_id points at live slots"))
     }
 
     /// Appends one candidate per schedulable worker serving the query.
@@ -304,8 +307,8 @@ impl Shard {
 
     /// Sets a worker's calibrated speed; false when it is not here.
     pub fn set_speed(&mut self, worker: WorkerId, speed: f64) -> bool {
-        let Some(&slot) = self.by_id.get(&worker) else { return false };
-        self.slots[slot as usize].as_mut().expect("by_id points at live slots").speed = speed;
+        let Some(entry) = self.entry_of_mut(worker) else { return false };
+        entry.speed = speed;
         true
     }
 
@@ -414,14 +417,7 @@ impl Shard {
     /// The block size the worker's KV events carry, when it is not the one
     /// kvpick hashes with.
     pub fn engine_block_size(&self, id: WorkerId) -> Option<u32> {
-        let slot = *self.by_id.get(&id)?;
-        self.slots[slot as usize].as_ref().and_then(|e| e.engine_block_size)
-    }
-
-    /// The worker's endpoint, for messages.
-    pub fn endpoint_of(&self, id: WorkerId) -> Option<std::net::SocketAddr> {
-        let slot = *self.by_id.get(&id)?;
-        self.slots[slot as usize].as_ref().map(|e| e.spec.endpoint)
+        self.by_id.get(&id).and_then(|&slot| self.entry(slot).engine_block_size)
     }
 
     /// Overlap depth of every worker holding a prefix of `seq_hashes`.

@@ -332,7 +332,7 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
             let before = shard.engine_block_size(worker);
             if let Err(EventError::BlockSizeMismatch { event, worker: ours }) = shard.apply_event(worker, &event) {
                 if before != Some(event) {
-                    let endpoint = shard.endpoint_of(worker).map(|e| e.to_string()).unwrap_or_default();
+                    let endpoint = shard.worker_spec(worker).map(|s| s.endpoint.to_string()).unwrap_or_default();
                     tracing::warn!(
                         worker = worker.0,
                         %endpoint,
