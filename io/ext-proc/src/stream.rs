@@ -315,11 +315,17 @@ impl<P: Picks> ExtProcStream<P> {
         self.shared.metrics.record_status(200);
         self.shared.metrics.record_model_decision(&self.model, None);
         // The ranked list goes in the metadata; the header has the pick
-        // alone unless asked (some gateways refuse a list there).
+        // alone unless asked (some gateways refuse a list there). Without
+        // fallbacks both are the one string.
         let destination = picked.destination();
-        let header =
-            if self.shared.config.fallbacks_in_header { destination.clone() } else { picked.endpoint.to_string() };
-        let mutation = self.headers.pick_mutation(&header);
+        let single;
+        let header = if self.shared.config.fallbacks_in_header || picked.fallbacks.is_empty() {
+            destination.as_str()
+        } else {
+            single = picked.endpoint.to_string();
+            single.as_str()
+        };
+        let mutation = self.headers.pick_mutation(header);
         let metadata = Some(destination_metadata(&destination));
         if !self.headers_answered {
             self.out.push_back(responses::headers(Path::Request, Some(mutation), true, metadata));

@@ -216,8 +216,7 @@ impl KvPicker {
         let (prompt, model, priority) = self.prepare(&input).await?;
         let tokens_known = prompt.tokens_known;
         let isl_tokens = prompt.isl_tokens;
-        let session = input.session.as_deref().filter(|_| self.0.sessions.is_some());
-        let sticky = session.and_then(|key| self.sessions().and_then(|mut s| s.get(key)));
+        let (_, sticky) = self.session_of(input.session.as_deref());
         let request = SelectRequest { id: ReservationId(0), prompt, model, allowed: input.allowed, priority, sticky };
         let (candidates, costs, selection) =
             self.service().explain(&self.0.producers, &request).await.map_err(RequestError::from)?;
@@ -235,8 +234,7 @@ impl KvPicker {
         let (prompt, model, priority) = self.prepare(&input).await?;
         let id = inner.ids.next_id();
         let mut reservation = Reservation::new(id, self.clone(), self.service().lease());
-        let session = input.session.as_deref().filter(|_| inner.sessions.is_some());
-        let sticky = session.and_then(|key| self.sessions().and_then(|mut s| s.get(key)));
+        let (session, sticky) = self.session_of(input.session.as_deref());
         let request = SelectRequest { id, prompt, model, allowed: input.allowed, priority, sticky };
         let start = Instant::now();
         let result = self.service().select_and_wait(&inner.producers, request, inner.clock.now()).await;
@@ -270,6 +268,13 @@ impl KvPicker {
                 Err(error.into())
             }
         }
+    }
+
+    /// The request's session key, when affinity is on, and the worker that
+    /// served the session last.
+    fn session_of<'a>(&self, key: Option<&'a str>) -> (Option<&'a str>, Option<WorkerId>) {
+        let session = key.filter(|_| self.0.sessions.is_some());
+        (session, session.and_then(|key| self.sessions().and_then(|mut s| s.get(key))))
     }
 
     /// The session table, when affinity is on (a poisoned lock is taken
