@@ -90,8 +90,23 @@ fn cell(v: &Value) -> String {
     }
 }
 
-/// Columns as wide as their widest cell, numbers right-aligned.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+/// One row per item of `items` (a JSON array), one column per `(header,
+/// key)`; `note` may add to an item's first cell. Columns are as wide as
+/// their widest cell, numbers right-aligned.
+fn table(items: &Value, columns: &[(&str, &str)], note: impl Fn(&Value) -> Option<String>) -> String {
+    let rows: Vec<Vec<String>> = items
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|item| {
+            let mut row: Vec<String> = columns.iter().map(|(_, key)| cell(&item[*key])).collect();
+            if let Some(note) = note(item) {
+                row[0].push_str(&note);
+            }
+            row
+        })
+        .collect();
+    let header: Vec<&str> = columns.iter().map(|(h, _)| *h).collect();
     let widths: Vec<usize> = (0..header.len())
         .map(|i| rows.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0))
         .collect();
@@ -104,8 +119,8 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
             .collect();
         padded.join("  ").trim_end().to_owned() + "\n"
     };
-    let mut out = line(header.to_vec());
-    for row in rows {
+    let mut out = line(header);
+    for row in &rows {
         out.push_str(&line(row.iter().map(String::as_str).collect()));
     }
     out
@@ -124,20 +139,9 @@ fn workers_table(v: &Value) -> String {
         ("decode s/tok", "decode_seconds_per_token"),
         ("event lag s", "kv_event_lag_seconds"),
     ];
-    let rows: Vec<Vec<String>> = v["workers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|w| {
-            let mut row: Vec<String> = COLUMNS.iter().map(|(_, key)| cell(&w[*key])).collect();
-            if let Some(size) = w["block_size_mismatch"].as_u64() {
-                row[0].push_str(&format!(" (events in blocks of {size}: refused)"));
-            }
-            row
-        })
-        .collect();
-    let header: Vec<&str> = COLUMNS.iter().map(|(h, _)| *h).collect();
-    format!("fleet measured/predicted TTFT: {}\n{}", cell(&v["fleet_ttft_scale"]), table(&header, &rows))
+    let note =
+        |w: &Value| w["block_size_mismatch"].as_u64().map(|size| format!(" (events in blocks of {size}: refused)"));
+    format!("fleet measured/predicted TTFT: {}\n{}", cell(&v["fleet_ttft_scale"]), table(&v["workers"], &COLUMNS, note))
 }
 
 fn explain_table(v: &Value) -> String {
@@ -152,25 +156,13 @@ fn explain_table(v: &Value) -> String {
         ("speed", "speed"),
         ("evicting", "eviction_pressure"),
     ];
-    let rows: Vec<Vec<String>> = v["candidates"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            let mut row: Vec<String> = COLUMNS.iter().map(|(_, key)| cell(&c[*key])).collect();
-            if c["picked"] == true {
-                row[0] = format!("{} <- picked", row[0]);
-            }
-            row
-        })
-        .collect();
-    let header: Vec<&str> = COLUMNS.iter().map(|(h, _)| *h).collect();
+    let note = |c: &Value| (c["picked"] == true).then(|| " <- picked".to_owned());
     format!(
         "prompt: {} tokens{}; cost in {}; session's worker: {}\n{}",
         cell(&v["prompt_tokens"]),
         if v["tokenized"] == true { "" } else { " (estimated: not tokenized)" },
         cell(&v["cost_unit"]),
         cell(&v["session_worker"]),
-        table(&header, &rows)
+        table(&v["candidates"], &COLUMNS, note)
     )
 }
