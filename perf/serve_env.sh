@@ -50,3 +50,24 @@ start_serve_and_null() {
   for _ in $(seq 100); do grep -q 'listening on' "$OUT/null.stdout" 2>/dev/null && break; sleep 0.05; done
   null=$(grep -o 'listening on [0-9.:]*' "$OUT/null.stdout" | awk '{print $3}')
 }
+
+# The medians of runs.txt's lines (`<null|kvpick serve> c=N <rate> <unit>
+# p50 <ms> ms p99 <ms> ms`) per concurrency, as a markdown table with the
+# ratio of the two rates. Usage: ratio_table FILE UNIT.
+ratio_table() {
+  python3 - "$1" "$2" <<'PY'
+import re, statistics, sys
+path, unit = sys.argv[1:3]
+rows = {}
+for line in open(path):
+    m = re.match(r'(null|kvpick serve)\s+c=(\d+)\s+(\d+) ' + re.escape(unit) + r'\s+p50\s+([\d.]+) ms\s+p99\s+([\d.]+) ms', line)
+    if m:
+        rows.setdefault((m[1], int(m[2])), []).append((float(m[3]), float(m[4]), float(m[5])))
+print(f"\n| concurrency | null {unit} | kvpick serve {unit} | ratio | null p50 / p99 (ms) | kvpick serve p50 / p99 (ms) |")
+print("|---:|---:|---:|---:|---:|---:|")
+for c in (1, 16, 64):
+    n = [statistics.median(x) for x in zip(*rows[("null", c)])]
+    k = [statistics.median(x) for x in zip(*rows[("kvpick serve", c)])]
+    print(f"| {c} | {n[0]:,.0f} | {k[0]:,.0f} | {k[0] / n[0]:.2f}× | {n[1]:.2f} / {n[2]:.2f} | {k[1]:.2f} / {k[2]:.2f} |")
+PY
+}

@@ -69,17 +69,4 @@ done | tee "$OUT/runs.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || exit 1
 [ -n "$SMOKE" ] && exit 0
 
-python3 - "$OUT/runs.txt" <<'PY'
-import re, statistics, sys
-rows = {}
-for line in open(sys.argv[1]):
-    m = re.match(r'(null|kvpick serve)\s+c=(\d+)\s+(\d+) streams/s\s+p50\s+([\d.]+) ms\s+p99\s+([\d.]+) ms', line)
-    if m:
-        rows.setdefault((m[1], int(m[2])), []).append((float(m[3]), float(m[4]), float(m[5])))
-print("\n| concurrency | null streams/s | kvpick serve streams/s | ratio | null p50 / p99 (ms) | kvpick serve p50 / p99 (ms) |")
-print("|---:|---:|---:|---:|---:|---:|")
-for c in (1, 16, 64):
-    n = [statistics.median(x) for x in zip(*rows[("null", c)])]
-    k = [statistics.median(x) for x in zip(*rows[("kvpick serve", c)])]
-    print(f"| {c} | {n[0]:,.0f} | {k[0]:,.0f} | {k[0] / n[0]:.2f}× | {n[1]:.2f} / {n[2]:.2f} | {k[1]:.2f} / {k[2]:.2f} |")
-PY
+ratio_table "$OUT/runs.txt" streams/s
