@@ -23,6 +23,9 @@ pub(crate) struct Doorbell {
     /// when not): how long the shard was idle, for its spin policy, without
     /// counting the wake-up itself.
     rung_at: AtomicU64,
+    /// When the shard last went to sleep (ns since `ORIGIN`; `NEVER` while
+    /// awake), for the glommio watchdog (`nudge`).
+    asleep_since: AtomicU64,
     waker: AtomicWaker,
     /// The glommio executor thread that sleeps on this doorbell, while it
     /// runs (see `nudge`); held locked while it is signalled, so it is
@@ -39,6 +42,7 @@ impl Default for Doorbell {
             sleeping: AtomicBool::new(false),
             rung: AtomicBool::new(false),
             rung_at: AtomicU64::new(NEVER),
+            asleep_since: AtomicU64::new(NEVER),
             waker: AtomicWaker::new(),
             thread: Mutex::new(None),
         }
@@ -83,6 +87,7 @@ impl Doorbell {
             self.sleeping.store(false, Ordering::Relaxed);
             return false;
         }
+        self.asleep_since.store(u64::try_from(ORIGIN.elapsed().as_nanos()).unwrap_or(NEVER), Ordering::Relaxed);
         true
     }
 
@@ -118,20 +123,22 @@ impl Doorbell {
         }
     }
 
-    /// Rung at least `for_at_least` ago and still asleep: the wake-up was
-    /// lost.
-    pub(crate) fn rung_and_asleep_for(&self, for_at_least: Duration) -> bool {
-        if !self.sleeping.load(Ordering::Relaxed) || !self.rung.load(Ordering::Acquire) {
+    /// Asleep for at least `for_at_least` without waking: a glommio shard
+    /// never sleeps longer than its re-check timer, so beyond that its
+    /// wake-up (a producer's ring or the timer) was lost.
+    pub(crate) fn asleep_for(&self, for_at_least: Duration) -> bool {
+        if !self.sleeping.load(Ordering::Relaxed) {
             return false;
         }
-        let rung_at = self.rung_at.load(Ordering::Relaxed);
+        let since = self.asleep_since.load(Ordering::Relaxed);
         let now = u64::try_from(ORIGIN.elapsed().as_nanos()).unwrap_or(NEVER);
-        rung_at != NEVER && now.saturating_sub(rung_at) >= u64::try_from(for_at_least.as_nanos()).unwrap_or(NEVER)
+        since != NEVER && now.saturating_sub(since) >= u64::try_from(for_at_least.as_nanos()).unwrap_or(NEVER)
     }
 
     /// Resets the flags; returns when the shard was rung, if it was.
     pub(crate) fn woke(&self) -> Option<Instant> {
         self.sleeping.store(false, Ordering::Relaxed);
+        self.asleep_since.store(NEVER, Ordering::Relaxed);
         self.rung.store(false, Ordering::Relaxed);
         match self.rung_at.swap(NEVER, Ordering::Relaxed) {
             NEVER => None,

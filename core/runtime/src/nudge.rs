@@ -6,9 +6,11 @@
 //! concurrent-producers test were seen asleep for minutes with commands in
 //! their rings, until a debugger's attach (a signal) woke them. The cause is
 //! inside glommio 0.9; what ends such a sleep is a signal, which makes
-//! `io_uring_enter` return `EINTR` and the executor poll again. So a
-//! watchdog thread looks, every [`WATCH_EVERY`], for a shard that was rung
-//! longer ago than that and is still asleep, and sends its thread SIGURG,
+//! `io_uring_enter` return `EINTR` and the executor poll again. A glommio
+//! shard never sleeps longer than its 5 ms re-check timer, so a watchdog
+//! thread looks, every [`WATCH_EVERY`], for a shard asleep longer than that
+//! (rung or not: a lost timer strands posted frees and queue deadlines
+//! too), and sends its thread SIGURG,
 //! whose handler does nothing. SIGURG: its default is to be ignored (an
 //! ignored signal would interrupt nothing, hence the handler), nothing in
 //! kvpick uses it, and it is sent to one thread only.
@@ -21,8 +23,8 @@ use std::time::Duration;
 use super::producer::RingCounters;
 use super::shard_loop::ShardShared;
 
-/// How often the watchdog looks, and how long a ring may go unanswered by
-/// a sleeping shard before its thread is interrupted.
+/// How often the watchdog looks, and how long a shard may sleep before its
+/// thread is interrupted (twice the shard's re-check timer).
 pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(10);
 
 extern "C" fn ignore(_: libc::c_int) {}
@@ -60,7 +62,7 @@ pub(crate) fn spawn_watchdog(shards: Vec<Arc<ShardShared>>, counters: Arc<RingCo
         while !shards.iter().all(|s| s.exited()) {
             std::thread::sleep(WATCH_EVERY);
             for (i, shard) in shards.iter().enumerate() {
-                if !shard.doorbell.rung_and_asleep_for(WATCH_EVERY) {
+                if !shard.doorbell.asleep_for(WATCH_EVERY) {
                     continue;
                 }
                 shard.doorbell.with_thread(|thread| {
@@ -113,15 +115,17 @@ mod tests {
     }
 
     #[test]
-    fn only_a_ring_unanswered_for_a_while_counts_as_lost() {
+    fn only_a_sleep_longer_than_the_watch_counts_as_lost() {
         let bell = Doorbell::default();
+        assert!(!bell.asleep_for(Duration::ZERO), "never slept");
         assert!(bell.prepare_sleep(|| false));
-        assert!(!bell.rung_and_asleep_for(Duration::from_millis(5)), "not rung");
-        assert!(bell.ring());
-        assert!(!bell.rung_and_asleep_for(Duration::from_secs(60)), "rung just now");
+        assert!(!bell.asleep_for(Duration::from_secs(60)), "asleep just now");
         std::thread::sleep(Duration::from_millis(15));
-        assert!(bell.rung_and_asleep_for(Duration::from_millis(10)));
+        assert!(bell.asleep_for(Duration::from_millis(10)));
         bell.woke();
-        assert!(!bell.rung_and_asleep_for(Duration::ZERO), "awake");
+        assert!(!bell.asleep_for(Duration::ZERO), "awake");
+        // A sleep refused because work was waiting is no sleep.
+        assert!(!bell.prepare_sleep(|| true));
+        assert!(!bell.asleep_for(Duration::ZERO));
     }
 }
