@@ -25,6 +25,7 @@ mod producer;
 mod service;
 mod shard_loop;
 mod spin_policy;
+mod timing;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +34,7 @@ pub use clock::Clock;
 pub use deferred_ring::{PendingRings, RingScheduler};
 pub use producer::{Producer, ProducerSource, RingCounters, ThreadProducers};
 pub use service::ShardedService;
+pub use timing::{SelectTiming, ShardAnswer};
 
 /// Which executor hosts the shard loops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

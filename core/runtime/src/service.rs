@@ -34,7 +34,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::admissions::{Admissions, Ledger};
 use super::clock::Clock;
@@ -42,6 +42,7 @@ use super::command::{Command, PickJob, Picked, Picking, Query, Reply};
 use super::deferred_ring::{PendingRings, RingScheduler};
 use super::producer::{Producer, ProducerSource, PushFail, RingCounters, ShardGone};
 use super::shard_loop::{LoopShared, ShardLoop, ShardShared};
+use super::timing::SelectTiming;
 use super::{RuntimeConfig, RuntimeError, RuntimeKind, SharedShards, choose_kind, lock, pin_current_thread};
 use kvpick_core::booking::{Booking, BookingEvent, ReservationId};
 use kvpick_core::calibration::{Calibration, SampleError, WorkerCalibration};
@@ -356,6 +357,7 @@ impl ShardedService {
         prompt: &Prompt,
         model: Option<&str>,
         allowed: Option<&EndpointFilter>,
+        mut timing: Option<&mut SelectTiming>,
     ) -> Result<Vec<Candidate>, SelectError> {
         self.directory().check(model)?;
         let query = Arc::new(Query {
@@ -388,8 +390,10 @@ impl ShardedService {
         schedule_ring(scheduler, pending);
         let receivers = receivers?;
         let mut candidates = Vec::new();
-        for (rx, awake) in receivers {
-            candidates.extend(self.reply(source, rx, awake).await.map_err(|_| SelectError::ShuttingDown)?);
+        for (shard, (rx, awake)) in receivers.into_iter().enumerate() {
+            let answer = self.reply(source, rx, awake).await.map_err(|_| SelectError::ShuttingDown)?;
+            SelectTiming::shard_answered(&mut timing, shard, Some(answer.len()));
+            candidates.extend(answer);
         }
         Ok(candidates)
     }
@@ -404,7 +408,7 @@ impl ShardedService {
         request: &SelectRequest,
     ) -> Result<(Vec<Candidate>, Vec<f64>, Selection), SelectError> {
         let mut candidates =
-            self.gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref()).await?;
+            self.gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref(), None).await?;
         if candidates.is_empty() {
             return Err(SelectError::NoEligibleWorkers);
         }
@@ -421,7 +425,7 @@ impl ShardedService {
         request: SelectRequest,
         now: Millis,
     ) -> Result<Admission, SelectError> {
-        self.admit(source, request, now, None).await
+        self.admit(source, request, now, None, None).await
     }
 
     /// Like `select_and_reserve`, but a queued request is awaited: the
@@ -435,18 +439,38 @@ impl ShardedService {
         request: SelectRequest,
         now: Millis,
     ) -> Result<Selection, SelectError> {
+        self.select_and_wait_timed(source, request, now, None).await
+    }
+
+    /// `select_and_wait`, noting in `timing` (when given) when each shard
+    /// answered, when the pick was decided and booked, and any queue wait:
+    /// a traced request's spans.
+    pub async fn select_and_wait_timed(
+        &self,
+        source: &impl ProducerSource,
+        request: SelectRequest,
+        now: Millis,
+        mut timing: Option<&mut SelectTiming>,
+    ) -> Result<Selection, SelectError> {
         let id = request.id;
         let (tx, rx) = oneshot::channel();
-        match self.admit(source, request, now, Some(tx)).await? {
+        match self.admit(source, request, now, Some(tx), timing.as_deref_mut()).await? {
             Admission::Reserved(selection) => Ok(selection),
-            Admission::Queued => match rx.await {
-                Ok(AdmissionEvent::Admitted(selection)) => Ok(selection),
-                Ok(AdmissionEvent::Refused { error, .. }) => Err(error),
-                Err(_) => {
-                    lock(&self.admissions).waiters.remove(&id);
-                    Err(SelectError::ShuttingDown)
+            Admission::Queued => {
+                let queued = timing.is_some().then(Instant::now);
+                let admitted = match rx.await {
+                    Ok(AdmissionEvent::Admitted(selection)) => Ok(selection),
+                    Ok(AdmissionEvent::Refused { error, .. }) => Err(error),
+                    Err(_) => {
+                        lock(&self.admissions).waiters.remove(&id);
+                        Err(SelectError::ShuttingDown)
+                    }
+                };
+                if let (Some(timing), Some(queued)) = (timing, queued) {
+                    timing.queued = Some((queued, Instant::now()));
                 }
-            },
+                admitted
+            }
         }
     }
 
@@ -456,20 +480,28 @@ impl ShardedService {
         request: SelectRequest,
         now: Millis,
         waiter: Option<oneshot::Sender<AdmissionEvent>>,
+        mut timing: Option<&mut SelectTiming>,
     ) -> Result<Admission, SelectError> {
         lock(&self.admissions).ledger.check_new(request.id)?;
         if self.shards.len() == 1 {
-            return match self.pick_in_one_visit(source, request, now).await? {
+            let picked = self.pick_in_one_visit(source, request, now).await?;
+            SelectTiming::shard_answered(&mut timing, 0, None);
+            return match picked {
                 Picked::Booked(selection) => Ok(Admission::Reserved(selection)),
                 Picked::Saturated(request) => self.enqueue(request, now, waiter),
                 Picked::Failed(error) => Err(error),
             };
         }
+        let allowed = request.allowed.as_ref();
         let mut candidates =
-            self.gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref()).await?;
-        match self.picking.decide(&request, &mut candidates, &mut Vec::new(), now) {
+            self.gather(source, &request.prompt, request.model.as_deref(), allowed, timing.as_deref_mut()).await?;
+        let decision = self.picking.decide(&request, &mut candidates, &mut Vec::new(), now);
+        SelectTiming::mark(&mut timing, |t| &mut t.decided);
+        match decision {
             Decision::Book { selection, booking } => {
-                self.book(source, selection, booking).await.map(Admission::Reserved)
+                let booked = self.book(source, selection, booking).await;
+                SelectTiming::mark(&mut timing, |t| &mut t.booked);
+                booked.map(Admission::Reserved)
             }
             Decision::Saturated => self.enqueue(request, now, waiter),
             Decision::NoEligible => Err(SelectError::NoEligibleWorkers),
@@ -771,15 +803,17 @@ impl ShardedService {
         let ids = lock(&self.admissions).ledger.waiting_ids();
         for id in ids {
             let Some(request) = lock(&self.admissions).ledger.waiting(id).cloned() else { continue };
-            let decision =
-                match self.gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref()).await {
-                    Ok(mut candidates) => match self.picking.decide(&request, &mut candidates, &mut Vec::new(), now) {
-                        Decision::Saturated => continue,
-                        Decision::NoEligible => Err(SelectError::NoEligibleWorkers),
-                        Decision::Book { selection, booking } => Ok((selection, booking)),
-                    },
-                    Err(error) => Err(error),
-                };
+            let decision = match self
+                .gather(source, &request.prompt, request.model.as_deref(), request.allowed.as_ref(), None)
+                .await
+            {
+                Ok(mut candidates) => match self.picking.decide(&request, &mut candidates, &mut Vec::new(), now) {
+                    Decision::Saturated => continue,
+                    Decision::NoEligible => Err(SelectError::NoEligibleWorkers),
+                    Decision::Book { selection, booking } => Ok((selection, booking)),
+                },
+                Err(error) => Err(error),
+            };
             // Withdrawn (freed) while this pass awaited the shards.
             if !lock(&self.admissions).ledger.withdraw(id) {
                 continue;

@@ -17,6 +17,16 @@ pub enum Api {
     Completions,
 }
 
+impl Api {
+    /// The API's name in traces and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::ChatCompletions => "chat_completions",
+            Api::Completions => "completions",
+        }
+    }
+}
+
 /// What routing reads from a request body.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestBody {

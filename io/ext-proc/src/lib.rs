@@ -13,6 +13,9 @@
 //! Refusals are `ImmediateResponse`s with one status per reason, chosen in
 //! [`error`].
 //!
+//! Each request can be traced with OpenTelemetry ([`trace`]), continuing
+//! the gateway's W3C context; off unless the app sets a tracer.
+//!
 //! Protocol only: who picks (kvpick's router in `kvpick-router`, or a
 //! baseline) is behind the [`Picks`] trait, and the gRPC port itself is
 //! `kvpick-grpc`'s. This crate must never depend on the picker, the
@@ -34,6 +37,7 @@ pub mod protocol;
 pub mod responses;
 pub mod server;
 pub mod stream;
+pub mod trace;
 pub mod usage;
 
 pub use body::Api;
@@ -42,3 +46,4 @@ pub use error::{RequestError, TokenizeError};
 pub use metrics::{ExtProcMetrics, ExtProcMetricsSnapshot};
 pub use pick::{BodyInput, Booking, Pick, PickInput, Picks};
 pub use server::ExtProcServer;
+pub use trace::{RequestTrace, Tracing};

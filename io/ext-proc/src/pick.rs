@@ -14,6 +14,7 @@ use kvpick_core::EndpointFilter;
 
 use crate::body::RequestBody;
 use crate::error::RequestError;
+use crate::trace::RequestTrace;
 
 /// What a pick is made from.
 #[derive(Debug)]
@@ -25,6 +26,8 @@ pub struct PickInput {
     /// The client's session key (`x-session-token`, else the body's
     /// `session_id`), for session affinity.
     pub session: Option<String>,
+    /// The request's span, for the picker's phases (off: does nothing).
+    pub trace: RequestTrace,
 }
 
 #[derive(Debug)]

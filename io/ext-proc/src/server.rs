@@ -23,6 +23,7 @@ use crate::inflight::InflightLimiter;
 use crate::metrics::ExtProcMetrics;
 use crate::pick::Picks;
 use crate::stream::{ExtProcStream, Shared};
+use crate::trace::Tracing;
 
 /// The `envoy.service.ext_proc.v3.ExternalProcessor` implementation.
 pub struct ExtProcService<P> {
@@ -72,14 +73,21 @@ fn answers<P: Picks>(
 
 /// The ext_proc server, before it listens.
 pub struct ExtProcServer<P> {
-    shared: Arc<Shared<P>>,
+    shared: Shared<P>,
     health: Option<HealthServer<HealthService>>,
 }
 
 impl<P: Picks> ExtProcServer<P> {
     pub fn new(config: ExtProcConfig, picker: P, metrics: Arc<ExtProcMetrics>) -> Self {
         let inflight = InflightLimiter::new(config.max_inflight_requests, metrics.clone());
-        ExtProcServer { shared: Arc::new(Shared { config, picker, metrics, inflight }), health: None }
+        let shared = Shared { config, picker, metrics, inflight, tracing: None };
+        ExtProcServer { shared, health: None }
+    }
+
+    /// Traces every request with `tracing` (see [`crate::trace`]).
+    pub fn with_tracing(mut self, tracing: Tracing) -> Self {
+        self.shared.tracing = Some(tracing);
+        self
     }
 
     /// Also answers `grpc.health.v1` on the ext_proc port: Envoy
@@ -103,7 +111,8 @@ impl<P: Picks> ExtProcServer<P> {
 
     /// Starts serving on an already bound listener.
     pub fn spawn_on(self, listener: TcpListener) -> Result<ServerHandle, ServeError> {
-        let config = &self.shared.config;
+        let shared = Arc::new(self.shared);
+        let config = &shared.config;
         // A BUFFERED body arrives in one message: allow the body limit plus
         // the envelope (headers, metadata).
         let max_message = config.max_body_bytes.saturating_add(1 << 20);
@@ -116,7 +125,7 @@ impl<P: Picks> ExtProcServer<P> {
             }
             None => None,
         };
-        let service = ExternalProcessorServer::new(ExtProcService { shared: self.shared.clone() })
+        let service = ExternalProcessorServer::new(ExtProcService { shared: shared.clone() })
             .max_decoding_message_size(max_message)
             .max_encoding_message_size(max_message);
         let router = builder.add_service(service).add_optional_service(self.health);

@@ -23,6 +23,7 @@ use bytes::Bytes;
 use kvpick_proto::core::Metadata;
 use kvpick_proto::ext_proc::processing_request::Request;
 use kvpick_proto::ext_proc::{HeaderMutation, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse};
+use opentelemetry::KeyValue;
 
 use crate::body::{RequestBody, api_of_path};
 use crate::config::ExtProcConfig;
@@ -35,6 +36,7 @@ use crate::metrics::{ExtProcMetrics, Phase};
 use crate::pick::{BodyInput, Booking, PickInput, Picks};
 use crate::protocol::Modes;
 use crate::responses::{self, Path};
+use crate::trace::{RequestTrace, Tracing};
 use crate::usage::UsageParser;
 
 /// What every stream of one server shares.
@@ -43,6 +45,8 @@ pub(crate) struct Shared<P> {
     pub picker: P,
     pub metrics: Arc<ExtProcMetrics>,
     pub inflight: Arc<InflightLimiter>,
+    /// `None`: requests are not traced.
+    pub tracing: Option<Tracing>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,6 +113,10 @@ pub(crate) struct ExtProcStream<P: Picks> {
     started: Option<Instant>,
     /// The body's `model`, for per-model metrics.
     model: String,
+    /// The request's span (off unless tracing is on).
+    trace: RequestTrace,
+    /// The booking's span, from the pick to its release.
+    booking_trace: RequestTrace,
 }
 
 impl<P: Picks> ExtProcStream<P> {
@@ -132,6 +140,8 @@ impl<P: Picks> ExtProcStream<P> {
             response_finished: false,
             started: None,
             model: String::new(),
+            trace: RequestTrace::off(),
+            booking_trace: RequestTrace::off(),
         }
     }
 
@@ -189,8 +199,10 @@ impl<P: Picks> ExtProcStream<P> {
             return;
         }
         self.note_subset(metadata);
-        self.started = Some(Instant::now());
+        let started = Instant::now();
+        self.started = Some(started);
         self.headers = RequestHeaders::read(message.headers.as_ref());
+        self.start_trace(message.headers.as_ref(), started);
         if !self.admit() {
             return;
         }
@@ -205,6 +217,19 @@ impl<P: Picks> ExtProcStream<P> {
             self.out.push_back(responses::headers(Path::Request, strip, false, None));
             self.headers_answered = true;
         }
+    }
+
+    /// Starts the request's span (when tracing is on), continuing the
+    /// gateway's trace context from `headers`.
+    fn start_trace(&mut self, headers: Option<&kvpick_proto::core::HeaderMap>, at: Instant) {
+        let Some(tracing) = &self.shared.tracing else {
+            return;
+        };
+        self.trace = tracing.start_request(headers, at);
+        let (method, path) = (&self.headers.method, self.headers.route());
+        self.trace.set(|| {
+            vec![KeyValue::new("http.request.method", method.clone()), KeyValue::new("url.path", path.to_owned())]
+        });
     }
 
     /// Takes an in-flight permit, or refuses the request.
@@ -226,6 +251,7 @@ impl<P: Picks> ExtProcStream<P> {
             Stage::Refused | Stage::Answered => return,
             // Request headers not sent to us (header mode SKIP).
             Stage::Headers => {
+                self.start_trace(None, Instant::now());
                 if !self.admit() {
                     return;
                 }
@@ -292,13 +318,23 @@ impl<P: Picks> ExtProcStream<P> {
         } else {
             let parsing = Instant::now();
             let parsed = RequestBody::parse(body, api_of_path(self.headers.route()));
-            self.shared.metrics.record_phase(Phase::Parse, parsing.elapsed());
+            let parsed_at = Instant::now();
+            self.shared.metrics.record_phase(Phase::Parse, parsed_at - parsing);
+            self.trace.phase("parse", parsing, parsed_at, || match &parsed {
+                Ok(p) => vec![
+                    KeyValue::new("gen_ai.request.model", p.model.clone()),
+                    KeyValue::new("kvpick.body_bytes", i64::try_from(body.len()).unwrap_or(i64::MAX)),
+                    KeyValue::new("kvpick.api", p.api.map_or("none", |a| a.as_str())),
+                ],
+                Err(error) => vec![KeyValue::new("error.type", error.details())],
+            });
             let parsed = parsed?;
             self.model.clone_from(&parsed.model);
             Some(BodyInput { bytes: body.clone(), parsed })
         };
         let session = self.headers.session.clone().or_else(|| body.as_ref().and_then(|b| b.parsed.session_id.clone()));
-        let pick = self.shared.picker.pick(PickInput { body, allowed, session }).await?;
+        let trace = self.trace.clone();
+        let pick = self.shared.picker.pick(PickInput { body, allowed, session, trace }).await?;
         Ok(Picked { endpoint: pick.endpoint, fallbacks: pick.fallbacks, reservation: pick.reservation })
     }
 
@@ -312,6 +348,9 @@ impl<P: Picks> ExtProcStream<P> {
             Ok(picked) => picked,
             Err(error) => return self.refuse(error),
         };
+        if self.trace.is_on() {
+            self.trace_pick(&picked);
+        }
         self.shared.metrics.record_status(200);
         self.shared.metrics.record_model_decision(&self.model, None);
         // The ranked list goes in the metadata; the header has the pick
@@ -343,6 +382,20 @@ impl<P: Picks> ExtProcStream<P> {
         self.stage = Stage::Answered;
     }
 
+    fn trace_pick(&mut self, picked: &Picked<P::Booking>) {
+        let fallbacks = i64::try_from(picked.fallbacks.len()).unwrap_or(i64::MAX);
+        self.trace.set(|| {
+            vec![
+                KeyValue::new("kvpick.endpoint", picked.endpoint.to_string()),
+                KeyValue::new("kvpick.fallbacks", fallbacks),
+                KeyValue::new("http.response.status_code", 200),
+            ]
+        });
+        if picked.reservation.is_some() {
+            self.booking_trace = self.trace.child("booking", Instant::now());
+        }
+    }
+
     fn echo_request_body(&mut self, body: &[u8], end: End) {
         match end {
             End::HeadersOnly => {}
@@ -355,6 +408,14 @@ impl<P: Picks> ExtProcStream<P> {
         tracing::debug!(%error, status = error.status(), "refusing request");
         self.shared.metrics.record_status(error.status());
         self.shared.metrics.record_model_decision(&self.model, Some(error.details()));
+        self.trace.set(|| {
+            vec![
+                KeyValue::new("http.response.status_code", i64::from(error.status())),
+                KeyValue::new("error.type", error.details()),
+            ]
+        });
+        self.trace.fail(|| error.to_string());
+        self.trace.end(Instant::now());
         self.out.push_back(error.immediate_response());
         self.stage = Stage::Refused;
         self.permit = None;
@@ -382,6 +443,9 @@ impl<P: Picks> ExtProcStream<P> {
                         self.response_streamed = false;
                         self.shared.metrics.record_served_mismatch();
                         tracing::debug!(picked = %picked.endpoint, served = %text, "gateway served another endpoint");
+                        self.booking_trace.event("served by another endpoint", Instant::now(), || {
+                            vec![KeyValue::new("kvpick.served_endpoint", text.clone())]
+                        });
                         if let (Some(endpoint), Some(reservation)) = (endpoint, picked.reservation.as_mut()) {
                             reservation.served_by(endpoint);
                         }
@@ -421,6 +485,9 @@ impl<P: Picks> ExtProcStream<P> {
             if let Some(reservation) = self.picked.as_mut().and_then(|p| p.reservation.as_mut()) {
                 reservation.prefill_complete(self.response_streamed);
             }
+            let streamed = self.response_streamed;
+            self.booking_trace
+                .event("prefill complete", Instant::now(), || vec![KeyValue::new("kvpick.first_token", streamed)]);
         }
         if let Some(usage) = &mut self.usage {
             usage.push(&message.body);
@@ -466,18 +533,38 @@ impl<P: Picks> ExtProcStream<P> {
                 reservation.response_finished(output_tokens);
             }
         }
+        let now = Instant::now();
         if let Some(started) = self.started {
-            self.shared.metrics.record_request_duration(started.elapsed());
+            self.shared.metrics.record_request_duration(now - started);
         }
         if let Some(picked) = &mut self.picked {
             // Dropping the guard frees the booking.
             picked.reservation = None;
         }
+        self.booking_trace.end(now);
+        self.trace.set(|| {
+            let mut attributes = vec![KeyValue::new("kvpick.sse_events", i64::try_from(events).unwrap_or(i64::MAX))];
+            if let Some(usage) = usage {
+                let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                attributes.push(KeyValue::new("gen_ai.usage.input_tokens", count(usage.prompt_tokens)));
+                attributes.push(KeyValue::new("gen_ai.usage.output_tokens", count(usage.completion_tokens)));
+            }
+            attributes
+        });
+        self.trace.end(now);
     }
 }
 
 impl<P: Picks> Drop for ExtProcStream<P> {
     fn drop(&mut self) {
         self.shared.metrics.stream_closed();
+        if !self.response_finished && self.trace.is_on() {
+            // The gateway went away first (or the response never came):
+            // the booking is freed now, with the stream.
+            let now = Instant::now();
+            self.booking_trace.end(now);
+            self.trace.set(|| vec![KeyValue::new("kvpick.response_finished", false)]);
+            self.trace.end(now);
+        }
     }
 }

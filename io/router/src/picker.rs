@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use kvpick_core::{BookingError, HashSeed, Prompt, ReservationId, SelectError, SelectRequest, WorkerId};
 use kvpick_ext_proc::metrics::{ExtProcMetrics, Fallback, Phase, SessionPick};
-use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError};
-use kvpick_runtime::{Clock, PendingRings, RingScheduler, ShardedService, ThreadProducers};
+use kvpick_ext_proc::trace::KeyValue;
+use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError, RequestTrace};
+use kvpick_runtime::{Clock, PendingRings, RingScheduler, SelectTiming, ShardedService, ThreadProducers};
 
 use crate::reservation::{Release, Reservation, ReservationIds, TtftSample};
 use crate::sessions::Sessions;
@@ -202,7 +203,7 @@ impl KvPicker {
             }
             Some(body) => {
                 let lora = self.lora_of(&body.parsed.model);
-                let prompt = self.prompt(body, lora).await?;
+                let prompt = self.prompt(body, lora, &input.trace).await?;
                 // The workers serve the base model; an adapter is loaded on demand.
                 let model = if lora.is_some() { inner.base_model.clone() } else { Some(body.parsed.model.clone()) };
                 (prompt, model, body.parsed.priority)
@@ -235,10 +236,17 @@ impl KvPicker {
         let id = inner.ids.next_id();
         let mut reservation = Reservation::new(id, self.clone(), self.service().lease());
         let (session, sticky) = self.session_of(input.session.as_deref());
+        let (isl_tokens, tokens_known) = (prompt.isl_tokens, prompt.tokens_known);
         let request = SelectRequest { id, prompt, model, allowed: input.allowed, priority, sticky };
         let start = Instant::now();
-        let result = self.service().select_and_wait(&inner.producers, request, inner.clock.now()).await;
-        inner.metrics.record_select(start.elapsed());
+        let mut timing = input.trace.is_on().then(SelectTiming::default);
+        let now = inner.clock.now();
+        let result = self.service().select_and_wait_timed(&inner.producers, request, now, timing.as_mut()).await;
+        let end = Instant::now();
+        inner.metrics.record_select(end - start);
+        if let Some(timing) = &timing {
+            trace_select(&input.trace, start, end, timing, &result, (isl_tokens, tokens_known), sticky);
+        }
         match result {
             Ok(selection) => {
                 if selection.isl_tokens > 0 {
@@ -288,7 +296,7 @@ impl KvPicker {
         self.0.base_model.as_deref().filter(|base| *base != model).map(|_| model)
     }
 
-    async fn prompt(&self, body: &BodyInput, lora: Option<&str>) -> Result<Prompt, RequestError> {
+    async fn prompt(&self, body: &BodyInput, lora: Option<&str>, trace: &RequestTrace) -> Result<Prompt, RequestError> {
         let inner = &*self.0;
         // About four bytes of JSON per token: what load-only routing books.
         let estimate = u32::try_from(body.bytes.len() / 4).unwrap_or(u32::MAX);
@@ -299,22 +307,31 @@ impl KvPicker {
         let request = tokenize_request(body, api);
         let start = Instant::now();
         let result = inner.tokenizer.tokenize(request).await;
+        let tokenized = Instant::now();
+        trace.phase("tokenize", start, tokenized, || match &result {
+            Ok(tokens) => vec![KeyValue::new("kvpick.tokens", i64::try_from(tokens.len()).unwrap_or(i64::MAX))],
+            Err(error) => vec![KeyValue::new("error.type", error.to_string())],
+        });
         match result {
             Ok(tokens) => {
-                inner.metrics.record_tokenize(start.elapsed());
+                inner.metrics.record_tokenize(tokenized - start);
                 let seed = HashSeed::new(lora, body.parsed.cache_salt.as_deref());
-                let hashing = Instant::now();
                 let prompt = self.service().policy().prompt(&tokens, seed);
-                inner.metrics.record_phase(Phase::Hash, hashing.elapsed());
+                let hashed = Instant::now();
+                inner.metrics.record_phase(Phase::Hash, hashed - tokenized);
+                trace.phase("hash", tokenized, hashed, || {
+                    vec![KeyValue::new("kvpick.blocks", i64::try_from(prompt.seq_hashes.len()).unwrap_or(i64::MAX))]
+                });
                 Ok(prompt)
             }
             Err(error) => {
                 let unsupported = matches!(error, TokenizeError::Unsupported(_));
                 if !unsupported {
-                    inner.metrics.record_tokenize(start.elapsed());
+                    inner.metrics.record_tokenize(tokenized - start);
                 }
                 if unsupported || inner.fallback == FallbackPolicy::LoadOnly {
                     tracing::debug!(%error, "routing by load alone");
+                    trace.set(|| vec![KeyValue::new("kvpick.load_only", true)]);
                     inner.metrics.record_fallback(Fallback::from(&error));
                     Ok(Prompt::load_only(estimate))
                 } else {
@@ -418,4 +435,64 @@ impl Release for KvPicker {
             }
         }
     }
+}
+
+/// The select span of a traced pick: what was chosen and why it cost
+/// what it did, with each shard's answer, the queue wait and the booking
+/// under it.
+fn trace_select(
+    trace: &RequestTrace,
+    start: Instant,
+    end: Instant,
+    timing: &SelectTiming,
+    result: &Result<kvpick_core::Selection, SelectError>,
+    (isl_tokens, tokens_known): (u32, bool),
+    sticky: Option<WorkerId>,
+) {
+    let span = trace.child("select", start);
+    let mut from = start;
+    for answer in &timing.shards {
+        span.phase("shard", from.min(answer.at), answer.at, || {
+            let mut attributes = vec![KeyValue::new("kvpick.shard", i64::try_from(answer.shard).unwrap_or(i64::MAX))];
+            if let Some(n) = answer.candidates {
+                attributes.push(KeyValue::new("kvpick.candidates", i64::try_from(n).unwrap_or(i64::MAX)));
+            }
+            attributes
+        });
+        from = answer.at;
+    }
+    if let (Some(decided), Some(booked)) = (timing.decided, timing.booked) {
+        span.phase("book", decided, booked, Vec::new);
+    }
+    if let Some((queued, left)) = timing.queued {
+        span.phase("queue wait", queued, left, Vec::new);
+    }
+    span.set(|| {
+        let mut attributes = vec![
+            KeyValue::new("kvpick.isl_tokens", i64::from(isl_tokens)),
+            KeyValue::new("kvpick.tokens_known", tokens_known),
+            KeyValue::new("kvpick.queued", timing.queued.is_some()),
+        ];
+        if let Some(worker) = sticky {
+            attributes.push(KeyValue::new("kvpick.session_worker", i64::try_from(worker.0).unwrap_or(i64::MAX)));
+        }
+        if let Ok(selection) = result {
+            attributes.extend([
+                KeyValue::new("kvpick.worker", i64::try_from(selection.worker.0).unwrap_or(i64::MAX)),
+                KeyValue::new("kvpick.cost", selection.cost),
+                KeyValue::new("kvpick.candidates", i64::try_from(selection.candidates).unwrap_or(i64::MAX)),
+                KeyValue::new("kvpick.endpoint", selection.endpoint.to_string()),
+                KeyValue::new("kvpick.cached_tokens", i64::from(selection.isl_tokens - selection.prefill_tokens)),
+                KeyValue::new("kvpick.prefill_tokens", i64::from(selection.prefill_tokens)),
+            ]);
+            if let Some(ns) = selection.predicted_ttft_ns {
+                attributes.push(KeyValue::new("kvpick.predicted_ttft_ms", ns / 1e6));
+            }
+        }
+        attributes
+    });
+    if let Err(error) = result {
+        span.fail(|| error.to_string());
+    }
+    span.end(end);
 }

@@ -92,6 +92,17 @@ impl Gateway {
     /// A POST of `body` to `path` (e.g. `/v1/chat/completions`) through
     /// kvpick to the endpoint it picks.
     pub async fn post(&self, path: &str, body: &[u8]) -> Result<Exchange, GatewayError> {
+        self.post_with_headers(path, body, &[]).await
+    }
+
+    /// [`Gateway::post`] with `extra` request headers (a `traceparent`,
+    /// a session token), sent to kvpick as the client sent them.
+    pub async fn post_with_headers(
+        &self,
+        path: &str,
+        body: &[u8],
+        extra: &[(&str, &str)],
+    ) -> Result<Exchange, GatewayError> {
         let started = Instant::now();
         let (tx, rx) = mpsc::unbounded_channel::<ProcessingRequest>();
         let outbound = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
@@ -100,7 +111,7 @@ impl Gateway {
             client.process(outbound).await.map_err(|s| GatewayError::ExtProc(s.message().to_owned()))?.into_inner();
         let send = |m: ProcessingRequest| tx.send(m).map_err(|_| GatewayError::ExtProc("stream closed".into()));
 
-        let mut first = request_headers(path);
+        let mut first = request_headers(path, extra);
         first.protocol_config = Some(ProtocolConfiguration {
             request_body_mode: BodySendMode::FullDuplexStreamed as i32,
             response_body_mode: BodySendMode::FullDuplexStreamed as i32,
@@ -214,8 +225,10 @@ pub fn header_map(pairs: &[(&str, &str)]) -> HeaderMap {
     HeaderMap { headers }
 }
 
-fn request_headers(path: &str) -> ProcessingRequest {
-    let pairs = [(":method", "POST"), (":path", path), (":authority", "gateway"), ("content-type", "application/json")];
+fn request_headers(path: &str, extra: &[(&str, &str)]) -> ProcessingRequest {
+    let mut pairs =
+        vec![(":method", "POST"), (":path", path), (":authority", "gateway"), ("content-type", "application/json")];
+    pairs.extend_from_slice(extra);
     ProcessingRequest {
         request: Some(Request::RequestHeaders(HttpHeaders {
             headers: Some(header_map(&pairs)),

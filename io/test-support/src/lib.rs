@@ -8,9 +8,12 @@
 //!   Envoy does, in front of real HTTP engines.
 //! - [`fake_kube`]: a fake Kubernetes API server on 127.0.0.1 (LIST with
 //!   pagination, chunked WATCH, bookmarks, 410 Gone, dropped watches).
+//! - [`otlp_collector`]: an OTLP/gRPC trace collector stand-in on
+//!   127.0.0.1 that keeps every span it is sent.
 
 pub mod fake_kube;
 pub mod gateway;
+pub mod otlp_collector;
 
 use std::borrow::Cow;
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use kvpick_core::{CostModel, EngineRates, RouterConfig};
 use kvpick_runtime::{RuntimeChoice, RuntimeConfig, RuntimeKind};
 
+use super::otlp::TracingConfig;
 use super::settings::{self as var, SettingError, Values};
 use kvpick_discovery::DiscoveryConfig;
 use kvpick_ext_proc::ExtProcConfig;
@@ -53,6 +54,8 @@ pub struct ServeConfig {
     pub profile: Option<PathBuf>,
     /// The debug view on the metrics port.
     pub debug_endpoints: bool,
+    /// `None`: requests are not traced.
+    pub tracing: Option<TracingConfig>,
 }
 
 /// One message for the operator: what is wrong and what would work.
@@ -128,8 +131,26 @@ impl ServeConfig {
             log_filter: v.get(var::LOG_LEVEL).unwrap_or("info").to_owned(),
             profile: v.get(var::PROFILE).map(PathBuf::from),
             debug_endpoints: v.boolean(var::DEBUG_ENDPOINTS)?.unwrap_or(false),
+            tracing: tracing(v)?,
         })
     }
+}
+
+/// OTLP tracing, when an endpoint is set.
+fn tracing(v: &Values) -> Result<Option<TracingConfig>, ConfigError> {
+    let endpoint =
+        v.parse(var::OTLP_ENDPOINT, "expected an http:// or https:// URL, e.g. http://otel-collector:4317", |t| {
+            let rest = t.strip_prefix("http://").or_else(|| t.strip_prefix("https://"))?;
+            (!rest.is_empty()).then(|| t.to_owned())
+        })?;
+    let ratio = v.parse(var::TRACE_SAMPLE_RATIO, "expected a number from 0 to 1", |t| {
+        t.parse::<f64>().ok().filter(|r| (0.0..=1.0).contains(r))
+    })?;
+    Ok(endpoint.map(|endpoint| TracingConfig {
+        endpoint,
+        service_name: v.get(var::SERVICE_NAME).unwrap_or("kvpick").to_owned(),
+        sample_ratio: ratio.unwrap_or(1.0),
+    }))
 }
 
 fn ext_proc(v: &Values) -> Result<ExtProcConfig, ConfigError> {

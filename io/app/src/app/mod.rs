@@ -15,6 +15,7 @@
 //! shards and the ingest run on threads of their own.
 
 pub mod config;
+pub mod otlp;
 pub mod settings;
 
 use std::net::SocketAddr;
@@ -28,6 +29,7 @@ use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, DiscoveryMode, LogFormat, ServeConfig};
 
+use self::otlp::TraceExport;
 use crate::metrics::MetricsServer;
 use crate::metrics::collect::{Sources, WorkerNames};
 use kvpick_discovery::workers_file::{Defaults, WorkersFile};
@@ -55,6 +57,8 @@ pub enum StartError {
     Serve(#[from] ServeError),
     #[error("Kubernetes: {0}")]
     Kubernetes(String),
+    #[error("tracing: {0}")]
+    Tracing(String),
 }
 
 /// A running kvpick.
@@ -70,6 +74,7 @@ pub struct App {
     workers: WorkerNames,
     ext_proc_metrics: Arc<ExtProcMetrics>,
     grace: Duration,
+    traces: Option<TraceExport>,
 }
 
 impl App {
@@ -160,8 +165,18 @@ impl App {
 
         let ext_proc_metrics = Arc::new(ExtProcMetrics::new());
         let picker = KvPicker::new(service.clone(), clock.clone(), tokenizer, &config.picker, ext_proc_metrics.clone());
-        let server = ExtProcServer::new(config.ext_proc.clone(), Picker::Kv(picker.clone()), ext_proc_metrics.clone())
-            .with_health(&health);
+        let mut server =
+            ExtProcServer::new(config.ext_proc.clone(), Picker::Kv(picker.clone()), ext_proc_metrics.clone())
+                .with_health(&health);
+        let traces = match &config.tracing {
+            Some(tracing_config) => {
+                let (export, tracing) = TraceExport::start(tracing_config).map_err(StartError::Tracing)?;
+                server = server.with_tracing(tracing);
+                tracing::info!(endpoint = %tracing_config.endpoint, sample_ratio = tracing_config.sample_ratio, "tracing: spans exported over OTLP");
+                Some(export)
+            }
+            None => None,
+        };
         let ext_proc_listener = bind("ext_proc", config.ext_proc.listen).await?;
         let ext_proc = server.spawn_on(ext_proc_listener)?;
 
@@ -213,6 +228,7 @@ impl App {
             workers,
             ext_proc_metrics,
             grace: config.shutdown_grace,
+            traces,
         })
     }
 
@@ -247,6 +263,13 @@ impl App {
 
     pub fn ingest(&self) -> &KvEventIngest {
         &self.ingest
+    }
+
+    /// Exports every span ended so far (when tracing is on).
+    pub async fn flush_traces(&self) {
+        if let Some(traces) = &self.traces {
+            traces.flush().await;
+        }
     }
 
     /// Stops in reverse order of start; see the module docs.
@@ -284,6 +307,10 @@ impl App {
                 }
             }
             Err(_) => tracing::warn!("KV-event ingest still shared at shutdown; its thread stops with the process"),
+        }
+        // The spans of the streams just ended, before the process goes.
+        if let Some(traces) = self.traces.take() {
+            traces.shutdown().await;
         }
         // Whatever is still booked goes with the shards.
         self.service.shutdown();

@@ -89,6 +89,10 @@ pub const LOG_FORMAT: &str = "KVPICK_LOG_FORMAT";
 pub const LOG_LEVEL: &str = "KVPICK_LOG";
 pub const PROFILE: &str = "KVPICK_PROFILE";
 pub const DEBUG_ENDPOINTS: &str = "KVPICK_DEBUG_ENDPOINTS";
+/// OpenTelemetry's own names, so a collector's usual manifest applies.
+pub const OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
+pub const SERVICE_NAME: &str = "OTEL_SERVICE_NAME";
+pub const TRACE_SAMPLE_RATIO: &str = "KVPICK_TRACE_SAMPLE_RATIO";
 
 /// Every setting, in `--help` order. Only this module and `app::config`
 /// (which turns [`Values`] into the typed configs) know these names.
@@ -329,6 +333,19 @@ pub const SETTINGS: &[Setting] = &[
         Some("false"),
         "Serve the debug view on the metrics port: GET /debug/workers and POST /debug/explain (a request body: every candidate's overlap, load and cost, and the pick; nothing booked); `kvpick inspect` reads them",
     ),
+    s(
+        OTLP_ENDPOINT,
+        "otlp-endpoint",
+        None,
+        "Export a span per request (parse, tokenize, hash, select per shard, queue wait, booking) over OTLP/gRPC to this collector, e.g. http://otel-collector:4317, continuing the gateway's W3C trace context (unset: no tracing, no cost)",
+    ),
+    s(
+        TRACE_SAMPLE_RATIO,
+        "trace-sample-ratio",
+        Some("1"),
+        "Share of requests traced, 0 to 1, when the gateway sent no trace context; with one, its sampling decision is followed",
+    ),
+    s(SERVICE_NAME, "otel-service-name", Some("kvpick"), "The service name on exported spans"),
 ];
 
 /// The flag's id in clap is the variable's name.

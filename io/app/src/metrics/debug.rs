@@ -6,7 +6,7 @@
 //! question users of KV routing ask most: why did it pick that pod?
 
 use kvpick_ext_proc::body::{RequestBody, api_of_path};
-use kvpick_ext_proc::{BodyInput, PickInput};
+use kvpick_ext_proc::{BodyInput, PickInput, RequestTrace};
 use kvpick_router::KvPicker;
 use serde_json::{Value, json};
 
@@ -57,7 +57,8 @@ pub async fn explain(
 ) -> Result<Value, (u16, String)> {
     let parsed = RequestBody::parse(&body, api_of_path(path)).map_err(|e| (e.status(), e.to_string()))?;
     let session = parsed.session_id.clone();
-    let input = PickInput { body: Some(BodyInput { bytes: body, parsed }), allowed: None, session };
+    let input =
+        PickInput { body: Some(BodyInput { bytes: body, parsed }), allowed: None, session, trace: RequestTrace::off() };
     let explained = picker.explain(input).await.map_err(|e| (e.status(), e.to_string()))?;
     let name =
         |w: kvpick_core::WorkerId| sources.workers.get(w).map_or_else(|| format!("{:016x}", w.0), |a| a.to_string());

@@ -18,3 +18,4 @@ mod ext_proc_lifecycle;
 mod ext_proc_request;
 mod ext_proc_scale;
 mod ext_proc_subset;
+mod otlp_tracing;

@@ -80,7 +80,12 @@ pub fn binary() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_kvpick"));
     // The test's own environment must not leak settings in.
     for (key, _) in std::env::vars() {
-        if key.starts_with("DYN_") || key.starts_with("KVPICK_") || key == "POD_NAMESPACE" || key == "POD_IP" {
+        if key.starts_with("DYN_")
+            || key.starts_with("KVPICK_")
+            || key.starts_with("OTEL_")
+            || key == "POD_NAMESPACE"
+            || key == "POD_IP"
+        {
             command.env_remove(key);
         }
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use kvpick_core::{HashSeed, KvEvent, LoadSnapshot, Prompt, RouterConfig, WorkerId, WorkerSpec};
 use kvpick_ext_proc::headers::DESTINATION;
 use kvpick_ext_proc::metadata::{LB_NAMESPACE, SUBSET_NAMESPACE};
-use kvpick_ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer};
+use kvpick_ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer, Tracing};
 use kvpick_grpc::{Health, ServerHandle};
 use kvpick_proto::core::Metadata;
 use kvpick_proto::ext_proc::external_processor_client::ExternalProcessorClient;
@@ -89,6 +89,8 @@ pub struct Options {
     pub router: RouterConfig,
     /// Every worker's `max_num_batched_tokens` (needed to queue).
     pub max_num_batched_tokens: Option<u64>,
+    /// Requests traced with this (`None`: no tracing).
+    pub tracing: Option<Tracing>,
 }
 
 impl Default for Options {
@@ -102,6 +104,7 @@ impl Default for Options {
             tokenizer: TestTokenizer::default(),
             router: RouterConfig::default(),
             max_num_batched_tokens: None,
+            tracing: None,
         }
     }
 }
@@ -154,11 +157,11 @@ impl Harness {
                 metrics.clone(),
             ))
         };
-        let server = ExtProcServer::new(options.config, picker, metrics.clone())
-            .with_health(&health)
-            .spawn()
-            .await
-            .expect("ext_proc server starts");
+        let mut server = ExtProcServer::new(options.config, picker, metrics.clone()).with_health(&health);
+        if let Some(tracing) = options.tracing {
+            server = server.with_tracing(tracing);
+        }
+        let server = server.spawn().await.expect("ext_proc server starts");
         let addr = server.local_addr();
         assert!(addr.ip().is_loopback());
         let harness = Harness {
