@@ -23,7 +23,7 @@ use crate::inflight::InflightLimiter;
 use crate::metrics::ExtProcMetrics;
 use crate::pick::Picks;
 use crate::stream::{ExtProcStream, Shared};
-use crate::trace::Tracing;
+use crate::trace::{CallContext, Tracing};
 
 /// The `envoy.service.ext_proc.v3.ExternalProcessor` implementation.
 pub struct ExtProcService<P> {
@@ -37,7 +37,11 @@ impl<P: Picks> ExternalProcessor for ExtProcService<P> {
     type ProcessStream = Answers;
 
     async fn process(&self, request: Request<Streaming<ProcessingRequest>>) -> Result<Response<Answers>, Status> {
-        let state = ExtProcStream::new(self.shared.clone());
+        let call = self.shared.tracing.as_ref().map(|_| {
+            let value = |key: &str| request.metadata().get(key).and_then(|v| v.to_str().ok());
+            CallContext::new(value(CallContext::TRACEPARENT), value(CallContext::TRACESTATE))
+        });
+        let state = ExtProcStream::new(self.shared.clone(), call);
         Ok(Response::new(Box::pin(answers(state, request.into_inner()))))
     }
 }

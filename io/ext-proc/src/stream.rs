@@ -36,7 +36,7 @@ use crate::metrics::{ExtProcMetrics, Phase};
 use crate::pick::{BodyInput, Booking, PickInput, Picks};
 use crate::protocol::Modes;
 use crate::responses::{self, Path};
-use crate::trace::{RequestTrace, Tracing};
+use crate::trace::{CallContext, RequestTrace, Tracing};
 use crate::usage::UsageParser;
 
 /// What every stream of one server shares.
@@ -117,10 +117,12 @@ pub(crate) struct ExtProcStream<P: Picks> {
     trace: RequestTrace,
     /// The booking's span, from the pick to its release.
     booking_trace: RequestTrace,
+    /// The gRPC call's trace context (read only when tracing is on).
+    call: Option<CallContext>,
 }
 
 impl<P: Picks> ExtProcStream<P> {
-    pub(crate) fn new(shared: Arc<Shared<P>>) -> Self {
+    pub(crate) fn new(shared: Arc<Shared<P>>, call: Option<CallContext>) -> Self {
         shared.metrics.stream_opened();
         ExtProcStream {
             modes: Modes::assumed(shared.config.assumed_body_mode),
@@ -142,6 +144,7 @@ impl<P: Picks> ExtProcStream<P> {
             model: String::new(),
             trace: RequestTrace::off(),
             booking_trace: RequestTrace::off(),
+            call,
         }
     }
 
@@ -225,7 +228,7 @@ impl<P: Picks> ExtProcStream<P> {
         let Some(tracing) = &self.shared.tracing else {
             return;
         };
-        self.trace = tracing.start_request(headers, at);
+        self.trace = tracing.start_request(self.call.as_ref().unwrap_or(&CallContext::default()), headers, at);
         let (method, path) = (&self.headers.method, self.headers.route());
         self.trace.set(|| {
             vec![KeyValue::new("http.request.method", method.clone()), KeyValue::new("url.path", path.to_owned())]

@@ -9,9 +9,13 @@
 //! turned into wall-clock span times against one anchor per request, so a
 //! traced request reads the clock about as often as an untraced one.
 //!
-//! The gateway's W3C trace context (`traceparent`, `tracestate` in the
-//! request headers) is continued: kvpick's request span is a child of the
-//! gateway's span, and follows its sampling decision.
+//! The gateway's W3C trace context is continued: kvpick's request span is
+//! a child of the gateway's span, and follows its sampling decision. Envoy
+//! with tracing on sends the context of its ext_proc call span in the gRPC
+//! stream's metadata (`traceparent`, `tracestate`), a child of its request
+//! span even when the client sent no context: that is the parent when
+//! present. Otherwise the HTTP request's own headers (a client's or an
+//! earlier proxy's context, which gateways without call spans forward).
 //!
 //! This crate uses only the OpenTelemetry API; the app chooses the SDK,
 //! the sampler and the exporter.
@@ -46,9 +50,15 @@ impl Tracing {
     }
 
     /// Starts a request's span at `start`, as a child of the context the
-    /// gateway sent in `headers` (a new trace when it sent none).
-    pub fn start_request(&self, headers: Option<&HeaderMap>, start: Instant) -> RequestTrace {
-        let parent = self.propagator.extract(&Headers(headers));
+    /// gateway sent with the gRPC stream (`call`) or else in the request's
+    /// `headers` (a new trace when it sent none).
+    pub fn start_request(&self, call: &CallContext, headers: Option<&HeaderMap>, start: Instant) -> RequestTrace {
+        let from_call = self.propagator.extract(call);
+        let parent = if from_call.span().span_context().is_valid() {
+            from_call
+        } else {
+            self.propagator.extract(&Headers(headers))
+        };
         let wall = SystemTime::now();
         let anchor = Anchor { wall, at: start.min(Instant::now()) };
         let span = self
@@ -65,6 +75,38 @@ impl Tracing {
 impl std::fmt::Debug for Tracing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Tracing")
+    }
+}
+
+/// The W3C trace context of the ext_proc gRPC call itself (its metadata),
+/// kept only while tracing is on.
+#[derive(Clone, Debug, Default)]
+pub struct CallContext {
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+}
+
+impl CallContext {
+    pub const TRACEPARENT: &str = "traceparent";
+    pub const TRACESTATE: &str = "tracestate";
+
+    /// From the call's metadata values (ASCII, as gRPC sends them).
+    pub fn new(traceparent: Option<&str>, tracestate: Option<&str>) -> Self {
+        CallContext { traceparent: traceparent.map(str::to_owned), tracestate: tracestate.map(str::to_owned) }
+    }
+}
+
+impl Extractor for CallContext {
+    fn get(&self, key: &str) -> Option<&str> {
+        match key {
+            Self::TRACEPARENT => self.traceparent.as_deref(),
+            Self::TRACESTATE => self.tracestate.as_deref(),
+            _ => None,
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec![Self::TRACEPARENT, Self::TRACESTATE]
     }
 }
 

@@ -134,6 +134,43 @@ async fn a_request_is_one_trace_under_the_gateways_span() {
     collector.shutdown().await;
 }
 
+/// Envoy with tracing on sends its ext_proc call span's context in the
+/// gRPC metadata: kvpick's span goes under it, even when the HTTP request
+/// carries the client's own context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_calls_grpc_context_is_the_parent_when_envoy_sends_one() {
+    let (collector, export, h) = traced(1.0).await;
+    let envoy_span = "b7ad6b7169203331";
+    let call_context = format!("00-{TRACE_ID}-{envoy_span}-01");
+    let client_context = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
+    let mut client = h.client().await;
+    let metadata = [("traceparent", call_context.as_str())];
+    let mut call = Call::open_with_metadata(&mut client, &metadata).await;
+    call.send(request_headers(
+        "POST",
+        "/v1/chat/completions",
+        &[("traceparent", client_context)],
+        false,
+        full_duplex(),
+    ));
+    call.send(request_body(chat(&words("envoy", 8)).as_bytes(), true));
+    assert!(destination(&call.recv().await).is_some());
+    call.recv().await;
+    finish_response(&mut call).await;
+    call.close_send();
+    assert!(matches!(call.next().await, Ok(None)));
+    h.wait_all_freed().await;
+    export.flush().await;
+    let spans = collector.wait_for(Duration::from_secs(10), |s| !request_spans(s).is_empty()).await;
+    let requests = request_spans(&spans);
+    assert_eq!(requests.len(), 1, "{spans:#?}");
+    assert_eq!(hex(&requests[0].span.trace_id), TRACE_ID);
+    assert_eq!(hex(&requests[0].span.parent_span_id), envoy_span);
+    h.stop().await;
+    export.shutdown().await;
+    collector.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_and_a_stream_cut_short_end_their_spans() {
     let (collector, export, h) = traced(1.0).await;

@@ -280,9 +280,22 @@ pub struct Call {
 
 impl Call {
     pub async fn open(client: &mut ExternalProcessorClient<Channel>) -> Call {
+        Call::open_with_metadata(client, &[]).await
+    }
+
+    /// Opens the stream with gRPC metadata on the call (a `traceparent`,
+    /// as Envoy sends for its ext_proc call span).
+    pub async fn open_with_metadata(
+        client: &mut ExternalProcessorClient<Channel>,
+        metadata: &[(&'static str, &str)],
+    ) -> Call {
         let (tx, rx) = mpsc::unbounded_channel();
         let outbound = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
-        let rx = tokio::time::timeout(WAIT, client.process(outbound))
+        let mut request = tonic::Request::new(outbound);
+        for (key, value) in metadata {
+            request.metadata_mut().insert(*key, value.parse().expect("ASCII metadata"));
+        }
+        let rx = tokio::time::timeout(WAIT, client.process(request))
             .await
             .expect("stream opens in time")
             .expect("stream opens")

@@ -26,7 +26,12 @@
 //! (1 thread, `bench-client`): on a 2-core machine they share both cores
 //! with anything else running (the load average is printed).
 //!
+//! `KVPICK_BENCH_TRACING=1` measures request tracing instead (see
+//! `tracing_cost.rs`).
+//!
 //! Progress goes to stderr; the report (Markdown tables) to stdout.
+
+mod tracing_cost;
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -82,7 +87,12 @@ fn main() -> ExitCode {
     } else {
         Budget { warmup: Duration::from_millis(500), time: Duration::from_secs(3) }
     };
-    match run(&budget) {
+    let report = if std::env::var_os("KVPICK_BENCH_TRACING").is_some() {
+        tracing_cost::run(&budget, if args.quick { 1 } else { 3 })
+    } else {
+        run(&budget)
+    };
+    match report {
         Ok(report) => {
             println!("{report}");
             ExitCode::SUCCESS
@@ -149,7 +159,13 @@ fn cpu_nanos(prefixes: &[&str]) -> u64 {
         .sum()
 }
 
-const IO_THREADS: [&str; 1] = ["kvpick-io"];
+/// The server's threads: its I/O runtime, and the span exporter's when
+/// tracing is on (idle otherwise).
+const SERVER_THREADS: [&str; 3] = ["kvpick-io", EXPORTER_THREADS[0], EXPORTER_THREADS[1]];
+/// The OpenTelemetry SDK's batch thread (`comm` keeps the first 15 bytes
+/// of "OpenTelemetry.Traces.BatchProcessor") and the exporter's gRPC
+/// runtime.
+const EXPORTER_THREADS: [&str; 2] = ["OpenTelemetry", "kvpick-otlp"];
 const SHARD_THREADS: [&str; 1] = ["kvpick-shard"];
 
 struct Measured {
@@ -159,6 +175,8 @@ struct Measured {
     latency: LatencySummary,
     io_cpu: Duration,
     shard_cpu: Duration,
+    /// Of `io_cpu`, the span exporter's threads.
+    exporter_cpu: Duration,
 }
 
 impl Measured {
@@ -177,8 +195,44 @@ impl Measured {
     }
 }
 
-fn run(budget: &Budget) -> Result<String, String> {
-    let load_before = report::load_average();
+/// What every run of this benchmark starts from: the runtimes, one shard
+/// with the workers and their cached system prompts, the workload, and
+/// kvpick's picker over them.
+struct Bench {
+    server_rt: tokio::runtime::Runtime,
+    client_rt: tokio::runtime::Runtime,
+    service: Arc<ShardedService>,
+    bodies: Vec<Bytes>,
+    /// Shard runtime, spin before park.
+    kind: RuntimeKind,
+    spin: Duration,
+    tokenizer: Arc<dyn Tokenizer>,
+    picker: PickerConfig,
+    clock: Clock,
+}
+
+impl Bench {
+    fn kv_picker(&self, metrics: Arc<ExtProcMetrics>) -> KvPicker {
+        KvPicker::new(self.service.clone(), self.clock.clone(), self.tokenizer.clone(), &self.picker, metrics)
+    }
+
+    fn server_config() -> ExtProcConfig {
+        ExtProcConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..ExtProcConfig::default() }
+    }
+
+    /// The setup line of the report.
+    fn setup_note(&self) -> String {
+        format!(
+            "- {WORKERS} workers, block size {BLOCK_SIZE}, {SYSTEM_PROMPTS} system prompts of {SYSTEM_TOKENS} tokens each \
+             cached on 2 workers; shard runtime: {:?}, 1 shard, spin before park {} µs; server runtime 1 thread, \
+             client runtime 1 thread",
+            self.kind,
+            self.spin.as_micros()
+        )
+    }
+}
+
+fn setup() -> Result<Bench, String> {
     let server_rt = runtime("kvpick-io")?;
     let client_rt = runtime("bench-client")?;
     let clock = Clock::system();
@@ -202,17 +256,23 @@ fn run(budget: &Budget) -> Result<String, String> {
     let kind = service.kind();
     let (bodies, systems) = workload();
     server_rt.block_on(populate(&service, &clock, &systems))?;
-
     // `KVPICK_BENCH_RING_PER_PUSH=1`: every pick rings its shard (what
     // ringing once per batch saves).
     let ring_per_batch = std::env::var_os("KVPICK_BENCH_RING_PER_PUSH").is_none();
-    let config = ExtProcConfig { listen: SocketAddr::from(([127, 0, 0, 1], 0)), ..ExtProcConfig::default() };
     let picker = PickerConfig { ring_per_batch, ..PickerConfig::default() };
     let tokenizer: Arc<dyn Tokenizer> = Arc::new(WordTokenizer);
+    Ok(Bench { server_rt, client_rt, service, bodies, kind, spin, tokenizer, picker, clock })
+}
+
+fn run(budget: &Budget) -> Result<String, String> {
+    let load_before = report::load_average();
+    let bench = setup()?;
+    let Bench { server_rt, client_rt, service, bodies, tokenizer, .. } = &bench;
+    let config = Bench::server_config();
     let kv_metrics = Arc::new(ExtProcMetrics::new());
-    let kv = Picker::Kv(KvPicker::new(service.clone(), clock.clone(), tokenizer.clone(), &picker, kv_metrics.clone()));
+    let kv = Picker::Kv(bench.kv_picker(kv_metrics.clone()));
     let null = NullPicker::new((0..WORKERS).map(endpoint).collect::<Vec<_>>());
-    let null_tokenizing = Picker::Null(null.clone().tokenizing(tokenizer));
+    let null_tokenizing = Picker::Null(null.clone().tokenizing(tokenizer.clone()));
     let null = Picker::Null(null);
     let servers = server_rt.block_on(async {
         let spawn = |picker, metrics| ExtProcServer::new(config.clone(), picker, metrics).spawn();
@@ -255,7 +315,7 @@ fn run(budget: &Budget) -> Result<String, String> {
         ];
         for (name, _, server) in pickers.into_iter().filter(|p| only_picker.as_deref().is_none_or(|o| o == p.1)) {
             kvpick_perf::progress!(BIN, "concurrency {concurrency}: {name}");
-            let measured = client_rt.block_on(measure(server.local_addr(), concurrency, budget, &bodies))?;
+            let measured = client_rt.block_on(measure(server.local_addr(), concurrency, budget, bodies))?;
             table.row([
                 name.to_string(),
                 concurrency.to_string(),
@@ -301,12 +361,7 @@ fn run(budget: &Budget) -> Result<String, String> {
         select.value_at_quantile(0.5),
         select.value_at_quantile(0.99),
     ));
-    table.note(format!(
-        "- {WORKERS} workers, block size {BLOCK_SIZE}, {SYSTEM_PROMPTS} system prompts of {SYSTEM_TOKENS} tokens each \
-         cached on 2 workers; shard runtime: {kind:?}, 1 shard, spin before park {} µs; server runtime 1 thread, \
-         client runtime 1 thread",
-        spin.as_micros()
-    ));
+    table.note(bench.setup_note());
     table.note(format!(
         "- {}, load average before {load_before}, after {load_after}; {}",
         report::cpu(),
@@ -395,13 +450,15 @@ async fn measure(addr: SocketAddr, concurrency: usize, budget: &Budget, bodies: 
         }));
     }
     tokio::time::sleep(budget.warmup).await;
-    let (io_before, shard_before) = (cpu_nanos(&IO_THREADS), cpu_nanos(&SHARD_THREADS));
+    let (io_before, shard_before) = (cpu_nanos(&SERVER_THREADS), cpu_nanos(&SHARD_THREADS));
+    let exporter_before = cpu_nanos(&EXPORTER_THREADS);
     let started = Instant::now();
     shared.measuring.store(true, Ordering::Relaxed);
     tokio::time::sleep(budget.time).await;
     shared.measuring.store(false, Ordering::Relaxed);
     let elapsed = started.elapsed();
-    let (io_after, shard_after) = (cpu_nanos(&IO_THREADS), cpu_nanos(&SHARD_THREADS));
+    let (io_after, shard_after) = (cpu_nanos(&SERVER_THREADS), cpu_nanos(&SHARD_THREADS));
+    let exporter_after = cpu_nanos(&EXPORTER_THREADS);
     let round_trips = shared.done.load(Ordering::Relaxed);
     shared.stop.store(true, Ordering::Relaxed);
     let mut all = Latencies::default();
@@ -417,6 +474,7 @@ async fn measure(addr: SocketAddr, concurrency: usize, budget: &Budget, bodies: 
         latency: all.summary(),
         io_cpu: Duration::from_nanos(io_after.saturating_sub(io_before)),
         shard_cpu: Duration::from_nanos(shard_after.saturating_sub(shard_before)),
+        exporter_cpu: Duration::from_nanos(exporter_after.saturating_sub(exporter_before)),
     })
 }
 
