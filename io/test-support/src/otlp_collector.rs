@@ -52,7 +52,10 @@ fn text(value: &AnyValue) -> Option<String> {
 #[derive(Clone, Default)]
 struct Sink {
     spans: Arc<Mutex<Vec<ReceivedSpan>>>,
-    exports: Arc<Mutex<usize>>,
+    /// Spans received (kept or not) and export calls.
+    counts: Arc<Mutex<(usize, usize)>>,
+    /// Count spans without keeping them (a benchmark's long run).
+    count_only: bool,
 }
 
 #[tonic::async_trait]
@@ -62,14 +65,21 @@ impl TraceService for Sink {
         request: Request<ExportTraceServiceRequest>,
     ) -> Result<Response<ExportTraceServiceResponse>, Status> {
         let mut received = Vec::new();
+        let mut count = 0;
         for resource_spans in request.into_inner().resource_spans {
             let resource = resource_spans.resource.map(|r| r.attributes).unwrap_or_default();
             for scope in resource_spans.scope_spans {
-                received.extend(scope.spans.into_iter().map(|span| ReceivedSpan { resource: resource.clone(), span }));
+                count += scope.spans.len();
+                if !self.count_only {
+                    received
+                        .extend(scope.spans.into_iter().map(|span| ReceivedSpan { resource: resource.clone(), span }));
+                }
             }
         }
         self.spans.lock().unwrap_or_else(PoisonError::into_inner).extend(received);
-        *self.exports.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        counts.0 += count;
+        counts.1 += 1;
         Ok(Response::new(ExportTraceServiceResponse { partial_success: None }))
     }
 }
@@ -85,9 +95,18 @@ pub struct OtlpCollector {
 
 impl OtlpCollector {
     pub async fn start() -> std::io::Result<OtlpCollector> {
+        OtlpCollector::start_with(Sink::default()).await
+    }
+
+    /// A collector that counts what it receives and keeps nothing, for a
+    /// benchmark sending it millions of spans.
+    pub async fn start_counting() -> std::io::Result<OtlpCollector> {
+        OtlpCollector::start_with(Sink { count_only: true, ..Sink::default() }).await
+    }
+
+    async fn start_with(sink: Sink) -> std::io::Result<OtlpCollector> {
         let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let addr = listener.local_addr()?;
-        let sink = Sink::default();
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tonic::transport::Server::builder().add_service(TraceServiceServer::new(sink.clone()));
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
@@ -106,14 +125,19 @@ impl OtlpCollector {
         format!("http://{}", self.addr)
     }
 
-    /// Every span received so far.
+    /// Every span received so far (none when only counting).
     pub fn spans(&self) -> Vec<ReceivedSpan> {
         self.sink.spans.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
+    /// Spans received so far, kept or not.
+    pub fn span_count(&self) -> usize {
+        self.sink.counts.lock().unwrap_or_else(PoisonError::into_inner).0
+    }
+
     /// Export calls received so far.
     pub fn exports(&self) -> usize {
-        *self.sink.exports.lock().unwrap_or_else(PoisonError::into_inner)
+        self.sink.counts.lock().unwrap_or_else(PoisonError::into_inner).1
     }
 
     /// Waits until `done` holds for the spans received, or `timeout`

@@ -84,7 +84,7 @@ pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
     let load_before = report::load_average();
     let bench = setup()?;
     let collector_rt = runtime("otlp-collector")?;
-    let collector = collector_rt.block_on(OtlpCollector::start()).map_err(|e| format!("collector: {e}"))?;
+    let collector = collector_rt.block_on(OtlpCollector::start_counting()).map_err(|e| format!("collector: {e}"))?;
     let config = |ratio| TracingConfig {
         endpoint: collector.endpoint(),
         service_name: "kvpick-bench".into(),
@@ -168,8 +168,8 @@ pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
     bench.server_rt.block_on(traced_export.flush());
     bench.server_rt.block_on(sampled_out_export.flush());
     let traced_requests = traced_metrics.snapshot().requests(200);
-    let spans = collector.spans();
-    let per_request = spans.len() as f64 / (traced_requests.max(1) as f64);
+    let spans = collector.span_count();
+    let per_request = spans as f64 / (traced_requests.max(1) as f64);
     for note in notes {
         table.note(note);
     }
@@ -177,7 +177,7 @@ pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
         "- the collector received {} spans in {} exports for {} traced requests ({per_request:.2} per request; \
          a request makes 7 with one shard: request, parse, tokenize, hash, select, shard, booking — fewer \
          received means the exporter's queue dropped some)",
-        thousands(spans.len() as u64),
+        thousands(spans as u64),
         collector.exports(),
         thousands(traced_requests)
     ));
