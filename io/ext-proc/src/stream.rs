@@ -367,7 +367,11 @@ impl<P: Picks> ExtProcStream<P> {
             single = picked.endpoint.to_string();
             single.as_str()
         };
-        let mutation = self.headers.pick_mutation(header);
+        let mut mutation = self.headers.pick_mutation(header);
+        // The engine's spans (if it traces) go under this request's.
+        for (key, value) in self.trace.context_headers() {
+            mutation.set_headers.push(set_header(&key, value.as_bytes()));
+        }
         let metadata = Some(destination_metadata(&destination));
         if !self.headers_answered {
             self.out.push_back(responses::headers(Path::Request, Some(mutation), true, metadata));

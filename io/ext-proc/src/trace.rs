@@ -30,7 +30,7 @@ use opentelemetry::Context;
 /// the OpenTelemetry crate's version itself.
 pub use opentelemetry::KeyValue;
 use opentelemetry::global::BoxedTracer;
-use opentelemetry::propagation::{Extractor, TextMapPropagator};
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
 
 use crate::headers::value_bytes;
@@ -68,7 +68,7 @@ impl Tracing {
             .with_start_time(anchor.wall_of(start))
             .start_with_context(&*self.tracer, &parent);
         let cx = parent.with_span(span);
-        RequestTrace(Some(Arc::new(Active { tracer: self.tracer.clone(), cx, anchor })))
+        RequestTrace(Some(Arc::new(Active { tracing: self.clone(), cx, anchor })))
     }
 }
 
@@ -144,7 +144,7 @@ impl Anchor {
 pub struct RequestTrace(Option<Arc<Active>>);
 
 struct Active {
-    tracer: Arc<BoxedTracer>,
+    tracing: Tracing,
     /// The context whose active span is this one.
     cx: Context,
     anchor: Anchor,
@@ -172,14 +172,14 @@ impl RequestTrace {
         let Some(active) = self.on() else {
             return RequestTrace(None);
         };
-        let span = active
-            .tracer
+        let tracer = &*active.tracing.tracer;
+        let span = tracer
             .span_builder(name)
             .with_kind(SpanKind::Internal)
             .with_start_time(active.anchor.wall_of(start))
-            .start_with_context(&*active.tracer, &active.cx);
+            .start_with_context(tracer, &active.cx);
         RequestTrace(Some(Arc::new(Active {
-            tracer: active.tracer.clone(),
+            tracing: active.tracing.clone(),
             cx: active.cx.with_span(span),
             anchor: active.anchor,
         })))
@@ -225,7 +225,28 @@ impl RequestTrace {
         }
     }
 
+    /// This span's context as W3C headers (`traceparent`, and
+    /// `tracestate` when set), for the request kvpick sends on: the
+    /// engine's own spans then nest under it. Empty when not recording.
+    pub fn context_headers(&self) -> Vec<(String, String)> {
+        let Some(active) = self.on() else {
+            return Vec::new();
+        };
+        let mut headers = ContextHeaders(Vec::new());
+        active.tracing.propagator.inject_context(&active.cx, &mut headers);
+        headers.0
+    }
+
     fn on(&self) -> Option<&Active> {
         self.0.as_deref().filter(|a| a.cx.span().is_recording())
+    }
+}
+
+/// Headers a propagator writes.
+struct ContextHeaders(Vec<(String, String)>);
+
+impl Injector for ContextHeaders {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.push((key.to_owned(), value));
     }
 }

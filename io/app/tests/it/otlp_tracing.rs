@@ -26,11 +26,15 @@ const KIND_SERVER: i32 = 2;
 const STATUS_ERROR: i32 = 2;
 
 async fn traced(ratio: f64) -> (OtlpCollector, TraceExport, Harness) {
+    traced_with(ratio, Options::default()).await
+}
+
+async fn traced_with(ratio: f64, options: Options) -> (OtlpCollector, TraceExport, Harness) {
     let collector = OtlpCollector::start().await.expect("collector listens");
     let config =
         TracingConfig { endpoint: collector.endpoint(), service_name: "kvpick-test".into(), sample_ratio: ratio };
     let (export, tracing) = TraceExport::start(&config).expect("exporter starts");
-    let harness = Harness::start(Options { tracing: Some(tracing), ..Options::default() }).await;
+    let harness = Harness::start(Options { tracing: Some(tracing), ..options }).await;
     (collector, export, harness)
 }
 
@@ -67,7 +71,10 @@ async fn a_request_is_one_trace_under_the_gateways_span() {
     let parent = traceparent("01");
     call.send(request_headers("POST", "/v1/chat/completions", &[("traceparent", &parent)], false, full_duplex()));
     call.send(request_body(body.as_bytes(), true));
-    let picked = destination(&call.recv().await).expect("a pick");
+    let headers = call.recv().await;
+    let picked = destination(&headers).expect("a pick");
+    // The request goes on with kvpick's span as its parent.
+    let (forwarded, _) = set_header(&headers, "traceparent").expect("traceparent set on the request");
     assert!(streamed(&call.recv().await).is_some(), "body echoed");
     call.send(response_headers("200", "text/event-stream", Some(&picked), false));
     call.recv().await;
@@ -93,6 +100,7 @@ async fn a_request_is_one_trace_under_the_gateways_span() {
     assert_eq!(request.attribute("http.response.status_code").as_deref(), Some("200"));
     assert_eq!(request.attribute("url.path").as_deref(), Some("/v1/chat/completions"));
     assert!(spans.iter().all(|s| hex(&s.span.trace_id) == TRACE_ID), "one trace");
+    assert_eq!(forwarded, format!("00-{TRACE_ID}-{}-01", hex(&request.span.span_id)));
 
     let under_request = children(&spans, request);
     for name in ["parse", "tokenize", "hash", "select", "booking"] {
@@ -207,6 +215,45 @@ async fn a_refusal_and_a_stream_cut_short_end_their_spans() {
     assert_within(booking["booking"], cut);
     assert_ne!(cut.span.trace_id, refused.span.trace_id);
 
+    h.stop().await;
+    export.shutdown().await;
+    collector.shutdown().await;
+}
+
+/// A request that waits for capacity shows the wait under its select span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_request_shows_its_wait() {
+    // Queue as soon as any prefill is booked on the one worker.
+    let router = kvpick_core::RouterConfig { queue_threshold: Some(0.0), ..kvpick_core::RouterConfig::default() };
+    let options = Options { workers: 1, router, max_num_batched_tokens: Some(1000), ..Options::default() };
+    let (collector, export, h) = traced_with(1.0, options).await;
+    let mut client = h.client().await;
+    let mut first = Call::open(&mut client).await;
+    pick(&mut first, &chat(&words("first", 20))).await;
+    let mut second = Call::open(&mut client).await;
+    second.send(chat_headers());
+    second.send(request_body(chat(&words("second", 20)).as_bytes(), true));
+    wait_for("the second request queues", || async { h.service.queue_len() == 1 }).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The first request's first token frees its prefill: the second is admitted.
+    first.send(response_headers("200", "text/event-stream", None, false));
+    first.recv().await;
+    first.send(response_body(b"data: {}\n\n", false));
+    first.recv().await;
+    assert!(destination(&second.recv().await).is_some(), "admitted after the wait");
+    drop(first);
+    drop(second);
+    h.wait_all_freed().await;
+    export.flush().await;
+    let spans = collector.wait_for(Duration::from_secs(10), |s| s.iter().any(|s| s.span.name == "queue wait")).await;
+    let waited =
+        spans.iter().find(|s| s.span.name == "queue wait").unwrap_or_else(|| panic!("no queue wait: {spans:#?}"));
+    let select = spans.iter().find(|s| s.span.span_id == waited.span.parent_span_id).expect("its select span");
+    assert_eq!(select.span.name, "select");
+    assert_eq!(select.attribute("kvpick.queued").as_deref(), Some("true"));
+    assert_within(waited, select);
+    let waited_ns = waited.span.end_time_unix_nano - waited.span.start_time_unix_nano;
+    assert!(waited_ns >= 20_000_000, "the wait lasted until the first token: {waited_ns} ns");
     h.stop().await;
     export.shutdown().await;
     collector.shutdown().await;
