@@ -25,17 +25,52 @@ fn hex(bytes: &[u8]) -> String {
 const KIND_SERVER: i32 = 2;
 const STATUS_ERROR: i32 = 2;
 
-async fn traced(ratio: f64) -> (OtlpCollector, TraceExport, Harness) {
-    traced_with(ratio, Options::default()).await
+/// A traced harness and the collector its spans go to.
+struct Traced {
+    collector: OtlpCollector,
+    export: TraceExport,
+    h: Harness,
 }
 
-async fn traced_with(ratio: f64, options: Options) -> (OtlpCollector, TraceExport, Harness) {
-    let collector = OtlpCollector::start().await.expect("collector listens");
-    let config =
-        TracingConfig { endpoint: collector.endpoint(), service_name: "kvpick-test".into(), sample_ratio: ratio };
-    let (export, tracing) = TraceExport::start(&config).expect("exporter starts");
-    let harness = Harness::start(Options { tracing: Some(tracing), ..options }).await;
-    (collector, export, harness)
+impl Traced {
+    async fn start(ratio: f64) -> Traced {
+        Traced::with(ratio, Options::default()).await
+    }
+
+    async fn with(ratio: f64, options: Options) -> Traced {
+        let collector = OtlpCollector::start().await.expect("collector listens");
+        let config =
+            TracingConfig { endpoint: collector.endpoint(), service_name: "kvpick-test".into(), sample_ratio: ratio };
+        let (export, tracing) = TraceExport::start(&config).expect("exporter starts");
+        let h = Harness::start(Options { tracing: Some(tracing), ..options }).await;
+        Traced { collector, export, h }
+    }
+
+    /// Once every booking is freed, the spans exported, until `done`
+    /// holds for them (or 10 s pass).
+    async fn spans(&self, done: impl Fn(&[ReceivedSpan]) -> bool) -> Vec<ReceivedSpan> {
+        self.h.wait_all_freed().await;
+        self.export.flush().await;
+        self.collector.wait_for(Duration::from_secs(10), done).await
+    }
+
+    async fn stop(self) {
+        self.h.stop().await;
+        self.export.shutdown().await;
+        self.collector.shutdown().await;
+    }
+}
+
+/// A whole request on `call`: headers with `extra`, `body`, the pick, a
+/// JSON answer, the end of the stream.
+async fn whole_request(call: &mut Call, extra: &[(&str, &str)], body: &str) {
+    call.send(request_headers("POST", "/v1/chat/completions", extra, false, full_duplex()));
+    call.send(request_body(body.as_bytes(), true));
+    assert!(destination(&call.recv().await).is_some());
+    call.recv().await;
+    finish_response(call).await;
+    call.close_send();
+    assert!(matches!(call.next().await, Ok(None)));
 }
 
 fn request_spans(spans: &[ReceivedSpan]) -> Vec<&ReceivedSpan> {
@@ -64,7 +99,8 @@ fn assert_within(child: &ReceivedSpan, parent: &ReceivedSpan) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_is_one_trace_under_the_gateways_span() {
-    let (collector, export, h) = traced(1.0).await;
+    let traced = Traced::start(1.0).await;
+    let h = &traced.h;
     let body = chat(&words("traced", 12));
     let mut client = h.client().await;
     let mut call = Call::open(&mut client).await;
@@ -84,10 +120,8 @@ async fn a_request_is_one_trace_under_the_gateways_span() {
     call.recv().await;
     call.close_send();
     assert!(matches!(call.next().await, Ok(None)));
-    h.wait_all_freed().await;
-    export.flush().await;
 
-    let spans = collector.wait_for(Duration::from_secs(10), |s| !request_spans(s).is_empty()).await;
+    let spans = traced.spans(|s| !request_spans(s).is_empty()).await;
     let requests = request_spans(&spans);
     assert_eq!(requests.len(), 1, "{spans:#?}");
     let request = requests[0];
@@ -137,9 +171,7 @@ async fn a_request_is_one_trace_under_the_gateways_span() {
     assert_eq!(events, ["prefill complete"]);
     assert_eq!(request.attribute("kvpick.sse_events").as_deref(), Some("1"));
 
-    h.stop().await;
-    export.shutdown().await;
-    collector.shutdown().await;
+    traced.stop().await;
 }
 
 /// Envoy with tracing on sends its ext_proc call span's context in the
@@ -147,41 +179,27 @@ async fn a_request_is_one_trace_under_the_gateways_span() {
 /// carries the client's own context.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_calls_grpc_context_is_the_parent_when_envoy_sends_one() {
-    let (collector, export, h) = traced(1.0).await;
+    let traced = Traced::start(1.0).await;
+    let h = &traced.h;
     let envoy_span = "b7ad6b7169203331";
     let call_context = format!("00-{TRACE_ID}-{envoy_span}-01");
     let client_context = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
     let mut client = h.client().await;
     let metadata = [("traceparent", call_context.as_str())];
     let mut call = Call::open_with_metadata(&mut client, &metadata).await;
-    call.send(request_headers(
-        "POST",
-        "/v1/chat/completions",
-        &[("traceparent", client_context)],
-        false,
-        full_duplex(),
-    ));
-    call.send(request_body(chat(&words("envoy", 8)).as_bytes(), true));
-    assert!(destination(&call.recv().await).is_some());
-    call.recv().await;
-    finish_response(&mut call).await;
-    call.close_send();
-    assert!(matches!(call.next().await, Ok(None)));
-    h.wait_all_freed().await;
-    export.flush().await;
-    let spans = collector.wait_for(Duration::from_secs(10), |s| !request_spans(s).is_empty()).await;
+    whole_request(&mut call, &[("traceparent", client_context)], &chat(&words("envoy", 8))).await;
+    let spans = traced.spans(|s| !request_spans(s).is_empty()).await;
     let requests = request_spans(&spans);
     assert_eq!(requests.len(), 1, "{spans:#?}");
     assert_eq!(hex(&requests[0].span.trace_id), TRACE_ID);
     assert_eq!(hex(&requests[0].span.parent_span_id), envoy_span);
-    h.stop().await;
-    export.shutdown().await;
-    collector.shutdown().await;
+    traced.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_and_a_stream_cut_short_end_their_spans() {
-    let (collector, export, h) = traced(1.0).await;
+    let traced = Traced::start(1.0).await;
+    let h = &traced.h;
     let mut client = h.client().await;
     // Refused: the body is not JSON.
     let mut call = Call::open(&mut client).await;
@@ -194,10 +212,8 @@ async fn a_refusal_and_a_stream_cut_short_end_their_spans() {
     let mut call = Call::open(&mut client).await;
     pick(&mut call, &chat(&words("cut", 8))).await;
     drop(call);
-    h.wait_all_freed().await;
-    export.flush().await;
 
-    let spans = collector.wait_for(Duration::from_secs(10), |s| request_spans(s).len() >= 2).await;
+    let spans = traced.spans(|s| request_spans(s).len() >= 2).await;
     let requests = request_spans(&spans);
     assert_eq!(requests.len(), 2, "{spans:#?}");
     let refused = requests.iter().find(|s| s.attribute("http.response.status_code").as_deref() == Some("400"));
@@ -215,9 +231,7 @@ async fn a_refusal_and_a_stream_cut_short_end_their_spans() {
     assert_within(booking["booking"], cut);
     assert_ne!(cut.span.trace_id, refused.span.trace_id);
 
-    h.stop().await;
-    export.shutdown().await;
-    collector.shutdown().await;
+    traced.stop().await;
 }
 
 /// A request that waits for capacity shows the wait under its select span.
@@ -226,7 +240,8 @@ async fn a_queued_request_shows_its_wait() {
     // Queue as soon as any prefill is booked on the one worker.
     let router = kvpick_core::RouterConfig { queue_threshold: Some(0.0), ..kvpick_core::RouterConfig::default() };
     let options = Options { workers: 1, router, max_num_batched_tokens: Some(1000), ..Options::default() };
-    let (collector, export, h) = traced_with(1.0, options).await;
+    let traced = Traced::with(1.0, options).await;
+    let h = &traced.h;
     let mut client = h.client().await;
     let mut first = Call::open(&mut client).await;
     pick(&mut first, &chat(&words("first", 20))).await;
@@ -243,9 +258,7 @@ async fn a_queued_request_shows_its_wait() {
     assert!(destination(&second.recv().await).is_some(), "admitted after the wait");
     drop(first);
     drop(second);
-    h.wait_all_freed().await;
-    export.flush().await;
-    let spans = collector.wait_for(Duration::from_secs(10), |s| s.iter().any(|s| s.span.name == "queue wait")).await;
+    let spans = traced.spans(|s| s.iter().any(|s| s.span.name == "queue wait")).await;
     let waited =
         spans.iter().find(|s| s.span.name == "queue wait").unwrap_or_else(|| panic!("no queue wait: {spans:#?}"));
     let select = spans.iter().find(|s| s.span.span_id == waited.span.parent_span_id).expect("its select span");
@@ -254,39 +267,28 @@ async fn a_queued_request_shows_its_wait() {
     assert_within(waited, select);
     let waited_ns = waited.span.end_time_unix_nano - waited.span.start_time_unix_nano;
     assert!(waited_ns >= 20_000_000, "the wait lasted until the first token: {waited_ns} ns");
-    h.stop().await;
-    export.shutdown().await;
-    collector.shutdown().await;
+    traced.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_follows_the_gateway_then_the_ratio() {
-    let (collector, export, h) = traced(0.0).await;
+    let traced = Traced::start(0.0).await;
+    let h = &traced.h;
     let mut client = h.client().await;
     for (i, flags) in [None, Some("00"), Some("01")].into_iter().enumerate() {
         let parent = flags.map(traceparent);
         let extra: Vec<(&str, &str)> = parent.iter().map(|p| ("traceparent", p.as_str())).collect();
         let mut call = Call::open(&mut client).await;
-        call.send(request_headers("POST", "/v1/chat/completions", &extra, false, full_duplex()));
-        call.send(request_body(chat(&words(&format!("sampled{i}"), 8)).as_bytes(), true));
-        assert!(destination(&call.recv().await).is_some());
-        call.recv().await;
-        finish_response(&mut call).await;
-        call.close_send();
-        assert!(matches!(call.next().await, Ok(None)));
+        whole_request(&mut call, &extra, &chat(&words(&format!("sampled{i}"), 8))).await;
     }
-    h.wait_all_freed().await;
-    export.flush().await;
-    let spans = collector.wait_for(Duration::from_secs(10), |s| !request_spans(s).is_empty()).await;
+    let spans = traced.spans(|s| !request_spans(s).is_empty()).await;
     // Ratio 0 drops the root request and the one the gateway did not
     // sample; the sampled gateway's request is traced whole.
     let requests = request_spans(&spans);
     assert_eq!(requests.len(), 1, "{spans:#?}");
     assert!(spans.iter().all(|s| hex(&s.span.trace_id) == TRACE_ID), "{spans:#?}");
     assert!(children(&spans, requests[0]).contains_key("select"));
-    h.stop().await;
-    export.shutdown().await;
-    collector.shutdown().await;
+    traced.stop().await;
 }
 
 /// The binary as deployed: `--otlp-endpoint` set, a request through the
