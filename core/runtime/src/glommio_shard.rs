@@ -80,6 +80,7 @@ async fn serve_selections(state: State, events_waiting: Rc<Semaphore>) {
     // Held apart from the loop: no borrow of it may live across an await.
     let shared = state.borrow().shared_arc();
     loop {
+        shared.beat();
         let (handled, events) = {
             let mut shard = state.borrow_mut();
             (shard.pass_selections(), shard.has_event_work())

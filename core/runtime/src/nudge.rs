@@ -7,18 +7,23 @@
 //! their rings, until a debugger's attach (a signal) woke them. The cause is
 //! inside glommio 0.9; what ends such a sleep is a signal, which makes
 //! `io_uring_enter` return `EINTR` and the executor poll again. A glommio
-//! shard never sleeps longer than its 5 ms re-check timer, so a watchdog
-//! thread looks, every [`WATCH_EVERY`], for a shard asleep longer than that
-//! (rung or not: a lost timer strands posted frees and queue deadlines
-//! too), and sends its thread SIGURG,
-//! whose handler does nothing. SIGURG: its default is to be ignored (an
+//! shard's selection task never sleeps longer than its 5 ms re-check
+//! timer and counts a heartbeat each pass, so a watchdog thread looks,
+//! every [`WATCH_EVERY`], for a shard whose heartbeat has not moved for
+//! [`STALLED_AFTER`] or that is asleep on its doorbell longer than
+//! [`WATCH_EVERY`] (rung or not: a lost timer strands posted frees and
+//! queue deadlines too), and sends its thread SIGURG, whose handler does
+//! nothing. The heartbeat catches what the doorbell cannot: a stall seen
+//! in the concurrent-producers test under two CPU hogs had both shards in
+//! `io_uring_enter` with their selection tasks not asleep on the doorbell
+//! (no nudge was sent in minutes) and ended at a debugger's attach. SIGURG: its default is to be ignored (an
 //! ignored signal would interrupt nothing, hence the handler), nothing in
 //! kvpick uses it, and it is sent to one thread only.
 
 use std::sync::Arc;
 use std::sync::Once;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::producer::RingCounters;
 use super::shard_loop::ShardShared;
@@ -26,6 +31,9 @@ use super::shard_loop::ShardShared;
 /// How often the watchdog looks, and how long a shard may sleep before its
 /// thread is interrupted (twice the shard's re-check timer).
 pub(crate) const WATCH_EVERY: Duration = Duration::from_millis(10);
+/// No heartbeat for this long (four re-check periods): the shard is stuck,
+/// or its thread has not run (a nudge is then harmless).
+pub(crate) const STALLED_AFTER: Duration = Duration::from_millis(20);
 
 extern "C" fn ignore(_: libc::c_int) {}
 
@@ -59,10 +67,18 @@ pub(crate) fn current_thread() -> u64 {
 pub(crate) fn spawn_watchdog(shards: Vec<Arc<ShardShared>>, counters: Arc<RingCounters>) -> std::io::Result<()> {
     install_handler();
     std::thread::Builder::new().name("kvpick-glommio-watchdog".into()).spawn(move || {
+        // Each shard's last heartbeat, and when it was first seen.
+        let mut seen: Vec<(u64, Instant)> = shards.iter().map(|s| (s.heartbeat(), Instant::now())).collect();
         while !shards.iter().all(|s| s.exited()) {
             std::thread::sleep(WATCH_EVERY);
+            let now = Instant::now();
             for (i, shard) in shards.iter().enumerate() {
-                if !shard.doorbell.asleep_for(WATCH_EVERY) {
+                let beat = shard.heartbeat();
+                if beat != seen[i].0 {
+                    seen[i] = (beat, now);
+                }
+                let stalled = now.duration_since(seen[i].1) >= STALLED_AFTER && !shard.exited();
+                if !stalled && !shard.doorbell.asleep_for(WATCH_EVERY) {
                     continue;
                 }
                 shard.doorbell.with_thread(|thread| {

@@ -2,7 +2,7 @@
 //! rings, expire due leases, sleep on the doorbell when there is nothing
 //! to do.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -44,6 +44,9 @@ pub(crate) struct ShardShared {
     /// Set as the loop ends, before its last drain: a producer that sees
     /// it after pushing cannot count on an answer.
     exited: AtomicBool,
+    /// Passes of a glommio shard's selection task (at least one every
+    /// re-check period while it runs): the watchdog's sign of life.
+    heartbeat: CachePadded<AtomicU64>,
 }
 
 impl ShardShared {
@@ -60,6 +63,15 @@ impl ShardShared {
 
     pub(crate) fn stopping(&self) -> bool {
         self.stop.load(Ordering::Acquire)
+    }
+
+    /// One more pass of the selection task.
+    pub(crate) fn beat(&self) {
+        self.heartbeat.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn heartbeat(&self) -> u64 {
+        self.heartbeat.load(Ordering::Relaxed)
     }
 
     pub(crate) fn exited(&self) -> bool {
