@@ -68,6 +68,10 @@ struct Exported {
     models: Mutex<BTreeMap<String, ModelCounts>>,
     overlap_tokens: AtomicU64,
     prompt_tokens_picked: AtomicU64,
+    /// Workers suspected of a cache kvpick's hashes never match (the
+    /// router's prefix watch): times one was, and how many are now.
+    prefix_suspicions: AtomicU64,
+    prefix_suspected_workers: AtomicU64,
 }
 
 impl Default for Exported {
@@ -81,6 +85,8 @@ impl Default for Exported {
             models: Mutex::default(),
             overlap_tokens: AtomicU64::new(0),
             prompt_tokens_picked: AtomicU64::new(0),
+            prefix_suspicions: AtomicU64::new(0),
+            prefix_suspected_workers: AtomicU64::new(0),
         }
     }
 }
@@ -98,6 +104,10 @@ pub struct ExportedSnapshot {
     pub overlap_tokens: u64,
     /// Prompt tokens of the requests picked with a prompt.
     pub prompt_tokens_picked: u64,
+    /// Times a worker was suspected of a cache kvpick's hashes never match.
+    pub prefix_suspicions: u64,
+    /// Workers suspected now.
+    pub prefix_suspected_workers: u64,
 }
 
 /// The statuses the server answers with, in export order; `200` is a pick
@@ -362,7 +372,18 @@ impl ExtProcMetrics {
             models: e.models.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             overlap_tokens: e.overlap_tokens.load(Relaxed),
             prompt_tokens_picked: e.prompt_tokens_picked.load(Relaxed),
+            prefix_suspicions: e.prefix_suspicions.load(Relaxed),
+            prefix_suspected_workers: e.prefix_suspected_workers.load(Relaxed),
         }
+    }
+
+    /// The prefix watch's verdict changed: `suspected_now` workers are
+    /// suspected, one more of them than before when `newly`.
+    pub fn record_prefix_suspects(&self, suspected_now: usize, newly: bool) {
+        if newly {
+            self.exported.prefix_suspicions.fetch_add(1, Relaxed);
+        }
+        self.exported.prefix_suspected_workers.store(suspected_now as u64, Relaxed);
     }
 
     pub(crate) fn record_usage(&self, usage: &Usage) {

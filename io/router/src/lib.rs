@@ -2,7 +2,8 @@
 //! implemented with. [`Picker`] is kvpick's KV- and load-aware pick
 //! ([`KvPicker`]: tokenize, hash, select and book on the shards) or a
 //! baseline ([`NullPicker`]); [`reservation`] frees a booking exactly once;
-//! [`tokenizer`] holds the engines' tokenizer clients.
+//! [`tokenizer`] holds the engines' tokenizer clients; [`prefix_watch`]
+//! suspects a worker whose cache kvpick's hashes never match.
 //!
 //! Depends on `kvpick-ext-proc` (the Pick API it implements), `kvpick-core`
 //! and `kvpick-runtime`; none of them may depend on it. Knows no flag or
@@ -12,6 +13,7 @@
 //! [`Picks`]: kvpick_ext_proc::Picks
 
 pub mod picker;
+pub mod prefix_watch;
 pub mod reservation;
 pub mod sessions;
 pub mod tokenizer;

@@ -16,6 +16,7 @@ use kvpick_ext_proc::trace::KeyValue;
 use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError, RequestTrace};
 use kvpick_runtime::{Clock, PendingRings, RingScheduler, SelectTiming, ShardedService, ThreadProducers};
 
+use crate::prefix_watch::{PrefixWatch, Verdict};
 use crate::reservation::{Release, Reservation, ReservationIds, TtftSample};
 use crate::sessions::Sessions;
 use crate::tokenizer::{Api, FallbackPolicy, TokenizeError, TokenizeRequest, Tokenizer};
@@ -161,6 +162,7 @@ struct KvInner {
     metrics: Arc<ExtProcMetrics>,
     /// `None`: affinity off.
     sessions: Option<Mutex<Sessions>>,
+    prefix_watch: Mutex<PrefixWatch>,
 }
 
 impl KvPicker {
@@ -185,6 +187,7 @@ impl KvPicker {
             ids: ReservationIds::new(),
             metrics,
             sessions: (config.sessions > 0).then(|| Mutex::new(Sessions::new(config.sessions))),
+            prefix_watch: Mutex::default(),
         }))
     }
 
@@ -237,6 +240,7 @@ impl KvPicker {
         let mut reservation = Reservation::new(id, self.clone(), self.service().lease());
         let (session, sticky) = self.session_of(input.session.as_deref());
         let (isl_tokens, tokens_known) = (prompt.isl_tokens, prompt.tokens_known);
+        let first_block = prompt.seq_hashes.first().copied();
         let request = SelectRequest { id, prompt, model, allowed: input.allowed, priority, sticky };
         let start = Instant::now();
         let mut timing = input.trace.is_on().then(SelectTiming::default);
@@ -255,6 +259,9 @@ impl KvPicker {
                     inner.metrics.record_overlap(u64::from(selection.isl_tokens), overlap);
                 }
                 reservation.booked(&selection);
+                if let Some(first) = first_block {
+                    self.watch_prefix(&selection, first);
+                }
                 if let Some(key) = session {
                     inner.metrics.record_session_pick(match sticky {
                         None => SessionPick::New,
@@ -274,6 +281,27 @@ impl KvPicker {
             Err(error) => {
                 reservation.disarm();
                 Err(error.into())
+            }
+        }
+    }
+
+    /// Feeds the prefix watch; says so when a worker's verdict changes.
+    fn watch_prefix(&self, selection: &kvpick_core::Selection, first: kvpick_core::SequenceHash) {
+        let inner = &*self.0;
+        let mut watch = inner.prefix_watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(verdict) = watch.observe(selection.worker, first, selection.overlap_blocks) else {
+            return;
+        };
+        inner.metrics.record_prefix_suspects(watch.suspected(), matches!(verdict, Verdict::Suspected { .. }));
+        drop(watch);
+        match verdict {
+            Verdict::Suspected { repeats } => tracing::warn!(
+                worker = %selection.endpoint,
+                repeats,
+                "prompts this worker served came back {repeats} times and its KV cache, as kvpick indexes it, held none of their first blocks: kvpick's tokens or hashes differ from the engine's (chat template, tokenizer, model, LoRA or cache_salt), or the worker's KV events do not reach kvpick; KV-aware routing is blind for it (it is still routed by load)"
+            ),
+            Verdict::Cleared => {
+                tracing::info!(worker = %selection.endpoint, "a prompt this worker served before found its first block there again: its cache matches")
             }
         }
     }

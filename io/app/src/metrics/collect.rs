@@ -223,6 +223,18 @@ fn ext_proc(e: &mut Exposition, sources: &Sources) {
     );
     let ratio = if x.prompt_tokens_picked == 0 { 0.0 } else { x.overlap_tokens as f64 / x.prompt_tokens_picked as f64 };
     e.gauge("kvpick_overlap_hit_ratio", "Overlap tokens over prompt tokens of every pick since start.", &[], ratio);
+    e.gauge(
+        "kvpick_prefix_mismatch_workers",
+        "Workers whose cache kvpick's hashes never match: prompts they served come back and find nothing (template, tokenizer or seed differs, or their KV events are lost).",
+        &[],
+        x.prefix_suspected_workers as f64,
+    );
+    e.counter(
+        "kvpick_prefix_mismatch_suspicions_total",
+        "Times a worker was found matching none of the prompts it served.",
+        &[],
+        x.prefix_suspicions,
+    );
 }
 
 fn tokenizer_families(e: &mut Exposition, tokenizer: &TokenizerMetrics) {

@@ -454,3 +454,35 @@ async fn a_session_sticks_to_its_worker() {
     drop(client);
     h.stop().await;
 }
+
+/// A worker whose cache never shows the prompts it served (here: its KV
+/// events never arrive; a template or seed mismatch looks the same) is
+/// suspected once the same first block has come back to it 20 times, and
+/// cleared by the first repeat that finds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_cache_never_matches_is_suspected_then_cleared() {
+    use kvpick_router::prefix_watch::MIN_REPEATS;
+    let h = Harness::start(Options { workers: 1, ..Options::default() }).await;
+    let mut client = h.client().await;
+    let system = words("system", 8);
+    let ask = |i: u64| chat(&format!("{system} {}", words(&format!("q{i}-"), 4)));
+    for i in 0..=MIN_REPEATS {
+        assert_eq!(h.metrics.exported().prefix_suspected_workers, 0, "not before {MIN_REPEATS} repeats");
+        let mut call = Call::open(&mut client).await;
+        pick(&mut call, &ask(i)).await;
+        finish_response(&mut call).await;
+    }
+    let exported = h.metrics.exported();
+    assert_eq!((exported.prefix_suspected_workers, exported.prefix_suspicions), (1, 1));
+    // Its events arrive: the next repeat finds the first block there.
+    h.cache_on(0, &ask(0)).await;
+    let mut call = Call::open(&mut client).await;
+    pick(&mut call, &ask(99)).await;
+    finish_response(&mut call).await;
+    let exported = h.metrics.exported();
+    assert_eq!((exported.prefix_suspected_workers, exported.prefix_suspicions), (0, 1));
+    drop(call);
+    h.wait_all_freed().await;
+    drop(client);
+    h.stop().await;
+}
