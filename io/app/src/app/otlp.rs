@@ -86,21 +86,13 @@ impl TraceExport {
     /// off the caller's runtime threads).
     pub async fn flush(&self) {
         let provider = self.provider.clone();
-        match tokio::task::spawn_blocking(move || provider.force_flush()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "flushing spans to the OTLP collector failed"),
-            Err(error) => tracing::warn!(%error, "flushing spans: the task failed"),
-        }
+        off_runtime("flushing spans to the OTLP collector", move || provider.force_flush()).await;
     }
 
     /// Flushes and stops the exporter, then its runtime.
     pub async fn shutdown(mut self) {
         let provider = self.provider.clone();
-        match tokio::task::spawn_blocking(move || provider.shutdown()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "stopping the OTLP exporter"),
-            Err(error) => tracing::warn!(%error, "stopping the OTLP exporter: the task failed"),
-        }
+        off_runtime("stopping the OTLP exporter", move || provider.shutdown()).await;
         self.stop_runtime();
         if let Some(thread) = self.thread.take() {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
@@ -111,6 +103,19 @@ impl TraceExport {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// Runs a call that blocks on the exporter's threads on tokio's blocking
+/// pool, and logs its failure as `what`.
+async fn off_runtime<E: std::fmt::Display + Send + 'static>(
+    what: &str,
+    call: impl FnOnce() -> Result<(), E> + Send + 'static,
+) {
+    match tokio::task::spawn_blocking(call).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!(%error, "{what} failed"),
+        Err(error) => tracing::warn!(%error, "{what}: the task failed"),
     }
 }
 

@@ -140,10 +140,7 @@ async fn stream_error_frees() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_while_queued_withdraws_the_request() {
-    // Queue as soon as any prefill is booked on every worker.
-    let router = RouterConfig { queue_threshold: Some(0.0), ..RouterConfig::default() };
-    let h =
-        Harness::start(Options { workers: 1, router, max_num_batched_tokens: Some(1000), ..Options::default() }).await;
+    let h = Harness::start(Options::queue_at_any_prefill()).await;
     let mut client = h.client().await;
     let mut first = Call::open(&mut client).await;
     pick(&mut first, &chat(&words("first", 20))).await;

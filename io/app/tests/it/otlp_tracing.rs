@@ -237,10 +237,7 @@ async fn a_refusal_and_a_stream_cut_short_end_their_spans() {
 /// A request that waits for capacity shows the wait under its select span.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_request_shows_its_wait() {
-    // Queue as soon as any prefill is booked on the one worker.
-    let router = kvpick_core::RouterConfig { queue_threshold: Some(0.0), ..kvpick_core::RouterConfig::default() };
-    let options = Options { workers: 1, router, max_num_batched_tokens: Some(1000), ..Options::default() };
-    let traced = Traced::with(1.0, options).await;
+    let traced = Traced::with(1.0, Options::queue_at_any_prefill()).await;
     let h = &traced.h;
     let mut client = h.client().await;
     let mut first = Call::open(&mut client).await;

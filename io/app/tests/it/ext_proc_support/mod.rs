@@ -109,6 +109,15 @@ impl Default for Options {
     }
 }
 
+impl Options {
+    /// One worker that queues requests as soon as any prefill is booked on
+    /// it (the queue tests' set-up).
+    pub fn queue_at_any_prefill() -> Options {
+        let router = RouterConfig { queue_threshold: Some(0.0), ..RouterConfig::default() };
+        Options { workers: 1, router, max_num_batched_tokens: Some(1000), ..Options::default() }
+    }
+}
+
 pub struct Harness {
     pub service: Arc<ShardedService>,
     pub producers: ThreadProducers,
