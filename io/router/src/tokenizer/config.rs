@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::http_client::HttpClient;
+use super::local::{LocalTokenizer, LocalTokenizerConfig};
 use super::metrics::TokenizerMetrics;
+use super::parity::{ParityChecked, ParityConfig};
 use super::sglang::SglangTokenizer;
 use super::vllm_render::VllmRenderTokenizer;
 use super::{FallbackPolicy, Tokenizer};
@@ -26,6 +28,9 @@ pub enum TokenizerField {
     Timeout,
     MaxResponseBytes,
     Fallback,
+    /// The local tokenizer's model directory or chat template file.
+    Local,
+    ParityRatio,
 }
 
 impl TokenizerField {
@@ -36,6 +41,8 @@ impl TokenizerField {
             TokenizerField::Timeout => "timeout",
             TokenizerField::MaxResponseBytes => "max_response_bytes",
             TokenizerField::Fallback => "fallback",
+            TokenizerField::Local => "local",
+            TokenizerField::ParityRatio => "parity_ratio",
         }
     }
 }
@@ -131,11 +138,12 @@ impl FromStr for FallbackPolicy {
 }
 
 /// Everything needed to build the tokenizer client.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct TokenizerConfig {
     pub protocol: TokenizerProtocol,
     /// `http://host[:port][/prefix]`; the endpoint paths are appended to the
-    /// prefix.
+    /// prefix. Empty only with `local`: no engine tokenizer then (no parity
+    /// checks, no hand-offs).
     pub base_url: String,
     /// Bounds each whole round trip (connect, send, answer). At least 1 ms.
     pub timeout: Duration,
@@ -144,6 +152,11 @@ pub struct TokenizerConfig {
     /// What the ext_proc server does when tokenizing fails or is not
     /// supported (carried here, applied there).
     pub fallback: FallbackPolicy,
+    /// Tokenize in process with the model's files; the engine's tokenizer
+    /// (above) then checks it and takes what it cannot handle.
+    pub local: Option<LocalTokenizerConfig>,
+    /// How the local tokenizer is checked against the engine's.
+    pub parity: ParityConfig,
 }
 
 impl TokenizerConfig {
@@ -155,13 +168,29 @@ impl TokenizerConfig {
             timeout: DEFAULT_TIMEOUT,
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             fallback: FallbackPolicy::default(),
+            local: None,
+            parity: ParityConfig::default(),
         }
+    }
+
+    /// Whether an engine tokenizer is configured (always, unless local).
+    pub fn has_engine(&self) -> bool {
+        self.local.is_none() || !self.base_url.trim().is_empty()
     }
 
     /// Checks every value, naming the first bad one.
     pub fn validate(&self) -> Result<(), TokenizerConfigError> {
-        super::endpoint(&self.base_url, "/")
-            .map_err(|allowed| TokenizerConfigError::new(TokenizerField::BaseUrl, &self.base_url, allowed))?;
+        if self.has_engine() {
+            super::endpoint(&self.base_url, "/")
+                .map_err(|allowed| TokenizerConfigError::new(TokenizerField::BaseUrl, &self.base_url, allowed))?;
+        }
+        if !(0.0..=1.0).contains(&self.parity.ratio) {
+            return Err(TokenizerConfigError::new(
+                TokenizerField::ParityRatio,
+                self.parity.ratio.to_string(),
+                "expected a fraction from 0 to 1",
+            ));
+        }
         if self.timeout < Duration::from_millis(1) {
             return Err(TokenizerConfigError::new(
                 TokenizerField::Timeout,
@@ -175,10 +204,28 @@ impl TokenizerConfig {
         Ok(())
     }
 
-    /// The client for this protocol, with its own connection pool, sharing
-    /// `metrics` (the ext_proc server records fallbacks in the same one).
+    /// The tokenizer: the engine's client for this protocol, with its own
+    /// connection pool, or with `local` the in-process tokenizer (checked
+    /// against that client when there is one), sharing `metrics` (the
+    /// ext_proc server records fallbacks in the same one). Loading the
+    /// local model's files happens here: call it off the I/O threads.
     pub fn build(&self, metrics: Arc<TokenizerMetrics>) -> Result<Arc<dyn Tokenizer>, TokenizerConfigError> {
         self.validate()?;
+        let Some(local_config) = &self.local else { return self.engine(metrics) };
+        let local = LocalTokenizer::load(local_config, metrics.clone())
+            .map_err(|e| TokenizerConfigError::new(TokenizerField::Local, e.path.display().to_string(), e.reason))?;
+        if !self.has_engine() {
+            return Ok(Arc::new(local));
+        }
+        let engine = self.engine(metrics.clone())?;
+        // Checks count in metrics of their own: they are not request-path
+        // round trips.
+        let checker = self.engine(Arc::new(TokenizerMetrics::new()))?;
+        Ok(Arc::new(ParityChecked::new(local, engine, checker, self.parity, metrics)))
+    }
+
+    /// The engine's tokenizer client.
+    fn engine(&self, metrics: Arc<TokenizerMetrics>) -> Result<Arc<dyn Tokenizer>, TokenizerConfigError> {
         let http = HttpClient::new(self.timeout, self.max_response_bytes);
         let bad_url = |allowed: String| TokenizerConfigError::new(TokenizerField::BaseUrl, &self.base_url, allowed);
         Ok(match self.protocol {

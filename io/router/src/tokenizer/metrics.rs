@@ -8,13 +8,15 @@
 //! ([`TokenizerMetrics::record_fallback`]) because only it applies the
 //! [`FallbackPolicy`](super::FallbackPolicy).
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
 use kvpick_ext_proc::TokenizeError;
+
+use super::parity::ParityOutcome;
 
 /// A [`TokenizeError`] without its details: the label of the error and
 /// fallback counters.
@@ -79,6 +81,9 @@ pub struct TokenizerMetrics {
     fallbacks: [AtomicU64; 5],
     multi_prompt: AtomicU64,
     retries: AtomicU64,
+    local_handoffs: AtomicU64,
+    parity: [AtomicU64; 4],
+    engine_fallback: AtomicBool,
     latency_micros: Mutex<Histogram<u64>>,
 }
 
@@ -91,6 +96,9 @@ impl Default for TokenizerMetrics {
             fallbacks: Default::default(),
             multi_prompt: AtomicU64::new(0),
             retries: AtomicU64::new(0),
+            local_handoffs: AtomicU64::new(0),
+            parity: Default::default(),
+            engine_fallback: AtomicBool::new(false),
             latency_micros: Mutex::new(
                 Histogram::new_with_bounds(1, MAX_TRACKED_MICROS, 3)
                     .expect("1 µs to 1 h at 3 significant figures is a valid histogram range"),
@@ -142,6 +150,22 @@ impl TokenizerMetrics {
         self.retries.fetch_add(1, Relaxed);
     }
 
+    /// A body the local tokenizer could not handle, tokenized by the engine.
+    pub fn record_local_handoff(&self) {
+        self.local_handoffs.fetch_add(1, Relaxed);
+    }
+
+    /// One parity check of the local tokenizer against the engine's.
+    pub fn record_parity(&self, outcome: ParityOutcome) {
+        self.parity[outcome as usize].fetch_add(1, Relaxed);
+    }
+
+    /// The local tokenizer disagreed with the engine's and the engine now
+    /// tokenizes every request.
+    pub fn set_engine_fallback(&self) {
+        self.engine_fallback.store(true, Relaxed);
+    }
+
     /// A consistent-enough copy for export (each counter is read once;
     /// counters are not read atomically together).
     pub fn snapshot(&self) -> TokenizerMetricsSnapshot {
@@ -153,6 +177,9 @@ impl TokenizerMetrics {
             fallbacks: read(&self.fallbacks),
             multi_prompt: self.multi_prompt.load(Relaxed),
             retries: self.retries.load(Relaxed),
+            local_handoffs: self.local_handoffs.load(Relaxed),
+            parity: std::array::from_fn(|i| self.parity[i].load(Relaxed)),
+            engine_fallback: self.engine_fallback.load(Relaxed),
             latency_micros: self.latency_micros.lock().unwrap_or_else(PoisonError::into_inner).clone(),
         }
     }
@@ -172,6 +199,13 @@ pub struct TokenizerMetricsSnapshot {
     pub multi_prompt: u64,
     /// Requests resent once after their connection closed unanswered.
     pub retries: u64,
+    /// Bodies the local tokenizer handed to the engine's (multimodal parts,
+    /// a request's own chat template).
+    pub local_handoffs: u64,
+    parity: [u64; 4],
+    /// The local tokenizer disagreed with the engine and every request is
+    /// now tokenized by the engine.
+    pub engine_fallback: bool,
     /// Round-trip latency of every call in `calls`, in microseconds.
     pub latency_micros: Histogram<u64>,
 }
@@ -186,6 +220,11 @@ impl TokenizerMetricsSnapshot {
     /// Requests routed by load alone after an error of this class.
     pub fn fallbacks(&self, class: ErrorClass) -> u64 {
         self.fallbacks[class.index()]
+    }
+
+    /// Parity checks that ended this way.
+    pub fn parity(&self, outcome: ParityOutcome) -> u64 {
+        self.parity[outcome as usize]
     }
 
     pub fn total_errors(&self) -> u64 {

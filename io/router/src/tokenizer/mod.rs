@@ -29,7 +29,9 @@ pub use kvpick_ext_proc::{Api, TokenizeError};
 
 mod config;
 mod http_client;
+pub mod local;
 mod metrics;
+mod parity;
 mod sglang;
 mod vllm_render;
 
@@ -38,7 +40,9 @@ pub use config::{
     TokenizerProtocol,
 };
 pub use http_client::{ERROR_MESSAGE_MAX_BYTES, HttpClient};
+pub use local::{LocalTokenizer, LocalTokenizerConfig};
 pub use metrics::{ErrorClass, TokenizerMetrics, TokenizerMetricsSnapshot};
+pub use parity::{MAX_CHECKS_IN_FLIGHT, ParityChecked, ParityConfig, ParityOutcome};
 pub use sglang::SglangTokenizer;
 pub use vllm_render::VllmRenderTokenizer;
 
