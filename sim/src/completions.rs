@@ -26,7 +26,6 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::engine_loop::Progress;
 use super::http_server::{ApiError, HttpState, parse_body};
 use super::scheduler::{Outcome, RequestSpec, check_request};
-use super::tokenizer::{render_chat, render_completion};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Api {
@@ -95,9 +94,9 @@ async fn generate(state: Arc<HttpState>, headers: HeaderMap, bytes: Bytes, api: 
 fn prepare(state: &HttpState, bytes: &[u8], api: Api) -> Result<Prepared, ApiError> {
     let body = parse_body(state, bytes)?;
     let prompt = match api {
-        Api::Chat => render_chat(&body).map_err(|e| ApiError::bad_request(e.0))?,
+        Api::Chat => state.chat_tokens(bytes, &body)?,
         Api::Completion => {
-            let mut prompts = render_completion(&body).map_err(|e| ApiError::bad_request(e.0))?;
+            let mut prompts = state.completion_tokens(bytes, &body)?;
             match (prompts.pop(), prompts.is_empty()) {
                 (Some(prompt), true) => prompt,
                 _ => return Err(ApiError::bad_request("kvpick-sim serves one prompt per request")),

@@ -94,6 +94,10 @@ pub struct EngineConfig {
     /// Send high-water mark of the PUB socket (vLLM's `hwm`).
     pub pub_hwm: i32,
     pub ports: Ports,
+    /// A Hugging Face model directory (`tokenizer.json`, chat template):
+    /// prompts are tokenized with it, as a real engine serving that model
+    /// would, instead of the built-in tokenizer. Loaded at start.
+    pub model_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -118,6 +122,7 @@ impl Default for EngineConfig {
             replay_buffer: 10_000,
             pub_hwm: 100_000,
             ports: Ports::default(),
+            model_dir: None,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! thread of its own. Stop with [`Engine::shutdown`]; dropping the handle
 //! also stops everything, without waiting.
 
+use kvpick_router::tokenizer::{LocalTokenizer, LocalTokenizerConfig};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -137,7 +138,14 @@ impl Engine {
             Pacer::new(config.time.time_scale),
         ));
         let (http_stop, stopped) = oneshot::channel::<()>();
-        let app = http_server::router(HttpState::new(client.clone(), Arc::clone(&config)));
+        let tokenizer = match &config.model_dir {
+            None => None,
+            Some(dir) => {
+                let local = LocalTokenizerConfig { dir: dir.clone(), chat_template: None };
+                Some(LocalTokenizer::load(&local, Arc::default()).map_err(|e| SimError::Tokenizer(e.to_string()))?)
+            }
+        };
+        let app = http_server::router(HttpState::new(client.clone(), Arc::clone(&config), tokenizer));
         let name = config.name.clone();
         let http_task = tokio::spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move {

@@ -19,6 +19,9 @@ pub enum SimError {
         #[source]
         source: zmq::Error,
     },
+    /// The model directory's tokenizer or template cannot be loaded.
+    #[error("cannot load the model directory's tokenizer: {0}")]
+    Tokenizer(String),
     #[error("cannot start the publisher thread: {0}")]
     Thread(#[source] std::io::Error),
     /// The engine was shut down (or its loop ended).

@@ -13,6 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use kvpick_router::tokenizer::{Api, LocalTokenizer};
 use serde_json::{Value, json};
 
 use super::completions;
@@ -20,6 +21,7 @@ use super::config::EngineConfig;
 use super::engine::EngineClient;
 use super::metrics;
 use super::render;
+use super::tokenizer::{render_chat, render_completion};
 
 /// Response header naming the engine that answered.
 pub const ENGINE_HEADER: &str = "x-sim-engine";
@@ -27,12 +29,35 @@ pub const ENGINE_HEADER: &str = "x-sim-engine";
 pub(crate) struct HttpState {
     pub(crate) engine: EngineClient,
     pub(crate) config: Arc<EngineConfig>,
+    /// The model directory's tokenizer, when one was given.
+    pub(crate) tokenizer: Option<LocalTokenizer>,
     requests: AtomicU64,
 }
 
 impl HttpState {
-    pub(crate) fn new(engine: EngineClient, config: Arc<EngineConfig>) -> Arc<Self> {
-        Arc::new(HttpState { engine, config, requests: AtomicU64::new(0) })
+    pub(crate) fn new(engine: EngineClient, config: Arc<EngineConfig>, tokenizer: Option<LocalTokenizer>) -> Arc<Self> {
+        Arc::new(HttpState { engine, config, tokenizer, requests: AtomicU64::new(0) })
+    }
+
+    /// A chat body's prompt tokens: the model directory's tokenizer when
+    /// there is one, else the built-in one.
+    pub(crate) fn chat_tokens(&self, bytes: &[u8], body: &serde_json::Value) -> Result<Vec<u32>, ApiError> {
+        match &self.tokenizer {
+            Some(t) => t.tokenize_body(Api::ChatCompletions, bytes).map_err(|e| ApiError::bad_request(e.to_string())),
+            None => render_chat(body).map_err(|e| ApiError::bad_request(e.0)),
+        }
+    }
+
+    /// A completion body's prompts' tokens (the model directory's tokenizer
+    /// reads the first prompt only).
+    pub(crate) fn completion_tokens(&self, bytes: &[u8], body: &serde_json::Value) -> Result<Vec<Vec<u32>>, ApiError> {
+        match &self.tokenizer {
+            Some(t) => t
+                .tokenize_body(Api::Completions, bytes)
+                .map(|ids| vec![ids])
+                .map_err(|e| ApiError::bad_request(e.to_string())),
+            None => render_completion(body).map_err(|e| ApiError::bad_request(e.0)),
+        }
     }
 
     /// A request id: the client's `x-request-id`, else a per-engine counter.

@@ -95,6 +95,7 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, Stri
             "--replay-layout" => b.replay_layout = value()?.parse()?,
             "--hash-format" => b.hash_format = value()?.parse()?,
             "--topic" => b.topic = value()?,
+            "--model-dir" => b.model_dir = Some(value()?.into()),
             "--replay-buffer" => b.replay_buffer = num(&name, &value()?)?,
             "--drop-fraction" => {
                 o.drop_fraction = num(&name, &value()?)?;

@@ -12,11 +12,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::http_server::{ApiError, HttpState, parse_body};
-use super::tokenizer::{render_chat, render_completion};
 
 pub(crate) async fn chat(State(state): State<Arc<HttpState>>, headers: HeaderMap, bytes: Bytes) -> Response {
     let answer = parse_body(&state, &bytes).and_then(|body| {
-        let tokens = render_chat(&body).map_err(|e| ApiError::bad_request(e.0))?;
+        let tokens = state.chat_tokens(&bytes, &body)?;
         Ok(generate_request(&state, &body, state.request_id("chatcmpl", &headers), tokens))
     });
     respond(&state, answer)
@@ -24,7 +23,7 @@ pub(crate) async fn chat(State(state): State<Arc<HttpState>>, headers: HeaderMap
 
 pub(crate) async fn completions(State(state): State<Arc<HttpState>>, headers: HeaderMap, bytes: Bytes) -> Response {
     let answer = parse_body(&state, &bytes).and_then(|body| {
-        let prompts = render_completion(&body).map_err(|e| ApiError::bad_request(e.0))?;
+        let prompts = state.completion_tokens(&bytes, &body)?;
         let id = state.request_id("cmpl", &headers);
         let list = prompts
             .into_iter()

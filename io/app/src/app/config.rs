@@ -14,8 +14,9 @@ use kvpick_discovery::DiscoveryConfig;
 use kvpick_ext_proc::ExtProcConfig;
 use kvpick_grpc::Tls;
 use kvpick_router::PickerConfig;
+use kvpick_router::tokenizer::local::parse_local_spec;
 use kvpick_router::tokenizer::{
-    FallbackPolicy, TokenizerConfig, TokenizerConfigError, TokenizerField, TokenizerProtocol,
+    FallbackPolicy, LocalTokenizerConfig, TokenizerConfig, TokenizerConfigError, TokenizerField, TokenizerProtocol,
 };
 
 /// Where the workers come from.
@@ -86,9 +87,10 @@ impl ServeConfig {
         };
         let mut ext_proc = ext_proc(v)?;
         ext_proc.listen = port(var::EXT_PROC_PORT, 9002)?;
-        let tokenizer = match v.get(var::TOKENIZER_URL) {
-            None => None,
-            Some(url) => Some(tokenizer(v, url)?),
+        let local = local_tokenizer(v)?;
+        let tokenizer = match (v.get(var::TOKENIZER_URL), &local) {
+            (None, None) => None,
+            (url, _) => Some(tokenizer(v, url.unwrap_or(""), local.clone())?),
         };
         // The fallback rides in the tokenizer's settings but is applied by
         // the picker; read it even when the URL is left to static mode.
@@ -177,8 +179,32 @@ fn ext_proc(v: &Values) -> Result<ExtProcConfig, ConfigError> {
     Ok(config)
 }
 
-/// The tokenizer's settings, checked (so a config that loads also builds).
-fn tokenizer(v: &Values, url: &str) -> Result<TokenizerConfig, ConfigError> {
+/// `--tokenizer local:PATH` with its template and parity settings, or
+/// `None` for the engine's tokenizer.
+fn local_tokenizer(v: &Values) -> Result<Option<LocalTokenizerConfig>, ConfigError> {
+    let dir = v.parse(
+        var::TOKENIZER,
+        "expected `engine` or `local:PATH` (a model directory with tokenizer.json)",
+        |t| match t.trim() {
+            "engine" => Some(None),
+            other => parse_local_spec(other).map(|p| Some(p.to_path_buf())),
+        },
+    )?;
+    let chat_template = v.get(var::CHAT_TEMPLATE).map(PathBuf::from);
+    match dir.flatten() {
+        Some(dir) => Ok(Some(LocalTokenizerConfig { dir, chat_template })),
+        None if chat_template.is_some() => Err(ConfigError::Other(format!(
+            "{} is set but {} is not `local:PATH`: the engine applies its own template",
+            v.name_of(var::CHAT_TEMPLATE),
+            v.name_of(var::TOKENIZER)
+        ))),
+        None => Ok(None),
+    }
+}
+
+/// The tokenizer's settings, checked (so a config that loads also builds;
+/// the local model's files are read at start).
+fn tokenizer(v: &Values, url: &str, local: Option<LocalTokenizerConfig>) -> Result<TokenizerConfig, ConfigError> {
     let protocol = v.parse(var::TOKENIZER_PROTOCOL, "expected `vllm-render` or `sglang-tokenize`", |t| {
         t.parse::<TokenizerProtocol>().ok()
     })?;
@@ -198,6 +224,16 @@ fn tokenizer(v: &Values, url: &str) -> Result<TokenizerConfig, ConfigError> {
     let fallback =
         v.parse(var::TOKENIZER_FALLBACK, "expected `fail` or `load-only`", |t| t.parse::<FallbackPolicy>().ok())?;
     config.fallback = fallback.unwrap_or_default();
+    config.local = local;
+    let ratio = v.parse(var::TOKENIZER_PARITY_RATIO, "expected a number from 0 to 1", |t| {
+        t.parse::<f64>().ok().filter(|r| (0.0..=1.0).contains(r))
+    })?;
+    if let Some(ratio) = ratio {
+        config.parity.ratio = ratio;
+    }
+    if let Some(on) = v.boolean(var::TOKENIZER_PARITY_FALLBACK)? {
+        config.parity.fallback_on_mismatch = on;
+    }
     config.validate().map_err(|e| tokenizer_error(v, e))?;
     Ok(config)
 }
@@ -210,6 +246,8 @@ pub(crate) fn tokenizer_setting(field: TokenizerField) -> &'static str {
         TokenizerField::Timeout => var::TOKENIZATION_TIMEOUT_MS,
         TokenizerField::MaxResponseBytes => var::TOKENIZER_MAX_RESPONSE_BYTES,
         TokenizerField::Fallback => var::TOKENIZER_FALLBACK,
+        TokenizerField::Local => var::TOKENIZER,
+        TokenizerField::ParityRatio => var::TOKENIZER_PARITY_RATIO,
     }
 }
 
@@ -361,6 +399,7 @@ fn discovery(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvpick_router::tokenizer::ParityConfig;
 
     fn config(pairs: &[(&'static str, &str)]) -> Result<ServeConfig, ConfigError> {
         ServeConfig::from_values(&Values::from_pairs(pairs.iter().copied()))
@@ -529,9 +568,53 @@ mod tests {
                 timeout: Duration::from_millis(250),
                 max_response_bytes: 1 << 20,
                 fallback: FallbackPolicy::Fail,
+                local: None,
+                parity: ParityConfig::default(),
             })
         );
         assert_eq!(c.picker.fallback, FallbackPolicy::Fail);
+    }
+
+    #[test]
+    fn local_tokenizer_settings() {
+        // Static mode, no URL: local alone (the app points parity at the
+        // first worker).
+        let c = config(&[(var::WORKERS_FILE, "w"), (var::TOKENIZER, "local:/models/m")]);
+        let t = c.unwrap_or_else(|e| panic!("{e}")).tokenizer.unwrap_or_else(|| panic!("no tokenizer config"));
+        assert_eq!(t.local, Some(LocalTokenizerConfig { dir: "/models/m".into(), chat_template: None }));
+        assert!(!t.has_engine());
+        assert_eq!(t.parity, ParityConfig { ratio: 0.01, fallback_on_mismatch: true });
+        // Everything set.
+        let c = config(&[
+            (var::WORKERS_FILE, "w"),
+            (var::TOKENIZER, "local: /models/m "),
+            (var::TOKENIZER_URL, "http://vllm:8000"),
+            (var::CHAT_TEMPLATE, "/t/chat.jinja"),
+            (var::TOKENIZER_PARITY_RATIO, "0.5"),
+            (var::TOKENIZER_PARITY_FALLBACK, "false"),
+        ]);
+        let t = c.unwrap_or_else(|e| panic!("{e}")).tokenizer.unwrap_or_else(|| panic!("no tokenizer config"));
+        let local = LocalTokenizerConfig { dir: "/models/m".into(), chat_template: Some("/t/chat.jinja".into()) };
+        assert_eq!((t.local, t.base_url.as_str()), (Some(local), "http://vllm:8000"));
+        assert_eq!(t.parity, ParityConfig { ratio: 0.5, fallback_on_mismatch: false });
+        // `engine` is the default and leaves the config as before.
+        let c = config(&[(var::WORKERS_FILE, "w"), (var::TOKENIZER, "engine")]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.tokenizer, None);
+        // Errors name the setting.
+        for (pairs, name) in [
+            (&[(var::TOKENIZER, "local:")][..], var::TOKENIZER),
+            (&[(var::TOKENIZER, "hf:/m")], var::TOKENIZER),
+            (&[(var::TOKENIZER, "local:/m"), (var::TOKENIZER_PARITY_RATIO, "2")], var::TOKENIZER_PARITY_RATIO),
+            (
+                &[(var::TOKENIZER, "local:/m"), (var::TOKENIZER_PARITY_FALLBACK, "sometimes")],
+                var::TOKENIZER_PARITY_FALLBACK,
+            ),
+            (&[(var::CHAT_TEMPLATE, "/t.jinja")], var::CHAT_TEMPLATE),
+        ] {
+            let pairs: Vec<_> = [(var::WORKERS_FILE, "w")].into_iter().chain(pairs.iter().copied()).collect();
+            let err = config(&pairs).expect_err(name);
+            assert!(err.to_string().contains(name), "{err}");
+        }
     }
 
     #[test]

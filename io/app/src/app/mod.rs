@@ -141,6 +141,13 @@ impl App {
 
         let tokenizer_metrics = Arc::new(TokenizerMetrics::new());
         let tokenizer_config = match (&config.tokenizer, first_worker) {
+            (Some(t), Some(endpoint)) if !t.has_engine() => {
+                // Local tokenizing, checked against the first worker's render.
+                let mut t = t.clone();
+                t.base_url = format!("http://{endpoint}");
+                tracing::info!(url = %t.base_url, "tokenizer: local, checked against the first worker's render");
+                t
+            }
             (Some(t), _) => t.clone(),
             (None, Some(endpoint)) => {
                 let mut t = TokenizerConfig::new(TokenizerProtocol::VllmRender, format!("http://{endpoint}"));
@@ -154,11 +161,33 @@ impl App {
                 ));
             }
         };
-        let tokenizer = tokenizer_config.build(tokenizer_metrics.clone()).map_err(|e| {
+        // Reading a local model's files is blocking work: off the runtime.
+        let built = {
+            let (config, metrics) = (tokenizer_config.clone(), tokenizer_metrics.clone());
+            tokio::task::spawn_blocking(move || config.build(metrics))
+                .await
+                .map_err(|e| StartError::Tokenizer(format!("loading the tokenizer failed: {e}")))?
+        };
+        let tokenizer = built.map_err(|e| {
             let setting = config::tokenizer_setting(e.field);
             StartError::Tokenizer(format!("{setting}={:?} is invalid: {}", e.value, e.allowed))
         })?;
-        tracing::info!(protocol = tokenizer_config.protocol.as_str(), url = %tokenizer_config.base_url, "tokenizer");
+        match &tokenizer_config.local {
+            None => {
+                tracing::info!(protocol = tokenizer_config.protocol.as_str(), url = %tokenizer_config.base_url, "tokenizer")
+            }
+            Some(local) if tokenizer_config.has_engine() => tracing::info!(
+                dir = %local.dir.display(),
+                parity_ratio = tokenizer_config.parity.ratio,
+                parity_fallback = tokenizer_config.parity.fallback_on_mismatch,
+                engine = %tokenizer_config.base_url,
+                "tokenizer: local, checked against the engine's"
+            ),
+            Some(local) => tracing::warn!(
+                dir = %local.dir.display(),
+                "tokenizer: local with no engine tokenizer to check it against (set DYN_EPP_TOKENIZER_SERVICE_URL): a wrong tokenizer or template would go unnoticed"
+            ),
+        }
 
         let health_listener = bind("health", config.health_listen).await?;
         let health_server = health.spawn_on(health_listener)?;

@@ -53,6 +53,10 @@ pub const TOKENIZATION_TIMEOUT_MS: &str = "DYN_EPP_TOKENIZATION_TIMEOUT_MS";
 pub const TOKENIZER_MAX_RESPONSE_BYTES: &str = "DYN_EPP_TOKENIZER_MAX_RESPONSE_BYTES";
 /// kvpick's own (Dynamo's EPP always fails): `fail` or `load-only`.
 pub const TOKENIZER_FALLBACK: &str = "DYN_EPP_TOKENIZER_FALLBACK";
+pub const TOKENIZER: &str = "KVPICK_TOKENIZER";
+pub const CHAT_TEMPLATE: &str = "KVPICK_CHAT_TEMPLATE";
+pub const TOKENIZER_PARITY_RATIO: &str = "KVPICK_TOKENIZER_PARITY_RATIO";
+pub const TOKENIZER_PARITY_FALLBACK: &str = "KVPICK_TOKENIZER_PARITY_FALLBACK";
 pub const MAX_INFLIGHT_REQUESTS: &str = "DYN_EPP_MAX_INFLIGHT_REQUESTS";
 pub const MAX_REQUEST_BODY_BYTES: &str = "KVPICK_MAX_REQUEST_BODY_BYTES";
 pub const SECURE_SERVING: &str = "DYN_SECURE_SERVING";
@@ -164,6 +168,30 @@ pub const SETTINGS: &[Setting] = &[
         "tokenizer-fallback",
         Some("load-only"),
         "When tokenizing fails: `load-only` (route by load, counted) or `fail` (answer with the error's status)",
+    ),
+    s(
+        TOKENIZER,
+        "tokenizer",
+        Some("engine"),
+        "`engine` (ask the tokenizer service) or `local:PATH` (tokenize in process with the model directory's tokenizer.json and chat template; the service, when set, checks it and takes what it cannot do)",
+    ),
+    s(
+        CHAT_TEMPLATE,
+        "chat-template",
+        None,
+        "With `local:`, a Jinja file replacing the model's chat template (the engine's --chat-template)",
+    ),
+    s(
+        TOKENIZER_PARITY_RATIO,
+        "tokenizer-parity-ratio",
+        Some("0.01"),
+        "With `local:`, the fraction of requests also tokenized by the engine in the background and compared",
+    ),
+    s(
+        TOKENIZER_PARITY_FALLBACK,
+        "tokenizer-parity-fallback",
+        Some("true"),
+        "With `local:`, after a parity mismatch let the engine tokenize every request",
     ),
     s(
         MAX_INFLIGHT_REQUESTS,

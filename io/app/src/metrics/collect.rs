@@ -15,7 +15,7 @@ use super::Exposition;
 use kvpick_ext_proc::ExtProcMetrics;
 use kvpick_ext_proc::metrics::{FALLBACK_CLASSES, STATUSES};
 use kvpick_kv_events::IngestMetrics;
-use kvpick_router::tokenizer::{ErrorClass, TokenizerMetrics};
+use kvpick_router::tokenizer::{ErrorClass, ParityOutcome, TokenizerMetrics};
 
 /// The workers in service now, by id: kept by whoever applies the
 /// discovery updates, read by the scrape for labels and `ready_pods`.
@@ -253,6 +253,26 @@ fn tokenizer_families(e: &mut Exposition, tokenizer: &TokenizerMetrics) {
         "Tokenizer requests resent once after their connection closed unanswered.",
         &[],
         t.retries,
+    );
+    e.counter(
+        "kvpick_tokenizer_local_handoffs_total",
+        "Bodies the local tokenizer could not handle (multimodal, a request's own template), tokenized by the engine.",
+        &[],
+        t.local_handoffs,
+    );
+    for outcome in ParityOutcome::ALL {
+        e.counter(
+            "kvpick_tokenizer_parity_checks_total",
+            "Local tokenizations compared with the engine's, by outcome.",
+            &[("outcome", outcome.as_str())],
+            t.parity(outcome),
+        );
+    }
+    e.gauge(
+        "kvpick_tokenizer_engine_fallback",
+        "1 when the local tokenizer disagreed with the engine's and the engine now tokenizes every request.",
+        &[],
+        f64::from(u8::from(t.engine_fallback)),
     );
 }
 

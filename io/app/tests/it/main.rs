@@ -9,6 +9,7 @@ mod bin_support;
 mod ext_proc_support;
 
 mod bin_kubernetes;
+mod bin_local_tokenizer;
 mod bin_serve;
 mod deploy;
 mod ext_proc_errors;
