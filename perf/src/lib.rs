@@ -21,6 +21,7 @@ pub mod args;
 pub mod baseline;
 #[cfg(feature = "dynamo")]
 pub mod dynamo;
+pub mod hf_model;
 pub mod measure;
 pub mod report;
 pub mod setup;

@@ -1,6 +1,7 @@
 //! `kvpick-bench-tokenizer`: round trips per second and latency of
 //! kvpick's tokenizer client (`vllm-render`, chat bodies) against a local
-//! render stub, at concurrency 1 and 64, for a short and a long prompt.
+//! render stub, at concurrency 1 and 64, for a short and a long prompt;
+//! then the in-process tokenizer (`local:PATH`) against that round trip.
 //!
 //! Baseline, measured in the same run against the same stub: raw HTTP POSTs
 //! of the same body through a plain hyper-util pooled client that only
@@ -13,6 +14,11 @@
 //! clients run on the main thread's single-threaded runtime: the numbers
 //! are per client core. On a 2-core machine the two share the CPU with
 //! anything else running (the load average is printed).
+//!
+//! The in-process tokenizer runs on a 32,000-entry byte-level BPE trained
+//! at start-up (`kvpick_perf::hf_model`, a few seconds) with a ChatML
+//! template; the render stub then answers that tokenizer's own ids for the
+//! same body, so both paths produce the same tokens.
 //!
 //! Progress goes to stderr; the report (Markdown tables) to stdout.
 
@@ -32,10 +38,13 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use kvpick_perf::args::{TimeBudget, parse_or_exit};
+use kvpick_perf::hf_model::BenchModel;
 use kvpick_perf::measure::{self, Latencies, LatencySummary, time_each};
 use kvpick_perf::report::{self, Table, ratio, thousands};
+use kvpick_perf::sim::{EngineConfig, Fleet};
 use kvpick_router::tokenizer::{
-    Api, TokenizeRequest, TokenizerConfig, TokenizerMetrics, TokenizerProtocol, VllmRenderTokenizer,
+    Api, LocalTokenizer, LocalTokenizerConfig, TokenizeRequest, Tokenizer, TokenizerConfig, TokenizerMetrics,
+    TokenizerProtocol, VllmRenderTokenizer,
 };
 use tokio::net::TcpListener;
 
@@ -93,7 +102,8 @@ impl Measured {
 async fn run(budget: &Budget) -> Result<String, String> {
     let load_before = report::load_average();
     let mut out = String::new();
-    for tokens in PROMPT_TOKENS {
+    // `KVPICK_BENCH_LOCAL_ONLY=1`: only the in-process tokenizer's table.
+    for tokens in PROMPT_TOKENS.into_iter().filter(|_| std::env::var_os("KVPICK_BENCH_LOCAL_ONLY").is_none()) {
         let answer = Bytes::from(render_answer(tokens));
         let body = Bytes::from(chat_body(tokens));
         let stub = Stub::start(answer.clone())?;
@@ -188,6 +198,8 @@ async fn run(budget: &Budget) -> Result<String, String> {
         out.push('\n');
         stub.stop();
     }
+    out.push_str(&local_vs_render(budget).await?);
+    out.push('\n');
     out.push_str(&format!(
         "Measured {} on {}; load average before {load_before}, after {}. \
          Client: one current-thread tokio runtime; stub: another, on its own thread. \
@@ -199,6 +211,133 @@ async fn run(budget: &Budget) -> Result<String, String> {
         budget.time,
     ));
     Ok(out)
+}
+
+/// The in-process tokenizer against the render round trip, same bodies,
+/// same token ids: through the memory stub (the transport alone) and
+/// through a simulated engine rendering with the same model directory (the
+/// transport plus the engine tokenizing with the same library; vLLM's
+/// render adds Python and jinja2 on top, so this is its lower bound).
+async fn local_vs_render(budget: &Budget) -> Result<String, String> {
+    kvpick_perf::progress!(BIN, "training the benchmark's tokenizer");
+    let model = BenchModel::build(32_000)?;
+    let metrics = Arc::new(TokenizerMetrics::new());
+    let local_config = LocalTokenizerConfig { dir: model.dir().to_path_buf(), chat_template: None };
+    let local = LocalTokenizer::load(&local_config, metrics.clone()).map_err(|e| format!("{e}"))?;
+    let engine_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("sim-engine")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("engine runtime: {e}"))?;
+    let engine_config =
+        EngineConfig { model: "m".into(), model_dir: Some(model.dir().to_path_buf()), ..EngineConfig::default() };
+    // Started on (and kept to) its own runtime; this one is the client's.
+    let fleet = engine_rt
+        .spawn(async move { Fleet::start(1, &engine_config).await })
+        .await
+        .map_err(|e| format!("engine task: {e}"))?
+        .map_err(|e| format!("engine: {e}"))?;
+    let engine_url = format!("http://{}", fleet.endpoints()[0].http);
+    let mut table = Table::new(
+        format!(
+            "In-process tokenizer (`local:`, {}-entry byte-level BPE, ChatML) against the vllm-render round trip, chat bodies",
+            thousands(model.vocab_size as u64)
+        ),
+        &["prompt tokens", "path", "concurrency", "per s", "p50 µs", "p99 µs", "p50 ÷ local's"],
+    );
+    for (i, target) in PROMPT_TOKENS.into_iter().enumerate() {
+        let body = |words: usize| {
+            let text = model.language.text(words, 17 + i as u64);
+            Bytes::from(
+                serde_json::json!({"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": 16})
+                    .to_string(),
+            )
+        };
+        // Words for about `target` tokens: measured, then scaled once.
+        let probe = local.tokenize_body(Api::ChatCompletions, &body(target)).map_err(|e| format!("local: {e}"))?;
+        let body = body(target * target / probe.len().max(1));
+        let ids = local.tokenize_body(Api::ChatCompletions, &body).map_err(|e| format!("local: {e}"))?;
+        let tokens = ids.len();
+        let stub = Stub::start(Bytes::from(render_answer_of(&ids)))?;
+        let client = |url: String| {
+            TokenizerConfig::new(TokenizerProtocol::VllmRender, url)
+                .build(Arc::new(TokenizerMetrics::new()))
+                .map_err(|e| format!("tokenizer config: {e}"))
+        };
+        let (to_stub, to_engine) = (client(format!("http://{}", stub.addr))?, client(engine_url.clone())?);
+        kvpick_perf::progress!(BIN, "{tokens} tokens: local, inline");
+        let inline = time_each(&LOCAL_BUDGET, |_| local.tokenize_body(Api::ChatCompletions, &body).map(|v| v.len()));
+        table.row([
+            thousands(tokens as u64),
+            "local, on the calling thread".into(),
+            "1".into(),
+            thousands((1e9 / inline.p50.max(1) as f64) as u64),
+            micros(inline.p50),
+            micros(inline.p99),
+            "1.00×".into(),
+        ]);
+        for concurrency in CONCURRENCY {
+            let mut local_p50 = None;
+            for (name, tokenizer) in [
+                ("local, through Tokenizer::tokenize", Arc::new(local.clone()) as Arc<dyn Tokenizer>),
+                ("vllm-render, memory stub (transport only)", to_stub.clone()),
+                ("vllm-render, engine tokenizing (sim, same model)", to_engine.clone()),
+            ] {
+                kvpick_perf::progress!(BIN, "{tokens} tokens, concurrency {concurrency}: {name}");
+                let m = measure(budget, concurrency, {
+                    let (tokenizer, body, want) = (tokenizer.clone(), body.clone(), ids.clone());
+                    move || {
+                        let (tokenizer, body, want) = (tokenizer.clone(), body.clone(), want.clone());
+                        async move {
+                            let request =
+                                TokenizeRequest { api: Api::ChatCompletions, body, model: "m".into(), prompt: None };
+                            match tokenizer.tokenize(request).await {
+                                Ok(got) if got == want => Ok(true),
+                                Ok(got) => Err(format!("expected the local ids ({tokens}), got {} others", got.len())),
+                                Err(e) => Err(format!("tokenize failed: {e}")),
+                            }
+                        }
+                    }
+                })
+                .await?;
+                let base = *local_p50.get_or_insert(m.latency.p50);
+                table.row([
+                    thousands(tokens as u64),
+                    name.into(),
+                    concurrency.to_string(),
+                    thousands(m.per_sec() as u64),
+                    micros(m.latency.p50),
+                    micros(m.latency.p99),
+                    ratio(m.latency.p50 as f64, base as f64),
+                ]);
+            }
+        }
+        stub.stop();
+    }
+    let _ = engine_rt.spawn(async move { fleet.shutdown().await }).await;
+    engine_rt.shutdown_background();
+    table.note(format!(
+        "- local bodies over {} B are tokenized on tokio's blocking pool, shorter ones inline (on the client's \
+         one runtime thread here); the stub answers precomputed ids from memory on its own thread; the simulated \
+         engine (its own runtime thread) renders the template and tokenizes with the same model directory and \
+         library, so its row is a lower bound for a vLLM render (Python, jinja2)",
+        kvpick_router::tokenizer::local::INLINE_MAX_BODY_BYTES
+    ));
+    Ok(table.to_string())
+}
+
+/// Local tokenizing alone: fewer, longer samples than decoding.
+const LOCAL_BUDGET: measure::Budget =
+    measure::Budget { warmup: 20, min_iters: 200, max_iters: 5_000, time: Duration::from_millis(500) };
+
+/// vLLM's render answer for these token ids.
+fn render_answer_of(ids: &[u32]) -> String {
+    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+    format!(
+        r#"{{"request_id":"render-1","token_ids":[{}],"features":null,"sampling_params":{{"max_tokens":16}},"model":"m","stream":false,"stream_options":null,"cache_salt":null,"priority":0,"kv_transfer_params":null}}"#,
+        ids.join(",")
+    )
 }
 
 /// Runs `concurrency` tasks looping on `op` for the warmup, then for the

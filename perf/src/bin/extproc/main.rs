@@ -27,10 +27,12 @@
 //! with anything else running (the load average is printed).
 //!
 //! `KVPICK_BENCH_TRACING=1` measures request tracing instead (see
-//! `tracing_cost.rs`).
+//! `tracing_cost.rs`), `KVPICK_BENCH_TOKENIZER=1` the in-process tokenizer
+//! against the render round trip (see `tokenizer_cost.rs`).
 //!
 //! Progress goes to stderr; the report (Markdown tables) to stdout.
 
+mod tokenizer_cost;
 mod tracing_cost;
 
 use std::net::SocketAddr;
@@ -89,6 +91,8 @@ fn main() -> ExitCode {
     };
     let report = if std::env::var_os("KVPICK_BENCH_TRACING").is_some() {
         tracing_cost::run(&budget, if args.quick { 1 } else { 3 })
+    } else if std::env::var_os("KVPICK_BENCH_TOKENIZER").is_some() {
+        tokenizer_cost::run(&budget, if args.quick { 1 } else { 3 })
     } else {
         run(&budget)
     };

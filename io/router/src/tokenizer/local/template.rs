@@ -63,6 +63,17 @@ impl ChatTemplate {
     /// Compiles `templates`; the error says which template and where it
     /// fails to parse. `None` when the model has no template.
     pub fn new(templates: &Templates, special_tokens: &SpecialTokens) -> Result<Option<ChatTemplate>, String> {
+        ChatTemplate::with_clock(templates, special_tokens, None)
+    }
+
+    /// As [`ChatTemplate::new`], with `strftime_now` reading `now` instead
+    /// of the local clock when given (for comparisons with a renderer run
+    /// at another time).
+    pub fn with_clock(
+        templates: &Templates,
+        special_tokens: &SpecialTokens,
+        now: Option<chrono::NaiveDateTime>,
+    ) -> Result<Option<ChatTemplate>, String> {
         let named: Vec<(String, String)> = match templates {
             Templates::None => return Ok(None),
             Templates::One(source) => vec![("default".into(), source.clone())],
@@ -80,7 +91,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", pyjson::tojson);
         env.add_function("raise_exception", raise_exception);
-        env.add_function("strftime_now", strftime_now);
+        env.add_function("strftime_now", move |format: String, kwargs: Kwargs| strftime_now(format, kwargs, now));
         let mut format = ContentFormat::String;
         for (name, source) in &named {
             if loops_over_content(source) {
@@ -169,12 +180,13 @@ fn raise_exception(message: String) -> Result<Value, Error> {
 
 /// `strftime_now(format)`: the local time, formatted. An unknown `%`
 /// directive is an error here (chrono would panic on it).
-fn strftime_now(format: String, _kwargs: Kwargs) -> Result<Value, Error> {
+fn strftime_now(format: String, _kwargs: Kwargs, now: Option<chrono::NaiveDateTime>) -> Result<Value, Error> {
     let items: Vec<Item> = StrftimeItems::new(&format).collect();
     if items.iter().any(|item| matches!(item, Item::Error)) {
         return Err(Error::new(ErrorKind::InvalidOperation, format!("strftime_now: bad format {format:?}")));
     }
-    Ok(Value::from(chrono::Local::now().format_with_items(items.into_iter()).to_string()))
+    let now = now.unwrap_or_else(|| chrono::Local::now().naive_local());
+    Ok(Value::from(now.format_with_items(items.into_iter()).to_string()))
 }
 
 /// Whether a `{% for … in … %}` of the template iterates over a message's
@@ -223,9 +235,13 @@ mod tests {
 
     #[test]
     fn strftime_now_refuses_bad_formats() {
-        let ok = strftime_now("%d %b %Y".into(), Kwargs::from_iter(std::iter::empty::<(&str, Value)>()));
+        let none = || Kwargs::from_iter(std::iter::empty::<(&str, Value)>());
+        let ok = strftime_now("%d %b %Y".into(), none(), None);
         assert!(ok.is_ok_and(|v| v.as_str().is_some_and(|s| s.len() >= 10)));
-        let bad = strftime_now("%Q".into(), Kwargs::from_iter(std::iter::empty::<(&str, Value)>()));
+        let fixed = chrono::NaiveDate::from_ymd_opt(2024, 7, 26).and_then(|d| d.and_hms_opt(9, 5, 0));
+        let ok = strftime_now("%d %b %Y %H:%M".into(), none(), fixed);
+        assert_eq!(ok.ok().as_ref().and_then(|v| v.as_str()), Some("26 Jul 2024 09:05"));
+        let bad = strftime_now("%Q".into(), none(), None);
         assert!(bad.is_err());
     }
 }
