@@ -285,6 +285,15 @@ impl KvPicker {
         }
     }
 
+    /// A worker left the pool: its prefix-watch history goes with it (a
+    /// suspected worker stops counting in `kvpick_prefix_mismatch_workers`).
+    pub fn forget_worker(&self, worker: WorkerId) {
+        let inner = &*self.0;
+        let mut watch = inner.prefix_watch.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        watch.remove(worker);
+        inner.metrics.record_prefix_suspects(watch.suspected(), false);
+    }
+
     /// Feeds the prefix watch; says so when a worker's verdict changes.
     fn watch_prefix(&self, selection: &kvpick_core::Selection, first: kvpick_core::SequenceHash) {
         let inner = &*self.0;

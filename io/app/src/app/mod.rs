@@ -90,12 +90,13 @@ impl App {
         let ingest = Arc::new(KvEventIngest::spawn(IngestConfig::default(), ShardSink::new(service.clone()))?);
         let health = Health::start().await;
         let workers = WorkerNames::default();
-        let applier = Applier {
+        let mut applier = Applier {
             producers: producers.clone(),
             clock: clock.clone(),
             ingest: ingest.clone(),
             workers: workers.clone(),
             readiness: health.readiness(),
+            picker: None,
         };
 
         // Discovery's first answer is needed before the tokenizer in static
@@ -229,6 +230,8 @@ impl App {
             "listening"
         );
 
+        // Departures from now on also leave the picker's per-worker state.
+        applier.picker = Some(picker.clone());
         tasks.push(tokio::spawn(applier.run(updates_rx)));
         // Leases expire on the shards' own timers; queue deadlines and the
         // admissions they unblock need a clock tick from here, and readiness
@@ -359,6 +362,9 @@ struct Applier {
     ingest: Arc<KvEventIngest>,
     workers: WorkerNames,
     readiness: Readiness,
+    /// Set once the picker exists (after the static file's first workers,
+    /// which only add).
+    picker: Option<KvPicker>,
 }
 
 impl Applier {
@@ -392,6 +398,9 @@ impl Applier {
             WorkerUpdate::Delete(id) => {
                 let endpoint = self.workers.get(id);
                 self.workers.remove(id);
+                if let Some(picker) = &self.picker {
+                    picker.forget_worker(id);
+                }
                 if let Err(error) = self.ingest.remove(id) {
                     tracing::warn!(worker = id.0, %error, "could not unsubscribe a removed worker's KV events");
                 }

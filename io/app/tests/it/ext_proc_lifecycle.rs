@@ -454,8 +454,8 @@ async fn a_session_sticks_to_its_worker() {
 
 /// A worker whose cache never shows the prompts it served (here: its KV
 /// events never arrive; a template or seed mismatch looks the same) is
-/// suspected once the same first block has come back to it 20 times, and
-/// cleared by the first repeat that finds it.
+/// suspected once the same first block has come back to it 20 times,
+/// cleared by the first repeat that finds it, and forgotten when it leaves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_whose_cache_never_matches_is_suspected_then_cleared() {
     use kvpick_router::prefix_watch::MIN_REPEATS;
@@ -478,6 +478,15 @@ async fn a_worker_whose_cache_never_matches_is_suspected_then_cleared() {
     finish_response(&mut call).await;
     let exported = h.metrics.exported();
     assert_eq!((exported.prefix_suspected_workers, exported.prefix_suspicions), (0, 1));
+    // Suspected again, then the worker leaves the pool: it stops counting.
+    for i in 0..=MIN_REPEATS {
+        let mut call = Call::open(&mut client).await;
+        pick(&mut call, &chat(&format!("{} {}", words("other", 8), words(&format!("r{i}-"), 4)))).await;
+        finish_response(&mut call).await;
+    }
+    assert_eq!(h.metrics.exported().prefix_suspected_workers, 1);
+    h.kv.as_ref().expect("kvpick's picker").forget_worker(kvpick_core::WorkerId(1));
+    assert_eq!(h.metrics.exported().prefix_suspected_workers, 0, "a departed worker is not counted");
     drop(call);
     h.wait_all_freed().await;
     drop(client);

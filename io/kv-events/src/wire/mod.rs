@@ -100,6 +100,7 @@ pub mod frames;
 mod groups;
 mod reader;
 pub mod sequencer;
+pub mod trtllm_json;
 
 #[cfg(test)]
 mod tests;

@@ -82,7 +82,7 @@ pub struct TokenizerMetrics {
     multi_prompt: AtomicU64,
     retries: AtomicU64,
     local_handoffs: AtomicU64,
-    parity: [AtomicU64; 4],
+    parity: [AtomicU64; 5],
     engine_fallback: AtomicBool,
     latency_micros: Mutex<Histogram<u64>>,
 }
@@ -202,7 +202,7 @@ pub struct TokenizerMetricsSnapshot {
     /// Bodies the local tokenizer handed to the engine's (multimodal parts,
     /// a request's own chat template).
     pub local_handoffs: u64,
-    parity: [u64; 4],
+    parity: [u64; 5],
     /// The local tokenizer disagreed with the engine and every request is
     /// now tokenized by the engine.
     pub engine_fallback: bool,

@@ -136,8 +136,11 @@ impl ParityChecked {
 pub enum ParityOutcome {
     Match,
     Mismatch,
-    /// The engine could not answer (down, refused, unsupported body).
+    /// The engine could not answer (down, refused, failed).
     EngineError,
+    /// The engine's tokenizer cannot take this body (chat on SGLang's
+    /// `/tokenize`): not checkable there.
+    Unsupported,
     /// Not run: too many checks in flight.
     Skipped,
 }
@@ -147,6 +150,7 @@ impl Shared {
         let model = request.model.clone();
         let engine = match self.checker.tokenize(request).await {
             Ok(engine) => engine,
+            Err(TokenizeError::Unsupported(_)) => return ParityOutcome::Unsupported,
             Err(error) => {
                 tracing::debug!(%error, "tokenizer parity check: the engine could not tokenize");
                 return ParityOutcome::EngineError;
@@ -197,8 +201,13 @@ impl Tokenizer for ParityChecked {
 }
 
 impl ParityOutcome {
-    pub const ALL: [ParityOutcome; 4] =
-        [ParityOutcome::Match, ParityOutcome::Mismatch, ParityOutcome::EngineError, ParityOutcome::Skipped];
+    pub const ALL: [ParityOutcome; 5] = [
+        ParityOutcome::Match,
+        ParityOutcome::Mismatch,
+        ParityOutcome::EngineError,
+        ParityOutcome::Unsupported,
+        ParityOutcome::Skipped,
+    ];
 
     /// The metric label value.
     pub fn as_str(self) -> &'static str {
@@ -206,6 +215,7 @@ impl ParityOutcome {
             ParityOutcome::Match => "match",
             ParityOutcome::Mismatch => "mismatch",
             ParityOutcome::EngineError => "engine_error",
+            ParityOutcome::Unsupported => "unsupported",
             ParityOutcome::Skipped => "skipped",
         }
     }

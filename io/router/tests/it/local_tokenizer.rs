@@ -272,3 +272,28 @@ fn fixtures_regenerate_identically() {
         assert!(committed == generated, "{name}: committed bytes differ from the generator's (rerun gen_fixtures.py)");
     }
 }
+
+/// Against SGLang's `/tokenize`: completions are checked (and agree); chat
+/// bodies cannot be (the endpoint takes a prompt only) and say so.
+#[tokio::test]
+async fn sglang_checks_completions_and_says_chat_is_not_checkable() {
+    let case = cases().into_iter().find(|c| c["name"] == "completion_string").expect("completion_string");
+    let ids: Vec<u32> = serde_json::from_value(case["token_ids"].clone()).expect("ids");
+    let answer = serde_json::json!({"tokens": ids, "count": ids.len(), "max_model_len": 4096}).to_string();
+    let stub = Stub::start(move |_| Reply::ok(&answer)).await;
+    let mut config = TokenizerConfig::new(TokenizerProtocol::SglangTokenize, stub.url());
+    config.local = Some(LocalTokenizerConfig { dir: fixtures().join("chatml"), chat_template: None });
+    config.parity.ratio = 1.0;
+    let metrics = Arc::new(TokenizerMetrics::new());
+    let tokenizer = config.build(metrics.clone()).expect("build");
+    let body = Bytes::from(body_of(&case).0);
+    let prompt = case["request"].as_str().and_then(|r| serde_json::from_str::<Value>(r).ok());
+    let prompt = prompt.and_then(|r| r["prompt"].as_str().map(str::to_owned));
+    let completion = TokenizeRequest { api: Api::Completions, body, model: "m".into(), prompt };
+    assert_eq!(tokenizer.tokenize(completion).await.ok().as_ref(), Some(&ids));
+    until(&metrics, |s| s.parity(ParityOutcome::Match) == 1).await;
+    let (chat, chat_ids) = plain_case();
+    assert_eq!(tokenizer.tokenize(request(&chat)).await.ok(), Some(chat_ids), "chat is tokenized locally");
+    until(&metrics, |s| s.parity(ParityOutcome::Unsupported) == 1).await;
+    assert_eq!(stub.seen().len(), 1, "the chat body never reached /tokenize");
+}

@@ -126,6 +126,8 @@ pub struct Harness {
     pub metrics: Arc<ExtProcMetrics>,
     pub tokenizer: Arc<TestTokenizer>,
     pub health: Health,
+    /// kvpick's picker (none with the null picker).
+    pub kv: Option<KvPicker>,
     server: Option<ServerHandle>,
     pub addr: SocketAddr,
     pub model: Option<String>,
@@ -155,16 +157,12 @@ impl Harness {
         let tokenizer = Arc::new(options.tokenizer);
         let health = Health::start().await;
         let harness_tokenizer: Arc<dyn Tokenizer> = tokenizer.clone();
-        let picker = if options.null_picker {
-            Picker::Null(NullPicker::new((0..options.workers).map(endpoint).collect::<Vec<_>>()))
-        } else {
-            Picker::Kv(KvPicker::new(
-                service.clone(),
-                clock.clone(),
-                harness_tokenizer,
-                &options.picker,
-                metrics.clone(),
-            ))
+        let kv = (!options.null_picker).then(|| {
+            KvPicker::new(service.clone(), clock.clone(), harness_tokenizer, &options.picker, metrics.clone())
+        });
+        let picker = match &kv {
+            Some(kv) => Picker::Kv(kv.clone()),
+            None => Picker::Null(NullPicker::new((0..options.workers).map(endpoint).collect::<Vec<_>>())),
         };
         let mut server = ExtProcServer::new(options.config, picker, metrics.clone()).with_health(&health);
         if let Some(tracing) = options.tracing {
@@ -181,6 +179,7 @@ impl Harness {
             metrics,
             tokenizer,
             health,
+            kv,
             server: Some(server),
             addr,
             model: options.model,

@@ -90,6 +90,11 @@ impl ChatTemplate {
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", pyjson::tojson);
+        // jinja2's `iterable` is `iter(x)` succeeding: false for None (so
+        // `tools is iterable and tools | length > 0` short-circuits on
+        // `tools=None`), true for an undefined name; minijinja's own test
+        // says true for none.
+        env.add_test("iterable", |value: Value| !value.is_none() && (value.is_undefined() || value.try_iter().is_ok()));
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", move |format: String, kwargs: Kwargs| strftime_now(format, kwargs, now));
         let mut format = ContentFormat::String;
@@ -97,7 +102,7 @@ impl ChatTemplate {
             if loops_over_content(source) {
                 format = ContentFormat::OpenAi;
             }
-            env.add_template_owned(name.clone(), source.clone())
+            env.add_template_owned(name.clone(), keep_newline_after_raw(source))
                 .map_err(|e| format!("chat template {name:?} does not parse: {e:#}"))?;
         }
         let has = |wanted: &str| named.iter().any(|(n, _)| n == wanted).then(|| wanted.to_owned());
@@ -189,6 +194,30 @@ fn strftime_now(format: String, _kwargs: Kwargs, now: Option<chrono::NaiveDateTi
     Ok(Value::from(now.format_with_items(items.into_iter()).to_string()))
 }
 
+/// jinja2 keeps the newline right after `{% raw %}` even with
+/// `trim_blocks` (raw text is verbatim); minijinja trims it like any block
+/// tag's. Doubling that newline makes minijinja print the one jinja2 does
+/// (Qwen2-VL-style templates put `{% raw %}\n{% endraw %}` after each role).
+/// `{% raw -%}` strips it in both, so it is left alone.
+fn keep_newline_after_raw(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find("{%") {
+        let after = &rest[at + 2..];
+        let Some(close) = after.find("%}") else { break };
+        let inner = &after[..close];
+        let tag_end = at + 2 + close + 2;
+        out.push_str(&rest[..tag_end]);
+        let is_raw = inner.trim_start_matches(['-', '+']).trim() == "raw" && !inner.ends_with('-');
+        if is_raw && rest[tag_end..].starts_with('\n') {
+            out.push('\n');
+        }
+        rest = &rest[tag_end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Whether a `{% for … in … %}` of the template iterates over a message's
 /// content (`message['content']`, `message.content`, `m["content"]`): vLLM's
 /// `auto` content format then hands the content over as a list of parts.
@@ -220,6 +249,41 @@ fn loops_over_content(source: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `source` rendered with no messages and nothing else.
+    fn render_alone(source: &str) -> Result<String, String> {
+        let template = ChatTemplate::new(&Templates::One(source.into()), &SpecialTokens::default())?;
+        let template = template.ok_or("no template")?;
+        template.render(ChatInput {
+            messages: Value::from(Vec::<Value>::new()),
+            tools: None,
+            documents: None,
+            add_generation_prompt: false,
+            continue_final: None,
+            kwargs: Vec::new(),
+        })
+    }
+
+    /// What jinja2 3.1 (trim_blocks, lstrip_blocks) renders for each.
+    #[test]
+    fn raw_blocks_render_as_jinja2_does() {
+        let cases = [
+            ("a{% raw %}\nb{% endraw %}\nc", "a\nbc"),
+            ("a{%- raw %}\nb{% endraw %}c", "a\nbc"),
+            ("a{% raw -%}\n  b{% endraw %}c", "abc"),
+            ("x{% raw %}\n{% endraw %}y", "x\ny"),
+        ];
+        for (source, want) in cases {
+            assert_eq!(render_alone(source).as_deref(), Ok(want), "{source:?}");
+        }
+    }
+
+    #[test]
+    fn iterable_is_jinja2s() {
+        let source = "{{ none is iterable }}{{ nope is iterable }}{{ [1] is iterable }}{{ 'a' is iterable }}{{ 3 is iterable }}{{ {} is iterable }}";
+        // jinja2 3.1 renders "FalseTrueTrueTrueFalseTrue".
+        assert_eq!(render_alone(source).as_deref(), Ok("FalseTrueTrueTrueFalseTrue"));
+    }
 
     #[test]
     fn content_loops_are_found() {

@@ -1,0 +1,339 @@
+//! TensorRT-LLM's KV events as `trtllm-serve` answers `POST
+//! /kv_cache_events`: a JSON list, drained (each call returns the events
+//! produced since the previous one), each event as TensorRT-LLM's
+//! `KVCacheEventSerializer` writes it:
+//!
+//! ```text
+//! {"event_id": n, "data": {...}, "window_size": w, "attention_dp_rank": r?}
+//! data = {"type": "created", "num_blocks_per_cache_level": [...]}
+//!      | {"type": "stored", "parent_hash": h | null,
+//!         "blocks": [{"type": "stored_block", "block_hash": h,
+//!                     "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": e}],
+//!                     "cache_level": l, "priority": p}]}
+//!      | {"type": "removed", "block_hashes": [h, ...]}
+//!      | {"type": "updated", "block_hash": h,
+//!         "cache_level": {"type": "event_diff", "new_value": a, "old_value": b} | null,
+//!         "priority": {...} | null}
+//! ```
+//!
+//! What kvpick makes of them:
+//! - `stored` → [`KvEvent::Stored`]: the block size is the first block's
+//!   token count, every block must have the same; hashes are the engine's
+//!   (a C++ `size_t`: an unsigned integer, a negative one reinterpreted
+//!   bitwise); `cache_level` 0 is device memory ([`Medium::Gpu`]), others are
+//!   [`Medium::Other`] (`"cache_level_N"`) and not indexed. A block with a
+//!   non-zero `token_extra_id` (a multimodal or prompt-tuning token) cannot
+//!   be matched by a text prompt's hash: the event is skipped from it on
+//!   (its later blocks chain under it), counted in [`Drain::skipped`].
+//! - `removed` → [`KvEvent::Removed`].
+//! - `updated` whose `cache_level` moves a block off level 0 (offloaded to
+//!   host memory) → [`KvEvent::Removed`] of that block: the device no longer
+//!   holds it. Other updates (priority, back to level 0: the tokens are not
+//!   sent again) are skipped.
+//! - `created` (the KV cache manager started: an engine start or restart) →
+//!   [`KvEvent::Cleared`].
+//!
+//! LoRA adapters are not serialized by TensorRT-LLM (a TODO in its
+//! serializer), so the seed is the default one. `window_size` and
+//! `attention_dp_rank` are passed on: with variable sliding-window
+//! attention the engine sends each window's events, and only the largest
+//! window holds whole prefixes (the caller keeps those); each attention-DP
+//! rank is its own worker.
+//!
+//! A body that is not a JSON list fails whole; an event that does not
+//! match the shape is dropped alone and described in [`Drain::malformed`].
+//! Never panics; sizes are bounded by the body (the caller caps it) and by
+//! the limits of this module's parent.
+
+use serde_json::Value;
+
+use super::{DecodedEvent, MAX_BLOCKS_PER_EVENT, MAX_EVENTS_PER_BATCH, MAX_TOKENS_PER_EVENT, Medium};
+use kvpick_core::event::{EngineBlockHash, KvEvent};
+use kvpick_core::hashing::HashSeed;
+
+/// One drained event with TensorRT-LLM's envelope fields.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrainedEvent {
+    pub event_id: u64,
+    /// The attention window the event is about (`window_size`).
+    pub window_size: Option<u64>,
+    /// The attention data-parallel rank that produced it, when sent.
+    pub attention_dp_rank: Option<u32>,
+    pub decoded: DecodedEvent,
+}
+
+/// One `/kv_cache_events` answer, decoded.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Drain {
+    /// The events understood, in answer order.
+    pub events: Vec<DrainedEvent>,
+    /// Events (or the tail of a stored event) not indexed by rule.
+    pub skipped: u32,
+    /// Events dropped for bad content: `event_id` when readable, and why.
+    pub malformed: Vec<(Option<u64>, String)>,
+    /// Every event id seen, malformed and skipped events included, in
+    /// order: what a caller checks for gaps (lost events).
+    pub event_ids: Vec<u64>,
+}
+
+/// The body is not a JSON list of events.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("TensorRT-LLM KV events: {0}")]
+pub struct DrainError(pub String);
+
+/// Decodes one `/kv_cache_events` answer.
+pub fn decode_drain(body: &[u8]) -> Result<Drain, DrainError> {
+    let list: Vec<Value> = serde_json::from_slice(body).map_err(|e| DrainError(format!("not a JSON list: {e}")))?;
+    if list.len() > MAX_EVENTS_PER_BATCH {
+        return Err(DrainError(format!("{} events, more than {MAX_EVENTS_PER_BATCH}", list.len())));
+    }
+    let mut drain = Drain::default();
+    for event in &list {
+        let id = event.get("event_id").and_then(Value::as_u64);
+        if let Some(id) = id {
+            drain.event_ids.push(id);
+        }
+        match decode_event(event) {
+            Ok(Decoded::Events(events, skipped)) => {
+                drain.skipped += skipped;
+                let Some(event_id) = id else {
+                    drain.malformed.push((None, "no event_id".into()));
+                    continue;
+                };
+                let window_size = event.get("window_size").and_then(Value::as_u64);
+                let attention_dp_rank =
+                    event.get("attention_dp_rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
+                drain.events.extend(events.into_iter().map(|decoded| DrainedEvent {
+                    event_id,
+                    window_size,
+                    attention_dp_rank,
+                    decoded,
+                }));
+            }
+            Ok(Decoded::Skipped) => drain.skipped += 1,
+            Err(why) => drain.malformed.push((id, why)),
+        }
+    }
+    Ok(drain)
+}
+
+enum Decoded {
+    /// What the event means (a stored event may stop early: the count of
+    /// blocks left out rides along).
+    Events(Vec<DecodedEvent>, u32),
+    Skipped,
+}
+
+fn event(event: KvEvent, medium: Option<Medium>) -> DecodedEvent {
+    DecodedEvent {
+        event,
+        medium,
+        lora_name: None,
+        lora_id: None,
+        cache_salt: None,
+        group_idx: None,
+        kv_cache_spec_kind: None,
+    }
+}
+
+/// A block hash: an integer, unsigned or (reinterpreted) signed 64-bit.
+fn hash(value: &Value) -> Option<EngineBlockHash> {
+    value.as_u64().or_else(|| value.as_i64().map(|h| h as u64))
+}
+
+fn decode_event(value: &Value) -> Result<Decoded, String> {
+    let data = value.get("data").ok_or("no data")?;
+    match data.get("type").and_then(Value::as_str).ok_or("data has no type")? {
+        "created" => Ok(Decoded::Events(vec![event(KvEvent::Cleared, None)], 0)),
+        "stored" => stored(data),
+        "removed" => {
+            let hashes = data.get("block_hashes").and_then(Value::as_array).ok_or("removed without block_hashes")?;
+            if hashes.len() > MAX_BLOCKS_PER_EVENT {
+                return Err(format!("{} removed blocks, more than {MAX_BLOCKS_PER_EVENT}", hashes.len()));
+            }
+            let block_hashes: Option<Vec<EngineBlockHash>> = hashes.iter().map(hash).collect();
+            let block_hashes = block_hashes.ok_or("a removed block hash is not an integer")?;
+            Ok(Decoded::Events(vec![event(KvEvent::Removed { block_hashes }, Some(Medium::Gpu))], 0))
+        }
+        "updated" => {
+            let block = data.get("block_hash").and_then(hash).ok_or("updated without an integer block_hash")?;
+            let level = |key: &str| data.get("cache_level").and_then(|d| d.get(key)).and_then(Value::as_u64);
+            match (level("old_value"), level("new_value")) {
+                (Some(0), Some(new)) if new != 0 => Ok(Decoded::Events(
+                    vec![event(KvEvent::Removed { block_hashes: vec![block] }, Some(Medium::Gpu))],
+                    0,
+                )),
+                _ => Ok(Decoded::Skipped),
+            }
+        }
+        _ => Ok(Decoded::Skipped),
+    }
+}
+
+fn stored(data: &Value) -> Result<Decoded, String> {
+    let parent = match data.get("parent_hash") {
+        None | Some(Value::Null) => None,
+        Some(h) => Some(hash(h).ok_or("parent_hash is not an integer")?),
+    };
+    let blocks = data.get("blocks").and_then(Value::as_array).ok_or("stored without blocks")?;
+    if blocks.is_empty() {
+        return Ok(Decoded::Skipped);
+    }
+    if blocks.len() > MAX_BLOCKS_PER_EVENT {
+        return Err(format!("{} stored blocks, more than {MAX_BLOCKS_PER_EVENT}", blocks.len()));
+    }
+    let mut block_hashes = Vec::with_capacity(blocks.len());
+    let mut token_ids = Vec::new();
+    let mut block_size = None;
+    let mut level = None;
+    let mut left_out = 0u32;
+    for (i, block) in blocks.iter().enumerate() {
+        let block_hash = block.get("block_hash").and_then(hash).ok_or("a stored block hash is not an integer")?;
+        let tokens = block.get("tokens").and_then(Value::as_array).ok_or("a stored block without tokens")?;
+        if tokens.is_empty() {
+            return Err("a stored block without tokens".into());
+        }
+        let size = u32::try_from(tokens.len()).map_err(|_| "too many tokens in a block")?;
+        if *block_size.get_or_insert(size) != size {
+            return Err(format!("blocks of {} and {size} tokens in one event", block_size.unwrap_or(size)));
+        }
+        let cache_level = block.get("cache_level").and_then(Value::as_u64).unwrap_or(0);
+        if *level.get_or_insert(cache_level) != cache_level {
+            return Err("blocks of several cache levels in one event".into());
+        }
+        if token_ids.len() + tokens.len() > MAX_TOKENS_PER_EVENT {
+            return Err(format!("more than {MAX_TOKENS_PER_EVENT} tokens in one event"));
+        }
+        let mut extra = false;
+        let start = token_ids.len();
+        for token in tokens {
+            let id = token.get("token_id").and_then(Value::as_u64).ok_or("a token_id is not a non-negative integer")?;
+            token_ids.push(u32::try_from(id).map_err(|_| format!("token_id {id} is over u32"))?);
+            extra |= token.get("token_extra_id").and_then(Value::as_u64).is_some_and(|e| e != 0);
+        }
+        if extra {
+            // Not matchable by a text prompt; neither is anything after it.
+            token_ids.truncate(start);
+            left_out = u32::try_from(blocks.len() - i).unwrap_or(u32::MAX);
+            break;
+        }
+        block_hashes.push(block_hash);
+    }
+    if block_hashes.is_empty() {
+        return Ok(Decoded::Events(Vec::new(), left_out));
+    }
+    let medium = match level.unwrap_or(0) {
+        0 => Medium::Gpu,
+        n => Medium::Other(format!("cache_level_{n}")),
+    };
+    let block_size = block_size.unwrap_or(1);
+    let stored = KvEvent::Stored { block_hashes, parent, token_ids, block_size, seed: HashSeed::default() };
+    Ok(Decoded::Events(vec![event(stored, Some(medium))], left_out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `trtllm-serve` answers, as its serializer writes it (Python's
+    /// `json` with FastAPI's separators).
+    const ANSWER: &str = r#"[
+      {"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [2048, 0]}, "window_size": 4096},
+      {"event_id": 1, "data": {"type": "stored", "parent_hash": null, "blocks": [
+          {"type": "stored_block", "block_hash": 11, "tokens": [
+              {"type": "unique_token", "token_id": 1, "token_extra_id": 0},
+              {"type": "unique_token", "token_id": 2, "token_extra_id": 0}], "cache_level": 0, "priority": 35},
+          {"type": "stored_block", "block_hash": 18446744073709551615, "tokens": [
+              {"type": "unique_token", "token_id": 3, "token_extra_id": 0},
+              {"type": "unique_token", "token_id": 4, "token_extra_id": 0}], "cache_level": 0, "priority": 35}]},
+       "window_size": 4096, "attention_dp_rank": 1},
+      {"event_id": 2, "data": {"type": "stored", "parent_hash": -1, "blocks": [
+          {"type": "stored_block", "block_hash": 12, "tokens": [
+              {"type": "unique_token", "token_id": 5, "token_extra_id": 0},
+              {"type": "unique_token", "token_id": 6, "token_extra_id": 0}], "cache_level": 0, "priority": 35},
+          {"type": "stored_block", "block_hash": 13, "tokens": [
+              {"type": "unique_token", "token_id": 7, "token_extra_id": 9},
+              {"type": "unique_token", "token_id": 8, "token_extra_id": 0}], "cache_level": 0, "priority": 35}]},
+       "window_size": 4096},
+      {"event_id": 3, "data": {"type": "updated", "block_hash": 12,
+          "cache_level": {"type": "event_diff", "new_value": 1, "old_value": 0}, "priority": null}, "window_size": 4096},
+      {"event_id": 4, "data": {"type": "updated", "block_hash": 12, "cache_level": null,
+          "priority": {"type": "event_diff", "new_value": 50, "old_value": 35}}, "window_size": 4096},
+      {"event_id": 5, "data": {"type": "removed", "block_hashes": [11, 18446744073709551615]}, "window_size": 4096},
+      {"event_id": 6, "data": {"type": "stored", "parent_hash": null, "blocks": [
+          {"type": "stored_block", "block_hash": 14, "tokens": [{"type": "unique_token", "token_id": -1, "token_extra_id": 0}],
+           "cache_level": 0, "priority": 35}]}, "window_size": 4096},
+      {"event_id": 7, "data": {"type": "mystery"}, "window_size": 4096}
+    ]"#;
+
+    #[test]
+    fn an_answer_decodes_as_documented() {
+        let drain = decode_drain(ANSWER.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(drain.event_ids, (0..8).collect::<Vec<u64>>());
+        let kinds: Vec<(u64, &KvEvent)> = drain.events.iter().map(|e| (e.event_id, &e.decoded.event)).collect();
+        assert_eq!(kinds.len(), 5, "{kinds:?}");
+        assert_eq!(kinds[0], (0, &KvEvent::Cleared));
+        assert_eq!(
+            kinds[1],
+            (
+                1,
+                &KvEvent::Stored {
+                    block_hashes: vec![11, u64::MAX],
+                    parent: None,
+                    token_ids: vec![1, 2, 3, 4],
+                    block_size: 2,
+                    seed: HashSeed::default()
+                }
+            )
+        );
+        assert_eq!(drain.events[1].attention_dp_rank, Some(1));
+        assert_eq!(drain.events[1].window_size, Some(4096));
+        assert!(drain.events[1].decoded.on_device());
+        // The multimodal block and what follows are left out.
+        assert_eq!(
+            kinds[2],
+            (
+                2,
+                &KvEvent::Stored {
+                    block_hashes: vec![12],
+                    parent: Some(u64::MAX),
+                    token_ids: vec![5, 6],
+                    block_size: 2,
+                    seed: HashSeed::default()
+                }
+            )
+        );
+        // Offloaded to host memory: gone from the device.
+        assert_eq!(kinds[3], (3, &KvEvent::Removed { block_hashes: vec![12] }));
+        assert_eq!(kinds[4], (5, &KvEvent::Removed { block_hashes: vec![11, u64::MAX] }));
+        // The priority update, the unknown type and the multimodal tail.
+        assert_eq!(drain.skipped, 3);
+        assert_eq!(drain.malformed.len(), 1);
+        assert_eq!(drain.malformed[0].0, Some(6));
+        assert!(drain.malformed[0].1.contains("token_id"), "{:?}", drain.malformed);
+    }
+
+    #[test]
+    fn bad_shapes_are_reported_not_fatal() {
+        assert!(decode_drain(b"{}").is_err());
+        assert!(decode_drain(b"[").is_err());
+        assert_eq!(decode_drain(b"[]").map(|d| d.events.len()), Ok(0));
+        let uneven = r#"[{"event_id": 1, "data": {"type": "stored", "parent_hash": null, "blocks": [
+            {"block_hash": 1, "tokens": [{"token_id": 1}], "cache_level": 0},
+            {"block_hash": 2, "tokens": [{"token_id": 1}, {"token_id": 2}], "cache_level": 0}]}},
+            {"event_id": 2, "data": {"type": "removed", "block_hashes": ["x"]}},
+            {"event_id": 3, "data": {"type": "stored", "parent_hash": "p", "blocks": []}},
+            {"data": {"type": "removed", "block_hashes": [1]}},
+            {"event_id": 4},
+            7]"#;
+        let drain = decode_drain(uneven.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(drain.events.is_empty(), "{:?}", drain.events);
+        let ids: Vec<Option<u64>> = drain.malformed.iter().map(|m| m.0).collect();
+        assert_eq!(ids, [Some(1), Some(2), Some(3), None, Some(4), None]);
+        // A higher cache level is decoded as not on the device.
+        let host = r#"[{"event_id": 9, "data": {"type": "stored", "parent_hash": null, "blocks": [
+            {"block_hash": 1, "tokens": [{"token_id": 1}], "cache_level": 1}]}}]"#;
+        let drain = decode_drain(host.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!drain.events[0].decoded.on_device());
+    }
+}
