@@ -11,11 +11,14 @@
 //! - [`template`]: the chat template engine (minijinja, jinja2's rules).
 //! - [`pyjson`]: transformers' `tojson`.
 //!
-//! Tokenizing a long prompt is CPU work (about a millisecond per 8k tokens
-//! on the benchmark machine): bodies over [`INLINE_MAX_BODY_BYTES`] are
-//! tokenized on tokio's blocking pool, not on the I/O threads that carry
-//! every other request's stream; short ones inline, where a thread hop
-//! would cost more than the work.
+//! Tokenizing is CPU work (Hugging Face's library takes about 2–3 µs per
+//! token on the benchmark machine, 20 ms for an 8k-token prompt): bodies
+//! over [`INLINE_MAX_BODY_BYTES`] are tokenized on tokio's blocking pool,
+//! not on the I/O threads that carry every other request's stream; short
+//! ones inline, where a thread hop would cost more than the work. At most
+//! one long body per core is tokenized at once (the others wait their
+//! turn): more would only share the same cores, each taking longer, with a
+//! thread and its memory per waiting request.
 //!
 //! The parity sampler (`super::parity`) checks this against the engine.
 
@@ -58,6 +61,8 @@ struct Inner {
     tokenizer: tokenizers::Tokenizer,
     template: Option<ChatTemplate>,
     metrics: Arc<TokenizerMetrics>,
+    /// Long bodies tokenizing at once, at most one per core.
+    long_bodies: tokio::sync::Semaphore,
 }
 
 impl std::fmt::Debug for LocalTokenizer {
@@ -88,7 +93,9 @@ impl LocalTokenizer {
                 "local tokenizer loaded without a chat template: chat requests will be handed to the engine's tokenizer, or routed by load"
             ),
         }
-        Ok(LocalTokenizer { inner: Arc::new(Inner { tokenizer, template, metrics }) })
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let long_bodies = tokio::sync::Semaphore::new(cores);
+        Ok(LocalTokenizer { inner: Arc::new(Inner { tokenizer, template, metrics, long_bodies }) })
     }
 
     /// The token ids for `body` as `api`, on this thread (what the async
@@ -167,7 +174,10 @@ impl Tokenizer for LocalTokenizer {
         }
         let inner = self.inner.clone();
         Box::pin(async move {
-            tokio::task::spawn_blocking(move || inner.metered(request.api, &request.body))
+            // Never closed, so acquiring only waits.
+            let _turn = inner.long_bodies.acquire().await;
+            let work = inner.clone();
+            tokio::task::spawn_blocking(move || work.metered(request.api, &request.body))
                 .await
                 .unwrap_or_else(|e| Err(TokenizeError::Upstream(format!("local tokenizer task failed: {e}"))))
         })
