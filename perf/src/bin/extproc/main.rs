@@ -32,6 +32,7 @@
 //!
 //! Progress goes to stderr; the report (Markdown tables) to stdout.
 
+mod rounds;
 mod tokenizer_cost;
 mod tracing_cost;
 

@@ -27,7 +27,8 @@ use kvpick_router::tokenizer::{
 };
 use kvpick_router::{KvPicker, NullPicker, Picker};
 
-use super::{BIN, Budget, CONCURRENCY, Measured, WORKERS, cpu_nanos, endpoint, measure, micros, runtime, setup};
+use super::rounds::Sum;
+use super::{BIN, Budget, CONCURRENCY, WORKERS, cpu_nanos, endpoint, measure, micros, runtime, setup};
 
 const SERVERS: [&str; 3] = ["null picker", "kvpick, local tokenizer", "kvpick, vllm-render to the engine"];
 const LOCAL: usize = 1;
@@ -35,41 +36,6 @@ const RENDER: usize = 2;
 const TOKENS: usize = 1_000;
 const SYSTEM_TOKENS: usize = 600;
 const BODIES: usize = 128;
-
-#[derive(Default)]
-struct Sum {
-    round_trips: u64,
-    elapsed: Duration,
-    server_cpu: Duration,
-    engine_cpu: Duration,
-    failures: u64,
-    p50s: Vec<u64>,
-}
-
-impl Sum {
-    fn add(&mut self, m: &Measured, engine_cpu: Duration) {
-        self.round_trips += m.round_trips;
-        self.elapsed += m.elapsed;
-        self.server_cpu += m.io_cpu + m.shard_cpu;
-        self.engine_cpu += engine_cpu;
-        self.failures += m.failures;
-        self.p50s.push(m.latency.p50);
-    }
-
-    fn per_sec(&self) -> f64 {
-        self.round_trips as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
-    }
-
-    fn per_request(&self, cpu: Duration) -> f64 {
-        cpu.as_secs_f64() * 1e6 / (self.round_trips.max(1) as f64)
-    }
-
-    fn median_p50(&self) -> u64 {
-        let mut sorted = self.p50s.clone();
-        sorted.sort_unstable();
-        sorted.get(sorted.len() / 2).copied().unwrap_or(0)
-    }
-}
 
 /// Chat bodies of about `TOKENS` tokens, a shared system prompt each.
 fn bodies(model: &BenchModel, local: &LocalTokenizer) -> Result<Vec<Bytes>, String> {
@@ -162,9 +128,9 @@ pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
                 name.to_string(),
                 concurrency.to_string(),
                 thousands(sum.per_sec() as u64),
-                micros(sum.median_p50()),
-                format!("{:.1}", sum.per_request(sum.server_cpu)),
-                format!("{:.1}", sum.per_request(sum.engine_cpu)),
+                micros(Sum::median(&sum.p50s)),
+                format!("{:.1}", sum.cpu_micros()),
+                format!("{:.1}", sum.micros_per_request(sum.side_cpu)),
                 sum.failures.to_string(),
             ]);
         }
@@ -172,11 +138,11 @@ pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
         table.note(format!(
             "- concurrency {concurrency}: local ÷ render = {:.2}× server CPU per request, {:.2}× server + engine CPU, \
              {:.2}× requests/s, {:.2}× p50",
-            local.per_request(local.server_cpu) / render.per_request(render.server_cpu).max(f64::MIN_POSITIVE),
-            local.per_request(local.server_cpu + local.engine_cpu)
-                / render.per_request(render.server_cpu + render.engine_cpu).max(f64::MIN_POSITIVE),
+            local.cpu_micros() / render.cpu_micros().max(f64::MIN_POSITIVE),
+            local.micros_per_request(local.server_cpu + local.side_cpu)
+                / render.micros_per_request(render.server_cpu + render.side_cpu).max(f64::MIN_POSITIVE),
             local.per_sec() / render.per_sec().max(f64::MIN_POSITIVE),
-            local.median_p50() as f64 / render.median_p50().max(1) as f64,
+            Sum::median(&local.p50s) as f64 / Sum::median(&render.p50s).max(1) as f64,
         ));
     }
     table.note(format!(

@@ -15,7 +15,6 @@
 //!   exporter's runtime thread (both counted), as in production.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use kvpick_app::app::otlp::{TraceExport, TracingConfig};
 use kvpick_ext_proc::{ExtProcMetrics, ExtProcServer};
@@ -23,7 +22,8 @@ use kvpick_perf::report::{self, Table, thousands};
 use kvpick_router::{NullPicker, Picker};
 use kvpick_test_support::otlp_collector::OtlpCollector;
 
-use super::{BIN, Budget, CONCURRENCY, Measured, WORKERS, endpoint, measure, micros, runtime, setup};
+use super::rounds::Sum;
+use super::{BIN, Budget, CONCURRENCY, WORKERS, endpoint, measure, micros, runtime, setup};
 
 const SERVERS: [&str; 5] = [
     "null picker",
@@ -36,49 +36,6 @@ const OFF_A: usize = 1;
 const OFF_B: usize = 2;
 const SAMPLED_OUT: usize = 3;
 const TRACED: usize = 4;
-
-/// Rounds of one server at one concurrency, summed.
-#[derive(Default)]
-struct Sum {
-    round_trips: u64,
-    elapsed: Duration,
-    server_cpu: Duration,
-    exporter_cpu: Duration,
-    failures: u64,
-    p50s: Vec<u64>,
-    p99s: Vec<u64>,
-}
-
-impl Sum {
-    fn add(&mut self, m: &Measured) {
-        self.round_trips += m.round_trips;
-        self.elapsed += m.elapsed;
-        self.server_cpu += m.io_cpu + m.shard_cpu;
-        self.exporter_cpu += m.exporter_cpu;
-        self.failures += m.failures;
-        self.p50s.push(m.latency.p50);
-        self.p99s.push(m.latency.p99);
-    }
-
-    fn per_sec(&self) -> f64 {
-        self.round_trips as f64 / self.elapsed.as_secs_f64().max(f64::MIN_POSITIVE)
-    }
-
-    fn cpu_micros(&self) -> f64 {
-        self.micros_per_request(self.server_cpu)
-    }
-
-    fn micros_per_request(&self, cpu: Duration) -> f64 {
-        cpu.as_secs_f64() * 1e6 / (self.round_trips.max(1) as f64)
-    }
-
-    /// The median round's value.
-    fn median(values: &[u64]) -> u64 {
-        let mut sorted = values.to_vec();
-        sorted.sort_unstable();
-        sorted.get(sorted.len() / 2).copied().unwrap_or(0)
-    }
-}
 
 pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
     let load_before = report::load_average();
@@ -134,7 +91,7 @@ pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
                 kvpick_perf::progress!(BIN, "concurrency {concurrency}, round {}: {}", round + 1, SERVERS[i]);
                 let addr = servers[i].local_addr();
                 let measured = bench.client_rt.block_on(measure(addr, concurrency, budget, &bench.bodies))?;
-                sums[i].add(&measured);
+                sums[i].add(&measured, measured.exporter_cpu);
             }
         }
         for (name, sum) in SERVERS.iter().zip(&sums) {
@@ -145,7 +102,7 @@ pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
                 micros(Sum::median(&sum.p50s)),
                 micros(Sum::median(&sum.p99s)),
                 format!("{:.1}", sum.cpu_micros()),
-                format!("{:.1}", sum.micros_per_request(sum.exporter_cpu)),
+                format!("{:.1}", sum.micros_per_request(sum.side_cpu)),
                 sum.failures.to_string(),
             ]);
         }

@@ -18,6 +18,7 @@
 //! `chat_template`. A body the engine would refuse is `Rejected` (400).
 
 use minijinja::Value;
+use minijinja::value::ValueKind;
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 
@@ -175,32 +176,37 @@ pub fn chat(body: &[u8], format: ContentFormat) -> Result<Chat, TokenizeError> {
 /// vLLM parses each tool call's `function.arguments` from its JSON string,
 /// so templates see an object (`arguments | tojson` re-serialises it).
 fn parse_arguments(call: Value) -> Result<Value, TokenizeError> {
-    let Ok(keys) = call.try_iter() else { return Ok(call) };
-    let keys: Vec<Value> = keys.collect();
-    let mut fields = Vec::with_capacity(keys.len());
-    for key in keys {
-        let mut value = call.get_item(&key).unwrap_or_default();
-        if key.as_str() == Some("function") {
-            value = parse_function(value)?;
-        }
-        fields.push((key, value));
-    }
-    Ok(Value::from_pairs(fields))
+    with_entry(call, "function", |function| {
+        with_entry(function, "arguments", |arguments| match arguments.as_str() {
+            Some(text) => {
+                serde_json::from_str(text).map_err(|e| rejected(format!("tool call arguments are not valid JSON: {e}")))
+            }
+            None => Ok(arguments),
+        })
+    })
 }
 
-fn parse_function(function: Value) -> Result<Value, TokenizeError> {
-    let Ok(keys) = function.try_iter() else { return Ok(function) };
-    let keys: Vec<Value> = keys.collect();
-    let mut fields = Vec::with_capacity(keys.len());
-    for key in keys {
-        let mut value = function.get_item(&key).unwrap_or_default();
-        if key.as_str() == Some("arguments") {
-            if let Some(text) = value.as_str() {
-                value = serde_json::from_str(text)
-                    .map_err(|e| rejected(format!("tool call arguments are not valid JSON: {e}")))?;
+/// `map` with its `key` entry replaced by `f` of it, keys kept in order;
+/// anything but a map is returned as it is.
+fn with_entry(
+    map: Value,
+    key: &str,
+    f: impl FnOnce(Value) -> Result<Value, TokenizeError>,
+) -> Result<Value, TokenizeError> {
+    if map.kind() != ValueKind::Map {
+        return Ok(map);
+    }
+    let Ok(keys) = map.try_iter() else { return Ok(map) };
+    let mut f = Some(f);
+    let mut fields = Vec::new();
+    for k in keys {
+        let mut value = map.get_item(&k).unwrap_or_default();
+        if k.as_str() == Some(key) {
+            if let Some(f) = f.take() {
+                value = f(value)?;
             }
         }
-        fields.push((key, value));
+        fields.push((k, value));
     }
     Ok(Value::from_pairs(fields))
 }
@@ -269,6 +275,24 @@ mod tests {
         for bad in [r#"{"prompt": []}"#, r#"{"prompt": [-1]}"#, r#"{"prompt": 5}"#, r#"{}"#, "nope"] {
             assert!(matches!(completion(bad.as_bytes()), Err(TokenizeError::Rejected { status: 400, .. })), "{bad}");
         }
+    }
+
+    #[test]
+    fn tool_call_arguments_become_objects_in_order() {
+        let body = br#"{"messages": [{"role": "assistant", "content": null, "tool_calls": ["odd",
+            {"id": "c1", "function": {"name": "f", "arguments": "{\"b\": 1, \"a\": [2]}"}, "type": "function"}]}]}"#;
+        let parsed = chat(body, ContentFormat::String).unwrap_or_else(|e| panic!("{e}"));
+        let message = parsed.input.messages.get_item_by_index(0).unwrap_or_default();
+        assert_eq!(message.get_attr("content").ok().as_ref().and_then(Value::as_str), Some(""));
+        let calls = message.get_attr("tool_calls").unwrap_or_default();
+        assert_eq!(calls.get_item_by_index(0).ok().as_ref().and_then(Value::as_str), Some("odd"));
+        let call = calls.get_item_by_index(1).unwrap_or_default();
+        let keys: Vec<String> = call.try_iter().map(|k| k.map(|k| k.to_string()).collect()).unwrap_or_default();
+        assert_eq!(keys, ["id", "function", "type"]);
+        let arguments = call.get_attr("function").and_then(|f| f.get_attr("arguments")).unwrap_or_default();
+        assert_eq!(arguments.kind(), ValueKind::Map);
+        let keys: Vec<String> = arguments.try_iter().map(|k| k.map(|k| k.to_string()).collect()).unwrap_or_default();
+        assert_eq!(keys, ["b", "a"]);
     }
 
     #[test]
