@@ -38,8 +38,10 @@ pub use files::{LoadError, ModelFiles};
 use request::Completion;
 use template::ChatTemplate;
 
-/// Bodies up to this size are tokenized on the calling thread.
-pub const INLINE_MAX_BODY_BYTES: usize = 8 * 1024;
+/// Bodies up to this size are tokenized on the calling thread: about 150
+/// tokens, a few hundred microseconds of an I/O thread at most (at 2–3 µs
+/// a token); a hop to the blocking pool costs tens.
+pub const INLINE_MAX_BODY_BYTES: usize = 1024;
 
 /// Where the model's files are.
 #[derive(Clone, Debug, PartialEq, Eq)]
