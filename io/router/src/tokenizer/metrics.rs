@@ -16,8 +16,6 @@ use hdrhistogram::Histogram;
 
 use kvpick_ext_proc::TokenizeError;
 
-use super::parity::ParityOutcome;
-
 /// A [`TokenizeError`] without its details: the label of the error and
 /// fallback counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,6 +60,41 @@ impl ErrorClass {
             TokenizeError::Timeout => ErrorClass::Timeout,
             TokenizeError::Rejected { .. } => ErrorClass::Rejected,
             TokenizeError::Upstream(_) => ErrorClass::Upstream,
+        }
+    }
+}
+
+/// How one parity check ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParityOutcome {
+    Match,
+    Mismatch,
+    /// The engine could not answer (down, refused, failed).
+    EngineError,
+    /// The engine's tokenizer cannot take this body (chat on SGLang's
+    /// `/tokenize`): not checkable there.
+    Unsupported,
+    /// Not run: too many checks in flight.
+    Skipped,
+}
+
+impl ParityOutcome {
+    pub const ALL: [ParityOutcome; 5] = [
+        ParityOutcome::Match,
+        ParityOutcome::Mismatch,
+        ParityOutcome::EngineError,
+        ParityOutcome::Unsupported,
+        ParityOutcome::Skipped,
+    ];
+
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParityOutcome::Match => "match",
+            ParityOutcome::Mismatch => "mismatch",
+            ParityOutcome::EngineError => "engine_error",
+            ParityOutcome::Unsupported => "unsupported",
+            ParityOutcome::Skipped => "skipped",
         }
     }
 }

@@ -41,8 +41,8 @@ pub use config::{
 };
 pub use http_client::{ERROR_MESSAGE_MAX_BYTES, HttpClient};
 pub use local::{LocalTokenizer, LocalTokenizerConfig};
-pub use metrics::{ErrorClass, TokenizerMetrics, TokenizerMetricsSnapshot};
-pub use parity::{MAX_CHECKS_IN_FLIGHT, ParityChecked, ParityConfig, ParityOutcome};
+pub use metrics::{ErrorClass, ParityOutcome, TokenizerMetrics, TokenizerMetricsSnapshot};
+pub use parity::{MAX_CHECKS_IN_FLIGHT, ParityChecked, ParityConfig};
 pub use sglang::SglangTokenizer;
 pub use vllm_render::VllmRenderTokenizer;
 

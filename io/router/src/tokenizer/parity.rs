@@ -22,7 +22,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 
 use super::local::LocalTokenizer;
-use super::metrics::TokenizerMetrics;
+use super::metrics::{ParityOutcome, TokenizerMetrics};
 use super::{TokenizeError, TokenizeFuture, TokenizeRequest, Tokenizer};
 
 /// Parity checks running at once, at most.
@@ -131,20 +131,6 @@ impl ParityChecked {
     }
 }
 
-/// How one parity check ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ParityOutcome {
-    Match,
-    Mismatch,
-    /// The engine could not answer (down, refused, failed).
-    EngineError,
-    /// The engine's tokenizer cannot take this body (chat on SGLang's
-    /// `/tokenize`): not checkable there.
-    Unsupported,
-    /// Not run: too many checks in flight.
-    Skipped,
-}
-
 impl Shared {
     async fn check(&self, request: TokenizeRequest, local: &[u32]) -> ParityOutcome {
         let model = request.model.clone();
@@ -197,27 +183,6 @@ fn first_difference(a: &[u32], b: &[u32]) -> Option<usize> {
 impl Tokenizer for ParityChecked {
     fn tokenize(&self, request: TokenizeRequest) -> TokenizeFuture<'_> {
         Box::pin(self.call(request))
-    }
-}
-
-impl ParityOutcome {
-    pub const ALL: [ParityOutcome; 5] = [
-        ParityOutcome::Match,
-        ParityOutcome::Mismatch,
-        ParityOutcome::EngineError,
-        ParityOutcome::Unsupported,
-        ParityOutcome::Skipped,
-    ];
-
-    /// The metric label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ParityOutcome::Match => "match",
-            ParityOutcome::Mismatch => "mismatch",
-            ParityOutcome::EngineError => "engine_error",
-            ParityOutcome::Unsupported => "unsupported",
-            ParityOutcome::Skipped => "skipped",
-        }
     }
 }
 

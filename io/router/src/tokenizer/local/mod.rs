@@ -20,7 +20,8 @@
 //! turn): more would only share the same cores, each taking longer, with a
 //! thread and its memory per waiting request.
 //!
-//! The parity sampler (`super::parity`) checks this against the engine.
+//! The parity sampler (`parity.rs`, beside this module) checks this
+//! against the engine.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
