@@ -145,9 +145,7 @@ fn tracing(v: &Values) -> Result<Option<TracingConfig>, ConfigError> {
             let rest = t.strip_prefix("http://").or_else(|| t.strip_prefix("https://"))?;
             (!rest.is_empty()).then(|| t.to_owned())
         })?;
-    let ratio = v.parse(var::TRACE_SAMPLE_RATIO, "expected a number from 0 to 1", |t| {
-        t.parse::<f64>().ok().filter(|r| (0.0..=1.0).contains(r))
-    })?;
+    let ratio = v.fraction(var::TRACE_SAMPLE_RATIO)?;
     Ok(endpoint.map(|endpoint| TracingConfig {
         endpoint,
         service_name: v.get(var::SERVICE_NAME).unwrap_or("kvpick").to_owned(),
@@ -225,10 +223,7 @@ fn tokenizer(v: &Values, url: &str, local: Option<LocalTokenizerConfig>) -> Resu
         v.parse(var::TOKENIZER_FALLBACK, "expected `fail` or `load-only`", |t| t.parse::<FallbackPolicy>().ok())?;
     config.fallback = fallback.unwrap_or_default();
     config.local = local;
-    let ratio = v.parse(var::TOKENIZER_PARITY_RATIO, "expected a number from 0 to 1", |t| {
-        t.parse::<f64>().ok().filter(|r| (0.0..=1.0).contains(r))
-    })?;
-    if let Some(ratio) = ratio {
+    if let Some(ratio) = v.fraction(var::TOKENIZER_PARITY_RATIO)? {
         config.parity.ratio = ratio;
     }
     if let Some(on) = v.boolean(var::TOKENIZER_PARITY_FALLBACK)? {

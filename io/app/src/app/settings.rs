@@ -524,6 +524,11 @@ impl Values {
         self.parse(var, &allowed, |t| t.parse::<f64>().ok().filter(|n| n.is_finite() && *n >= min))
     }
 
+    /// A number from 0 to 1 (a ratio).
+    pub fn fraction(&self, var: &str) -> Result<Option<f64>, SettingError> {
+        self.parse(var, "expected a number from 0 to 1", |t| t.parse::<f64>().ok().filter(|r| (0.0..=1.0).contains(r)))
+    }
+
     pub fn boolean(&self, var: &str) -> Result<Option<bool>, SettingError> {
         self.parse(var, "expected true or false", |t| match t.to_ascii_lowercase().as_str() {
             "1" | "true" | "yes" | "on" => Some(true),

@@ -45,7 +45,6 @@ impl Default for ParityConfig {
 
 /// [`LocalTokenizer`] with the engine's tokenizer beside it.
 pub struct ParityChecked {
-    local: LocalTokenizer,
     /// The engine's tokenizer for hand-offs and, after a mismatch with the
     /// fallback on, every request (records into the request path's
     /// metrics).
@@ -62,6 +61,7 @@ struct Shared {
     in_flight: AtomicUsize,
     /// A mismatch was seen (and, with the fallback, the engine tokenizes).
     diverged: AtomicBool,
+    /// The tokenizer checked (its decoder also writes the mismatch log).
     local: LocalTokenizer,
 }
 
@@ -81,9 +81,9 @@ impl ParityChecked {
             metrics,
             in_flight: AtomicUsize::new(0),
             diverged: AtomicBool::new(false),
-            local: local.clone(),
+            local,
         });
-        ParityChecked { local, engine, shared }
+        ParityChecked { engine, shared }
     }
 
     /// Whether a mismatch has been seen.
@@ -95,7 +95,7 @@ impl ParityChecked {
         if self.shared.config.fallback_on_mismatch && self.diverged() {
             return self.engine.tokenize(request).await;
         }
-        match self.local.tokenize(request.clone()).await {
+        match self.shared.local.tokenize(request.clone()).await {
             Err(TokenizeError::Unsupported(what)) => {
                 self.shared.metrics.record_local_handoff();
                 tracing::debug!(what, "local tokenizer cannot handle this body: asking the engine");

@@ -367,11 +367,7 @@ fn run(budget: &Budget) -> Result<String, String> {
         select.value_at_quantile(0.99),
     ));
     table.note(bench.setup_note());
-    table.note(format!(
-        "- {}, load average before {load_before}, after {load_after}; {}",
-        report::cpu(),
-        report::utc_date()
-    ));
+    table.note(machine_note(&load_before, &load_after));
 
     server_rt.block_on(async {
         for server in [kv_server, tokenizing_server, null_server] {
@@ -402,6 +398,11 @@ async fn populate(service: &Arc<ShardedService>, clock: &Clock, systems: &[Strin
     // only after them.
     let _ = producers.service().loads(&std::sync::Mutex::new(producer)).await;
     Ok(())
+}
+
+/// The report's last line: the machine, its load around the run, the date.
+fn machine_note(load_before: &str, load_after: &str) -> String {
+    format!("- {}, load average before {load_before}, after {load_after}; {}", report::cpu(), report::utc_date())
 }
 
 fn micros(nanos: u64) -> String {

@@ -28,7 +28,7 @@ use kvpick_router::tokenizer::{
 use kvpick_router::{KvPicker, NullPicker, Picker};
 
 use super::rounds::Sum;
-use super::{BIN, Budget, CONCURRENCY, WORKERS, cpu_nanos, endpoint, measure, micros, runtime, setup};
+use super::{BIN, Budget, CONCURRENCY, WORKERS, cpu_nanos, endpoint, machine_note, measure, micros, runtime, setup};
 
 const SERVERS: [&str; 3] = ["null picker", "kvpick, local tokenizer", "kvpick, vllm-render to the engine"];
 const LOCAL: usize = 1;
@@ -152,12 +152,7 @@ pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
         thousands(model.vocab_size as u64),
         bench.setup_note().trim_start_matches("- ")
     ));
-    table.note(format!(
-        "- {}, load average before {load_before}, after {}; {}",
-        report::cpu(),
-        report::load_average(),
-        report::utc_date()
-    ));
+    table.note(machine_note(&load_before, &report::load_average()));
     bench.server_rt.block_on(async {
         for server in servers {
             let _ = server.shutdown().await;

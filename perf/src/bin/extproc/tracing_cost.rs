@@ -23,7 +23,7 @@ use kvpick_router::{NullPicker, Picker};
 use kvpick_test_support::otlp_collector::OtlpCollector;
 
 use super::rounds::Sum;
-use super::{BIN, Budget, CONCURRENCY, WORKERS, endpoint, measure, micros, runtime, setup};
+use super::{BIN, Budget, CONCURRENCY, WORKERS, endpoint, machine_note, measure, micros, runtime, setup};
 
 const SERVERS: [&str; 5] = [
     "null picker",
@@ -139,12 +139,7 @@ pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
         thousands(traced_requests)
     ));
     table.note(bench.setup_note());
-    table.note(format!(
-        "- {}, load average before {load_before}, after {}; {}",
-        report::cpu(),
-        report::load_average(),
-        report::utc_date()
-    ));
+    table.note(machine_note(&load_before, &report::load_average()));
     bench.server_rt.block_on(async {
         for server in servers {
             let _ = server.shutdown().await;

@@ -194,6 +194,19 @@ fn strftime_now(format: String, _kwargs: Kwargs, now: Option<chrono::NaiveDateTi
     Ok(Value::from(now.format_with_items(items.into_iter()).to_string()))
 }
 
+/// The template's block tags, in order: the text between `{%` and `%}`
+/// (whitespace-control marks included) and the offset just past the `%}`.
+/// A plain scan, not a parse: what the two checks below need.
+fn block_tags(source: &str) -> impl Iterator<Item = (&str, usize)> {
+    let mut from = 0;
+    std::iter::from_fn(move || {
+        let open = from + source[from..].find("{%")? + 2;
+        let close = open + source[open..].find("%}")?;
+        from = close + 2;
+        Some((&source[open..close], from))
+    })
+}
+
 /// jinja2 keeps the newline right after `{% raw %}` even with
 /// `trim_blocks` (raw text is verbatim); minijinja trims it like any block
 /// tag's. Doubling that newline makes minijinja print the one jinja2 does
@@ -201,20 +214,16 @@ fn strftime_now(format: String, _kwargs: Kwargs, now: Option<chrono::NaiveDateTi
 /// `{% raw -%}` strips it in both, so it is left alone.
 fn keep_newline_after_raw(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
-    let mut rest = source;
-    while let Some(at) = rest.find("{%") {
-        let after = &rest[at + 2..];
-        let Some(close) = after.find("%}") else { break };
-        let inner = &after[..close];
-        let tag_end = at + 2 + close + 2;
-        out.push_str(&rest[..tag_end]);
+    let mut copied = 0;
+    for (inner, end) in block_tags(source) {
         let is_raw = inner.trim_start_matches(['-', '+']).trim() == "raw" && !inner.ends_with('-');
-        if is_raw && rest[tag_end..].starts_with('\n') {
+        if is_raw && source[end..].starts_with('\n') {
+            out.push_str(&source[copied..end]);
             out.push('\n');
+            copied = end;
         }
-        rest = &rest[tag_end..];
     }
-    out.push_str(rest);
+    out.push_str(&source[copied..]);
     out
 }
 
@@ -224,26 +233,15 @@ fn keep_newline_after_raw(source: &str) -> String {
 /// A scan of the block tags rather than vLLM's walk of the parsed template;
 /// it agrees on the usual spellings, and the parity sampler catches the rest.
 fn loops_over_content(source: &str) -> bool {
-    let mut rest = source;
-    while let Some(open) = rest.find("{%") {
-        let after = &rest[open + 2..];
-        let Some(close) = after.find("%}") else { break };
-        let tag = after[..close].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
-        if let Some(head) = tag.strip_prefix("for ") {
-            if let Some((_, iterable)) = head.split_once(" in ") {
-                let iterable = iterable.split(" if ").next().unwrap_or(iterable).trim();
-                let iterable = iterable.split('|').next().unwrap_or(iterable).trim();
-                if iterable.ends_with("['content']")
-                    || iterable.ends_with("[\"content\"]")
-                    || iterable.ends_with(".content")
-                {
-                    return true;
-                }
-            }
-        }
-        rest = &after[close + 2..];
-    }
-    false
+    block_tags(source).any(|(inner, _)| {
+        let tag = inner.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        let Some((_, iterable)) = tag.strip_prefix("for ").and_then(|head| head.split_once(" in ")) else {
+            return false;
+        };
+        let iterable = iterable.split(" if ").next().unwrap_or(iterable).trim();
+        let iterable = iterable.split('|').next().unwrap_or(iterable).trim();
+        iterable.ends_with("['content']") || iterable.ends_with("[\"content\"]") || iterable.ends_with(".content")
+    })
 }
 
 #[cfg(test)]
