@@ -7,7 +7,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::wire::{GroupKinds, decode_batch};
+use crate::wire::{DecodedEvent, GroupKinds, decode_batch};
 use kvpick_core::index::EventError;
 use kvpick_core::{KvEvent, WorkerId};
 
@@ -59,21 +59,7 @@ impl BatchApplier {
                 add(&counters.events_skipped, 1);
                 continue;
             }
-            let blocks = event.block_hashes().len() as u64;
-            match out.sink.apply(self.worker, event.event) {
-                SinkOutcome::Applied(_) | SinkOutcome::Queued => {
-                    add(&counters.events_applied, 1);
-                    add(&counters.blocks_applied, blocks);
-                }
-                SinkOutcome::Rejected(EventError::UnknownParent(_)) => {
-                    add(&counters.unknown_parent_events, 1);
-                    add(&counters.orphan_blocks, blocks);
-                }
-                SinkOutcome::Rejected(error) => {
-                    add(&counters.events_rejected, 1);
-                    tracing::debug!(worker = self.worker.0, seq, %error, "KV event refused by the index");
-                }
-            }
+            hand_over(self.worker, event, out);
         }
         gauges.applied(seq, now_seconds() - batch.ts);
     }
@@ -81,10 +67,36 @@ impl BatchApplier {
     /// The engine restarted: forget its blocks and its groups' kinds.
     pub(crate) fn clear(&mut self, out: &mut Outlet<'_>) {
         self.groups.clear();
-        if let SinkOutcome::Rejected(error) = out.sink.apply(self.worker, KvEvent::Cleared) {
-            add(&out.metrics.counters.events_rejected, 1);
-            tracing::debug!(worker = self.worker.0, %error, "clearing a restarted engine's blocks refused");
+        clear_worker(self.worker, out);
+    }
+}
+
+/// Hands one indexable event to the sink and counts what became of it.
+pub(crate) fn hand_over(worker: WorkerId, event: DecodedEvent, out: &mut Outlet<'_>) {
+    let counters = &out.metrics.counters;
+    let blocks = event.block_hashes().len() as u64;
+    match out.sink.apply(worker, event.event) {
+        SinkOutcome::Applied(_) | SinkOutcome::Queued => {
+            add(&counters.events_applied, 1);
+            add(&counters.blocks_applied, blocks);
         }
+        SinkOutcome::Rejected(EventError::UnknownParent(_)) => {
+            add(&counters.unknown_parent_events, 1);
+            add(&counters.orphan_blocks, blocks);
+        }
+        SinkOutcome::Rejected(error) => {
+            add(&counters.events_rejected, 1);
+            tracing::debug!(worker = worker.0, %error, "KV event refused by the index");
+        }
+    }
+}
+
+/// Forgets every block of the worker (its engine restarted, or its events
+/// were lost).
+pub(crate) fn clear_worker(worker: WorkerId, out: &mut Outlet<'_>) {
+    if let SinkOutcome::Rejected(error) = out.sink.apply(worker, KvEvent::Cleared) {
+        add(&out.metrics.counters.events_rejected, 1);
+        tracing::debug!(worker = worker.0, %error, "clearing a worker's blocks refused");
     }
 }
 

@@ -8,12 +8,16 @@ use kvpick_core::WorkerId;
 /// vLLM's default KV-event port (`DYN_EPP_KV_EVENT_PORT`).
 pub const DEFAULT_EVENT_PORT: u16 = 5557;
 
+/// TensorRT-LLM's drain endpoint on `trtllm-serve`'s HTTP port.
+pub const TRTLLM_DRAIN_PATH: &str = "/kv_cache_events";
+
 /// One engine data-parallel rank publishing KV events.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Publisher {
     /// The worker the events are applied to.
     pub worker: WorkerId,
-    /// ZMQ endpoint of its PUB socket, e.g. `tcp://10.0.0.7:5557`.
+    /// ZMQ endpoint of its PUB socket, e.g. `tcp://10.0.0.7:5557`, or
+    /// TensorRT-LLM's drain URL, `http://10.0.0.7:8000/kv_cache_events`.
     pub endpoint: String,
     /// ZMQ endpoint of its replay ROUTER, if the engine has one; without it
     /// gaps are counted as lost.
@@ -52,6 +56,23 @@ impl Publisher {
         Some(Publisher::tcp(worker, events, replay))
     }
 
+    /// TensorRT-LLM's `trtllm-serve` at `addr` (its HTTP port): events are
+    /// drained by polling `POST http://addr/kv_cache_events`.
+    pub fn trtllm_drain(worker: WorkerId, addr: SocketAddr) -> Self {
+        Publisher {
+            worker,
+            endpoint: format!("http://{addr}{TRTLLM_DRAIN_PATH}"),
+            replay_endpoint: None,
+            topic: Vec::new(),
+        }
+    }
+
+    /// Whether the endpoint is polled over HTTP (TensorRT-LLM's drain)
+    /// rather than subscribed to over ZMQ.
+    pub fn is_drain(&self) -> bool {
+        self.endpoint.starts_with("http://")
+    }
+
     pub fn with_topic(mut self, topic: impl Into<Vec<u8>>) -> Self {
         self.topic = topic.into();
         self
@@ -86,6 +107,18 @@ pub struct IngestConfig {
     /// Most messages taken from one socket per poll round, so one busy
     /// publisher cannot starve the others.
     pub messages_per_turn: usize,
+    /// TensorRT-LLM's drain: time between the end of one poll and the next.
+    /// The engine keeps at most `event_buffer_max_size` events between
+    /// polls, discarding the oldest: poll often enough to drain them first.
+    pub drain_interval: Duration,
+    /// Longest poll round trip (older `trtllm-serve` waits up to 2 s for an
+    /// event when its queue is empty).
+    pub drain_timeout: Duration,
+    /// A failed poll doubles the wait before the next one, from
+    /// `drain_interval` up to this.
+    pub drain_backoff_max: Duration,
+    /// Largest drain answer accepted; a bigger one fails the poll.
+    pub drain_max_body_bytes: usize,
 }
 
 impl Default for IngestConfig {
@@ -102,6 +135,10 @@ impl Default for IngestConfig {
             receive_high_water_mark: 100_000,
             max_frame_bytes: 64 << 20,
             messages_per_turn: 256,
+            drain_interval: Duration::from_millis(50),
+            drain_timeout: Duration::from_secs(5),
+            drain_backoff_max: Duration::from_secs(5),
+            drain_max_body_bytes: 64 << 20,
         }
     }
 }

@@ -7,6 +7,7 @@ use crossbeam_channel::Sender;
 use kvpick_core::WorkerId;
 
 use super::config::{IngestConfig, Publisher};
+use super::drain::DrainPoller;
 use super::metrics::IngestMetrics;
 use super::poll_loop::{Command, PollLoop};
 use super::sink::KvEventSink;
@@ -37,19 +38,27 @@ pub struct KvEventIngest {
     waker: Waker,
     metrics: Arc<IngestMetrics>,
     thread: Option<JoinHandle<()>>,
+    /// TensorRT-LLM engines drained over HTTP (`http://` publishers).
+    drains: DrainPoller,
 }
 
 impl KvEventIngest {
-    /// Starts the thread, with no publishers yet. Every decoded event goes
-    /// to `sink`, on that thread.
-    pub fn spawn<S: KvEventSink + 'static>(cfg: IngestConfig, sink: S) -> Result<Self, IngestError> {
+    /// Starts the threads, with no publishers yet: the ZMQ one, and the
+    /// one polling TensorRT-LLM's drain endpoints (`http://` publishers),
+    /// which gets a clone of `sink` (a clone must be usable from another
+    /// thread alongside the original, as [`ShardSink`](crate::ShardSink)'s
+    /// own ring is). Every decoded event goes to the sink of the thread
+    /// that owns its publisher.
+    pub fn spawn<S: KvEventSink + Clone + 'static>(cfg: IngestConfig, sink: S) -> Result<Self, IngestError> {
         let ctx = zmq::Context::new();
         let (waker, wake) = Waker::pair(&ctx)?;
         let (commands, receiver) = crossbeam_channel::unbounded();
         let metrics = Arc::new(IngestMetrics::default());
+        let cfg = Arc::new(cfg);
+        let drains = DrainPoller::spawn(Arc::clone(&cfg), sink.clone(), Arc::clone(&metrics))?;
         let poll_loop = PollLoop {
             ctx,
-            cfg: Arc::new(cfg),
+            cfg,
             sink,
             metrics: Arc::clone(&metrics),
             commands: receiver,
@@ -57,20 +66,28 @@ impl KvEventIngest {
             subscriptions: Vec::new(),
         };
         let thread = std::thread::Builder::new().name("kvpick-kv-ingest".into()).spawn(move || poll_loop.run())?;
-        Ok(KvEventIngest { commands, waker, metrics, thread: Some(thread) })
+        Ok(KvEventIngest { commands, waker, metrics, thread: Some(thread), drains })
     }
 
-    /// Subscribes to `publisher`'s events for its worker, replacing the
-    /// worker's previous publisher if it differs (same one: no-op, its
-    /// stream state is kept).
+    /// Subscribes to `publisher`'s events for its worker (or drains them,
+    /// for an `http://` endpoint), replacing the worker's previous
+    /// publisher if it differs (same one: no-op, its stream state is kept).
     pub fn add(&self, publisher: Publisher) -> Result<(), IngestError> {
-        self.send(Command::Add(publisher))
+        let worker = publisher.worker;
+        if publisher.is_drain() {
+            self.send(Command::Remove(worker))?;
+            self.drain(Command::Add(publisher))
+        } else {
+            self.drain(Command::Remove(worker))?;
+            self.send(Command::Add(publisher))
+        }
     }
 
-    /// Unsubscribes the worker: its sockets close and nothing more is
-    /// applied for it. Its index is left alone (deleting the worker from
-    /// the shards is the caller's business).
+    /// Unsubscribes the worker: its sockets close (or its polls stop) and
+    /// nothing more is applied for it. Its index is left alone (deleting
+    /// the worker from the shards is the caller's business).
     pub fn remove(&self, worker: WorkerId) -> Result<(), IngestError> {
+        self.drain(Command::Remove(worker))?;
         self.send(Command::Remove(worker))
     }
 
@@ -89,11 +106,17 @@ impl KvEventIngest {
         Ok(())
     }
 
+    fn drain(&self, command: Command) -> Result<(), IngestError> {
+        if self.drains.send(command) { Ok(()) } else { Err(IngestError::Stopped) }
+    }
+
     fn stop(&mut self) -> Result<(), IngestError> {
+        let drains_ended = self.drains.stop();
         let Some(thread) = self.thread.take() else { return Ok(()) };
         // A stopped thread no longer listens; joining tells how it ended.
         let _ = self.send(Command::Shutdown);
-        thread.join().map_err(|_| IngestError::Panicked)
+        let zmq_ended = thread.join().is_ok();
+        if drains_ended && zmq_ended { Ok(()) } else { Err(IngestError::Panicked) }
     }
 }
 

@@ -33,10 +33,12 @@
 pub mod wire;
 
 mod config;
-pub use config::{DEFAULT_EVENT_PORT, IngestConfig, Publisher};
+pub use config::{DEFAULT_EVENT_PORT, IngestConfig, Publisher, TRTLLM_DRAIN_PATH};
 
 #[cfg(feature = "ingest")]
 mod apply;
+#[cfg(feature = "ingest")]
+mod drain;
 #[cfg(feature = "ingest")]
 mod ingest;
 #[cfg(feature = "ingest")]

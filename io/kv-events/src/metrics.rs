@@ -70,15 +70,25 @@ counters! {
     duplicate_batches,
     /// Sequence numbers going back: engine restarts (index cleared).
     engine_restarts,
-    /// Sockets that could not be opened or failed (publisher skipped).
+    /// Sockets that could not be opened or failed, and drain endpoints that
+    /// are not a valid `http://` URI (publisher skipped).
     socket_errors,
+    /// TensorRT-LLM `/kv_cache_events` answers decoded.
+    drains,
+    /// Drain polls that failed (no connection, timeout, error status, body
+    /// over the cap or not a JSON list); the next one backs off.
+    drain_errors,
+    /// TensorRT-LLM events never received: ids skipped because the engine's
+    /// event buffer overflowed before a drain (the worker is cleared).
+    lost_events,
 }
 
 /// One publisher's state, as last seen by the ingest thread.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WorkerIngestStats {
     pub worker: WorkerId,
-    /// Sequence number of the last batch applied.
+    /// Sequence number of the last batch applied (TensorRT-LLM's drain:
+    /// the last event id).
     pub last_seq: Option<u64>,
     pub batches_applied: u64,
     /// Wall clock at apply time minus the last applied batch's `ts`, in
@@ -117,6 +127,13 @@ impl WorkerMetrics {
         // `as` saturates, and NaN becomes 0; keep the "none" marker free.
         let micros = ((lag_seconds * 1e6) as i64).max(NONE_I64 + 1);
         self.lag_micros.store(micros, Relaxed);
+    }
+
+    /// A drained answer applied, up to event `last_id`. Drained events
+    /// carry no timestamp: the lag is left unknown.
+    pub(crate) fn drained(&self, last_id: u64) {
+        self.last_seq.store(last_id, Relaxed);
+        self.batches_applied.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn set_replaying(&self, replaying: bool) {
@@ -169,9 +186,14 @@ impl IngestMetrics {
         metrics
     }
 
-    pub(crate) fn unregister(&self, worker: WorkerId) {
+    /// Drops a publisher's gauges, unless its worker has been registered
+    /// afresh since (by the other ingest thread: a worker moving between
+    /// ZMQ and the HTTP drain is added on one while removed on the other).
+    pub(crate) fn unregister(&self, gauges: &Arc<WorkerMetrics>) {
         let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
-        workers.remove(&worker);
+        if workers.get(&gauges.worker).is_some_and(|current| Arc::ptr_eq(current, gauges)) {
+            workers.remove(&gauges.worker);
+        }
     }
 }
 

@@ -118,7 +118,8 @@ impl<S: KvEventSink> PollLoop<S> {
             if *self.subscriptions[index].publisher() == publisher {
                 return;
             }
-            self.subscriptions.swap_remove(index);
+            let old = self.subscriptions.swap_remove(index);
+            self.metrics.unregister(old.gauges());
         }
         let worker = publisher.worker.0;
         let endpoint = publisher.endpoint.clone();
@@ -129,7 +130,6 @@ impl<S: KvEventSink> PollLoop<S> {
             }
             Err(error) => {
                 add(&self.metrics.counters.socket_errors, 1);
-                self.metrics.unregister(WorkerId(worker));
                 tracing::error!(worker, endpoint, %error, "cannot subscribe to KV events");
             }
         }
@@ -137,9 +137,9 @@ impl<S: KvEventSink> PollLoop<S> {
 
     fn remove(&mut self, worker: WorkerId) {
         if let Some(index) = self.subscriptions.iter().position(|s| s.publisher().worker == worker) {
-            self.subscriptions.swap_remove(index);
+            let old = self.subscriptions.swap_remove(index);
+            self.metrics.unregister(old.gauges());
             tracing::info!(worker = worker.0, "unsubscribed from KV events");
         }
-        self.metrics.unregister(worker);
     }
 }

@@ -57,6 +57,14 @@ impl ShardSink {
     }
 }
 
+/// A clone is another producing lane: its own rings into every shard, for
+/// another thread (the drain thread's events go through their own).
+impl Clone for ShardSink {
+    fn clone(&self) -> Self {
+        ShardSink::new(Arc::clone(&self.service))
+    }
+}
+
 impl KvEventSink for ShardSink {
     fn apply(&mut self, worker: WorkerId, event: KvEvent) -> SinkOutcome {
         match self.service.apply_kv_event(&mut self.producer, worker, event) {

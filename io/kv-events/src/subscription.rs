@@ -63,6 +63,10 @@ impl Subscription {
         })
     }
 
+    pub(crate) fn gauges(&self) -> &Arc<WorkerMetrics> {
+        &self.gauges
+    }
+
     pub(crate) fn publisher(&self) -> &Publisher {
         &self.publisher
     }

@@ -278,7 +278,7 @@ fn tokenizer_families(e: &mut Exposition, tokenizer: &TokenizerMetrics) {
 
 fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerNames) {
     let c = ingest.snapshot();
-    let counters: [(&str, &str, u64); 13] = [
+    let counters: [(&str, &str, u64); 16] = [
         (
             "kvpick_kv_event_batches_applied_total",
             "KV-event batches decoded and applied, live or replayed.",
@@ -306,6 +306,17 @@ fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerN
             "kvpick_kv_event_engine_restarts_total",
             "Sequence numbers going back: engine restarts (index cleared).",
             c.engine_restarts,
+        ),
+        ("kvpick_kv_event_drains_total", "TensorRT-LLM /kv_cache_events answers decoded.", c.drains),
+        (
+            "kvpick_kv_event_drain_errors_total",
+            "TensorRT-LLM drain polls that failed (no answer, error status, bad body); the next one backs off.",
+            c.drain_errors,
+        ),
+        (
+            "kvpick_kv_events_lost_total",
+            "TensorRT-LLM events discarded by the engine before a drain (its worker cleared).",
+            c.lost_events,
         ),
         (
             "kvpick_kv_event_orphan_blocks_total",

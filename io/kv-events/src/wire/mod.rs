@@ -96,6 +96,7 @@
 //! which event of a batch failed while keeping the others.
 
 mod decode;
+pub mod event_ids;
 pub mod frames;
 mod groups;
 mod reader;

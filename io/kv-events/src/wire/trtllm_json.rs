@@ -71,9 +71,17 @@ pub struct Drain {
     pub skipped: u32,
     /// Events dropped for bad content: `event_id` when readable, and why.
     pub malformed: Vec<(Option<u64>, String)>,
-    /// Every event id seen, malformed and skipped events included, in
-    /// order: what a caller checks for gaps (lost events).
-    pub event_ids: Vec<u64>,
+    /// Every event id seen, with its rank, malformed and skipped events
+    /// included, in order: what a caller checks for gaps (lost events).
+    pub event_ids: Vec<EventMark>,
+}
+
+/// An event's id and the attention-DP rank that numbered it: each rank's
+/// KV cache manager counts its own events from 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventMark {
+    pub rank: Option<u32>,
+    pub id: u64,
 }
 
 /// The body is not a JSON list of events.
@@ -90,8 +98,10 @@ pub fn decode_drain(body: &[u8]) -> Result<Drain, DrainError> {
     let mut drain = Drain::default();
     for event in &list {
         let id = event.get("event_id").and_then(Value::as_u64);
+        let attention_dp_rank =
+            event.get("attention_dp_rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
         if let Some(id) = id {
-            drain.event_ids.push(id);
+            drain.event_ids.push(EventMark { rank: attention_dp_rank, id });
         }
         match decode_event(event) {
             Ok(Decoded::Events(events, skipped)) => {
@@ -101,8 +111,6 @@ pub fn decode_drain(body: &[u8]) -> Result<Drain, DrainError> {
                     continue;
                 };
                 let window_size = event.get("window_size").and_then(Value::as_u64);
-                let attention_dp_rank =
-                    event.get("attention_dp_rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
                 drain.events.extend(events.into_iter().map(|decoded| DrainedEvent {
                     event_id,
                     window_size,
@@ -269,7 +277,10 @@ mod tests {
     #[test]
     fn an_answer_decodes_as_documented() {
         let drain = decode_drain(ANSWER.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(drain.event_ids, (0..8).collect::<Vec<u64>>());
+        let ids: Vec<u64> = drain.event_ids.iter().map(|m| m.id).collect();
+        assert_eq!(ids, (0..8).collect::<Vec<u64>>());
+        assert_eq!(drain.event_ids[1], EventMark { rank: Some(1), id: 1 });
+        assert_eq!(drain.event_ids[2], EventMark { rank: None, id: 2 });
         let kinds: Vec<(u64, &KvEvent)> = drain.events.iter().map(|e| (e.event_id, &e.decoded.event)).collect();
         assert_eq!(kinds.len(), 5, "{kinds:?}");
         assert_eq!(kinds[0], (0, &KvEvent::Cleared));

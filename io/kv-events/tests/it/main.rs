@@ -8,4 +8,5 @@ mod faults;
 mod flow;
 mod replay;
 mod shards;
+mod trtllm_drain;
 mod wire_fixtures;
