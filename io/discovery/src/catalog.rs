@@ -16,6 +16,7 @@ use tracing::{debug, error, info, warn};
 
 use super::DiscoveryState;
 use super::config::DiscoveryConfig;
+use super::engine::{ENGINE_LABEL, EngineKind};
 use super::peers::{SliceFacts, peer_set};
 use super::pod::{NotAWorker, PodFacts};
 use super::pool::{PoolSpec, PoolSpecError};
@@ -205,7 +206,7 @@ impl Catalog {
                     }
                     info!(
                         worker = id.0, pod = name, endpoint = %new.spec.endpoint, rank = new.rank,
-                        kv_events = %new.publisher.endpoint, "worker added"
+                        engine = %new.engine, kv_events = %new.publisher.endpoint, "worker added"
                     );
                     self.owners.insert(id, name.to_owned());
                 }
@@ -226,12 +227,22 @@ impl Catalog {
     /// The workers pod `name` should be right now, or why it is none.
     fn wanted(&self, name: &str) -> Result<BTreeMap<WorkerId, DiscoveredWorker>, NotAWorker> {
         let pool = self.pool_spec();
-        let ip = PodFacts::worker_ip(self.pods.get(name), pool)?;
+        let facts = self.pods.get(name);
+        let ip = PodFacts::worker_ip(facts, pool)?;
+        let labels_and_images = facts.map(|f| (&f.labels, f.images.iter().map(String::as_str)));
+        let engine = match labels_and_images.map(|(labels, images)| self.cfg.engine.resolve(labels, images)) {
+            Some(Ok(engine)) => engine,
+            Some(Err((fallback, why))) => {
+                warn!(pod = name, engine = %fallback, "{ENGINE_LABEL} label ignored: {why}");
+                fallback
+            }
+            None => EngineKind::default(),
+        };
         let mut wanted = BTreeMap::new();
         for (rank, &port) in pool.into_iter().flat_map(|p| p.target_ports.iter()).enumerate() {
             // At most 8 ports in a valid pool, far below u16::MAX.
             let rank = u16::try_from(rank).unwrap_or(u16::MAX);
-            match DiscoveredWorker::new(&self.cfg, name, ip, port, rank) {
+            match DiscoveredWorker::new(&self.cfg, name, ip, port, rank, engine) {
                 Some(w) => {
                     wanted.insert(w.id(), w);
                 }

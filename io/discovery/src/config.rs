@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use super::engine::EngineSetting;
 use kvpick_kv_events::DEFAULT_EVENT_PORT;
 
 /// The replica-sync port (`DYN_EPP_REPLICA_SYNC_PORT`).
@@ -27,6 +28,9 @@ pub struct DiscoveryConfig {
     pub max_num_batched_tokens: Option<u64>,
     /// `DYN_EPP_TOTAL_KV_BLOCKS`.
     pub total_kv_blocks: Option<u64>,
+    /// `KVPICK_ENGINE`: the engine of pods without a `kvpick.io/engine`
+    /// label (`auto`: guessed from their images).
+    pub engine: EngineSetting,
     /// `DYN_EPP_KV_EVENT_PORT`: rank 0's KV-event PUB port (5557).
     pub kv_event_port: u16,
     /// `DYN_EPP_KV_EVENT_REPLAY_PORT`: rank 0's replay ROUTER port, if the
@@ -64,6 +68,7 @@ impl DiscoveryConfig {
             model: None,
             max_num_batched_tokens: None,
             total_kv_blocks: None,
+            engine: EngineSetting::Auto,
             kv_event_port: DEFAULT_EVENT_PORT,
             kv_event_replay_port: None,
             peer_service: None,

@@ -43,6 +43,7 @@
 mod backoff;
 mod catalog;
 mod config;
+mod engine;
 mod peers;
 mod pod;
 pub mod pool;
@@ -58,6 +59,7 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, DEFAULT_PEER_PORT, DiscoveryConfig};
+pub use engine::{ENGINE_LABEL, EngineKind, EngineSetting};
 pub use worker::{DiscoveredWorker, WorkerUpdate, worker_id};
 
 /// What discovery knows right now, for readiness and metrics.

@@ -19,6 +19,8 @@ pub(crate) struct PodFacts {
     pub ready: bool,
     /// `metadata.deletionTimestamp` is set: the pod is going away.
     pub terminating: bool,
+    /// Its containers' images, to guess the engine from (`engine`).
+    pub images: Vec<String>,
 }
 
 /// Why a pod is not (or no longer) a worker; said in the log line.
@@ -59,6 +61,11 @@ impl PodFacts {
             ip,
             ready,
             terminating: pod.metadata.deletion_timestamp.is_some(),
+            images: pod
+                .spec
+                .as_ref()
+                .map(|s| s.containers.iter().filter_map(|c| c.image.clone()).collect())
+                .unwrap_or_default(),
         };
         Some((name, facts))
     }

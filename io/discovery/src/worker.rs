@@ -6,6 +6,7 @@ use kvpick_core::{Lifecycle, WorkerId, WorkerSpec};
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::config::DiscoveryConfig;
+use super::engine::EngineKind;
 use kvpick_kv_events::Publisher;
 
 /// The id of the worker serving `port` of pod `pod` in `namespace`:
@@ -37,6 +38,8 @@ pub struct DiscoveredWorker {
     pub pod: String,
     /// Engine data-parallel rank = index of the port in `spec.targetPorts`.
     pub rank: u16,
+    /// What it runs (decides `publisher`).
+    pub engine: EngineKind,
 }
 
 impl DiscoveredWorker {
@@ -45,10 +48,22 @@ impl DiscoveredWorker {
     /// replay port (`offset_endpoint_port`), TensorRT-LLM adds its global
     /// rank: rank r publishes on `kv_event_port + r`. That assumes the pool
     /// lists its target ports in rank order, as GAIE's data-parallel pools
-    /// do. `None` if an offset port would pass 65535.
-    pub(crate) fn new(cfg: &DiscoveryConfig, pod: &str, ip: IpAddr, port: u16, rank: u16) -> Option<Self> {
+    /// do. `None` if an offset port would pass 65535. `trtllm-serve`
+    /// drained over HTTP is asked on the port itself.
+    pub(crate) fn new(
+        cfg: &DiscoveryConfig,
+        pod: &str,
+        ip: IpAddr,
+        port: u16,
+        rank: u16,
+        engine: EngineKind,
+    ) -> Option<Self> {
         let id = worker_id(&cfg.namespace, pod, port);
-        let publisher = Publisher::for_dp_rank(id, ip, cfg.kv_event_port, cfg.kv_event_replay_port, rank)?;
+        let publisher = if engine.drains_events() {
+            Publisher::trtllm_drain(id, SocketAddr::new(ip, port))
+        } else {
+            Publisher::for_dp_rank(id, ip, cfg.kv_event_port, cfg.kv_event_replay_port, rank)?
+        };
         let spec = WorkerSpec {
             id,
             endpoint: SocketAddr::new(ip, port),
@@ -58,7 +73,7 @@ impl DiscoveredWorker {
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             lifecycle: Lifecycle::Schedulable,
         };
-        Some(DiscoveredWorker { spec, publisher, pod: pod.to_owned(), rank })
+        Some(DiscoveredWorker { spec, publisher, pod: pod.to_owned(), rank, engine })
     }
 
     pub fn id(&self) -> WorkerId {
@@ -99,13 +114,21 @@ mod tests {
         cfg.kv_event_replay_port = Some(5600);
         cfg.model = Some("m".into());
         let ip: IpAddr = "10.0.0.9".parse().unwrap();
-        let w = DiscoveredWorker::new(&cfg, "vllm-0", ip, 8002, 2).unwrap();
+        let w = DiscoveredWorker::new(&cfg, "vllm-0", ip, 8002, 2, EngineKind::Vllm).unwrap();
         assert_eq!(w.spec.endpoint, "10.0.0.9:8002".parse().unwrap());
         assert_eq!(w.publisher.endpoint, "tcp://10.0.0.9:5559");
         assert_eq!(w.publisher.replay_endpoint.as_deref(), Some("tcp://10.0.0.9:5602"));
         assert_eq!(w.spec.model.as_deref(), Some("m"));
         assert_eq!(w.id(), worker_id("llm", "vllm-0", 8002));
+        // TensorRT-LLM's native publisher offsets its ports the same way;
+        // its drain is on the serving port, whatever the rank.
+        let z = DiscoveredWorker::new(&cfg, "t-0", ip, 8002, 2, EngineKind::TrtllmZmq).unwrap();
+        assert_eq!(z.publisher.endpoint, "tcp://10.0.0.9:5559");
+        let t = DiscoveredWorker::new(&cfg, "t-0", ip, 8002, 2, EngineKind::Trtllm).unwrap();
+        assert_eq!(t.publisher.endpoint, "http://10.0.0.9:8002/kv_cache_events");
+        assert_eq!(t.publisher.replay_endpoint, None);
         cfg.kv_event_port = 65535;
-        assert!(DiscoveredWorker::new(&cfg, "vllm-0", ip, 8002, 1).is_none());
+        assert!(DiscoveredWorker::new(&cfg, "vllm-0", ip, 8002, 1, EngineKind::Vllm).is_none());
+        assert!(DiscoveredWorker::new(&cfg, "t-0", ip, 8002, 1, EngineKind::Trtllm).is_some());
     }
 }

@@ -2,7 +2,10 @@
 //!
 //! The file is YAML or JSON (JSON is YAML), a list of
 //! `{endpoint: "ip:port", kv_events: "tcp://ip:port", replay: "tcp://ip:port"?,
-//! block_size?, model?}` (or a map with that list under `workers`). Each
+//! block_size?, model?, engine?}` (or a map with that list under `workers`).
+//! `engine` is `vllm` (the default), `sglang`, `trtllm` or `trtllm-zmq`
+//! (`EngineKind`); a `trtllm` worker's `kv_events` may be left out: its
+//! drain, `http://<endpoint>/kv_cache_events`, is polled. Each
 //! change is diffed against what was handed out and sent as the same
 //! [`WorkerUpdate`]s Kubernetes discovery sends, with the same invariant: an
 //! id is upserted only when absent, deleted only when present, and a worker
@@ -22,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::{DiscoveredWorker, WorkerUpdate};
+use crate::{DiscoveredWorker, EngineKind, WorkerUpdate};
 use kvpick_kv_events::Publisher;
 
 /// Facts every worker shares unless its entry says otherwise.
@@ -40,7 +43,9 @@ pub struct Defaults {
 pub struct Entry {
     /// `ip:port` of the engine's HTTP server: what the gateway routes to.
     pub endpoint: String,
-    /// The engine's KV-event PUB socket, `tcp://ip:port`.
+    /// The engine's KV-event PUB socket, `tcp://ip:port`, or TensorRT-LLM's
+    /// drain URL, `http://ip:port/kv_cache_events`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kv_events: String,
     /// The engine's replay socket, if it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -49,6 +54,9 @@ pub struct Entry {
     pub block_size: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// `vllm`, `sglang`, `trtllm` or `trtllm-zmq`; vLLM when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 impl Entry {
@@ -82,8 +90,9 @@ pub fn static_worker_id(endpoint: SocketAddr) -> WorkerId {
 
 /// Parses the file's text into workers, by id.
 pub fn parse(text: &str, defaults: &Defaults) -> Result<BTreeMap<WorkerId, DiscoveredWorker>, String> {
-    let shape: FileShape = serde_yaml::from_str(text)
-        .map_err(|e| format!("expected a list of {{endpoint, kv_events, replay?, block_size?, model?}}: {e}"))?;
+    let shape: FileShape = serde_yaml::from_str(text).map_err(|e| {
+        format!("expected a list of {{endpoint, kv_events, replay?, block_size?, model?, engine?}}: {e}")
+    })?;
     let entries = match shape {
         FileShape::List(entries) | FileShape::Map { workers: entries } => entries,
     };
@@ -94,14 +103,34 @@ pub fn parse(text: &str, defaults: &Defaults) -> Result<BTreeMap<WorkerId, Disco
             .trim()
             .parse()
             .map_err(|_| format!("worker {i}: endpoint {:?} is not ip:port", entry.endpoint))?;
-        for (what, zmq) in [("kv_events", Some(&entry.kv_events)), ("replay", entry.replay.as_ref())] {
-            if let Some(zmq) = zmq {
-                if !zmq.starts_with("tcp://") && !zmq.starts_with("ipc://") && !zmq.starts_with("inproc://") {
-                    return Err(format!(
-                        "worker {i} ({endpoint}): {what} {zmq:?} is not a ZMQ endpoint like tcp://ip:port"
-                    ));
-                }
+        let engine: EngineKind = match &entry.engine {
+            None => EngineKind::default(),
+            Some(name) => name.parse().map_err(|why| format!("worker {i} ({endpoint}): {why}"))?,
+        };
+        let kv_events = match entry.kv_events.trim() {
+            "" if engine.drains_events() => Publisher::trtllm_drain(WorkerId(0), endpoint).endpoint,
+            "" => {
+                return Err(format!(
+                    "worker {i} ({endpoint}): kv_events is missing (a {engine} worker publishes over ZMQ)"
+                ));
             }
+            given => given.to_owned(),
+        };
+        let is_zmq = |e: &str| e.starts_with("tcp://") || e.starts_with("ipc://") || e.starts_with("inproc://");
+        if engine.drains_events() != kv_events.starts_with("http://") || !(engine.drains_events() || is_zmq(&kv_events))
+        {
+            let want = if engine.drains_events() {
+                "its drain, http://ip:port/kv_cache_events (engine trtllm-zmq subscribes to ZMQ)"
+            } else {
+                "a ZMQ endpoint like tcp://ip:port"
+            };
+            return Err(format!("worker {i} ({endpoint}): kv_events {kv_events:?} of a {engine} worker is not {want}"));
+        }
+        if engine.drains_events() && entry.replay.is_some() {
+            return Err(format!("worker {i} ({endpoint}): a drained trtllm worker has no replay endpoint"));
+        }
+        if let Some(replay) = entry.replay.as_ref().filter(|r| !is_zmq(r)) {
+            return Err(format!("worker {i} ({endpoint}): replay {replay:?} is not a ZMQ endpoint like tcp://ip:port"));
         }
         let block_size = entry.block_size.unwrap_or(defaults.block_size);
         if block_size != defaults.block_size {
@@ -124,11 +153,11 @@ pub fn parse(text: &str, defaults: &Defaults) -> Result<BTreeMap<WorkerId, Disco
         };
         let publisher = Publisher {
             worker: id,
-            endpoint: entry.kv_events.trim().to_owned(),
+            endpoint: kv_events,
             replay_endpoint: entry.replay.map(|r| r.trim().to_owned()),
             topic: Vec::new(),
         };
-        let worker = DiscoveredWorker { spec, publisher, pod: endpoint.to_string(), rank: 0 };
+        let worker = DiscoveredWorker { spec, publisher, pod: endpoint.to_string(), rank: 0, engine };
         if workers.insert(id, worker).is_some() {
             return Err(format!("worker {i}: endpoint {endpoint} is listed twice"));
         }
@@ -285,6 +314,40 @@ mod tests {
         let twice =
             "- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:1'}\n- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:2'}\n";
         assert!(parse(twice, &defaults()).err().unwrap_or_default().contains("listed twice"));
+    }
+
+    #[test]
+    fn engines_choose_the_event_source() {
+        let text = "- {endpoint: '10.0.0.1:8000', engine: trtllm}\n\
+                    - {endpoint: '10.0.0.2:8000', engine: trtllm-zmq, kv_events: 'tcp://10.0.0.2:5557'}\n\
+                    - {endpoint: '10.0.0.3:8000', engine: sglang, kv_events: 'tcp://10.0.0.3:5557'}\n\
+                    - {endpoint: '10.0.0.4:8000', engine: trtllm, kv_events: 'http://10.0.0.4:9000/kv_cache_events'}\n";
+        let workers = parse(text, &defaults()).unwrap_or_else(|e| panic!("{e}"));
+        let mut got: Vec<(String, EngineKind, String)> =
+            workers.values().map(|w| (w.spec.endpoint.to_string(), w.engine, w.publisher.endpoint.clone())).collect();
+        got.sort();
+        let want = [
+            ("10.0.0.1:8000", EngineKind::Trtllm, "http://10.0.0.1:8000/kv_cache_events"),
+            ("10.0.0.2:8000", EngineKind::TrtllmZmq, "tcp://10.0.0.2:5557"),
+            ("10.0.0.3:8000", EngineKind::Sglang, "tcp://10.0.0.3:5557"),
+            ("10.0.0.4:8000", EngineKind::Trtllm, "http://10.0.0.4:9000/kv_cache_events"),
+        ];
+        let want: Vec<(String, EngineKind, String)> =
+            want.iter().map(|(e, k, p)| ((*e).to_owned(), *k, (*p).to_owned())).collect();
+        assert_eq!(got, want);
+
+        let refused = [
+            ("- {endpoint: '1.2.3.4:5'}\n", "kv_events is missing"),
+            ("- {endpoint: '1.2.3.4:5', engine: tgi, kv_events: 'tcp://x:1'}\n", "unknown engine"),
+            ("- {endpoint: '1.2.3.4:5', kv_events: 'http://x:1/kv_cache_events'}\n", "ZMQ endpoint"),
+            ("- {endpoint: '1.2.3.4:5', engine: trtllm, kv_events: 'tcp://x:1'}\n", "trtllm-zmq"),
+            ("- {endpoint: '1.2.3.4:5', engine: trtllm, replay: 'tcp://x:2'}\n", "no replay"),
+            ("- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:1', replay: 'x:2'}\n", "replay"),
+        ];
+        for (text, why) in refused {
+            let e = parse(text, &defaults()).err().unwrap_or_default();
+            assert!(e.contains("worker 0") && e.contains(why), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use kvpick_runtime::{RuntimeChoice, RuntimeConfig, RuntimeKind};
 
 use super::otlp::TracingConfig;
 use super::settings::{self as var, SettingError, Values};
-use kvpick_discovery::DiscoveryConfig;
+use kvpick_discovery::{DiscoveryConfig, EngineSetting};
 use kvpick_ext_proc::ExtProcConfig;
 use kvpick_grpc::Tls;
 use kvpick_router::PickerConfig;
@@ -378,6 +378,11 @@ fn discovery(
     cfg.model.clone_from(model);
     cfg.max_num_batched_tokens = max_num_batched_tokens;
     cfg.total_kv_blocks = total_kv_blocks;
+    if let Some(engine) =
+        v.parse(var::ENGINE, "expected auto, vllm, sglang, trtllm or trtllm-zmq", |t| t.parse::<EngineSetting>().ok())?
+    {
+        cfg.engine = engine;
+    }
     if let Some(port) = v.whole::<u16>(var::KV_EVENT_PORT, 1)? {
         cfg.kv_event_port = port;
     }
@@ -441,10 +446,27 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         match c.discovery {
             DiscoveryMode::Kubernetes(d) => {
-                assert_eq!((d.pool_name.as_str(), d.kv_event_replay_port), ("pool", Some(5558)))
+                assert_eq!((d.pool_name.as_str(), d.kv_event_replay_port), ("pool", Some(5558)));
+                assert_eq!(d.engine, EngineSetting::Auto);
             }
             other => panic!("expected kubernetes, got {other:?}"),
         }
+        let k8s = |engine| {
+            config(&[
+                (var::POOL_NAME, "pool"),
+                (var::NAMESPACE, "ns"),
+                ("DYN_EPP_TOKENIZER_SERVICE_URL", "http://render:8000"),
+                (var::ENGINE, engine),
+            ])
+        };
+        match k8s("trtllm").map(|c| c.discovery) {
+            Ok(DiscoveryMode::Kubernetes(d)) => {
+                assert_eq!(d.engine, EngineSetting::Fixed(kvpick_discovery::EngineKind::Trtllm))
+            }
+            other => panic!("expected kubernetes, got {other:?}"),
+        }
+        let e = k8s("tgi").err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("KVPICK_ENGINE") && e.contains("trtllm-zmq"), "{e}");
     }
 
     #[test]

@@ -33,7 +33,7 @@ use self::otlp::TraceExport;
 use crate::metrics::MetricsServer;
 use crate::metrics::collect::{Sources, WorkerNames};
 use kvpick_discovery::workers_file::{Defaults, WorkersFile};
-use kvpick_discovery::{Discovery, WorkerUpdate};
+use kvpick_discovery::{Discovery, EngineKind, WorkerUpdate};
 use kvpick_ext_proc::{ExtProcMetrics, ExtProcServer};
 use kvpick_grpc::{Health, Readiness, ServeError, ServerHandle};
 use kvpick_kv_events::{IngestConfig, IngestError, KvEventIngest, ShardSink};
@@ -114,7 +114,7 @@ impl App {
                     total_kv_blocks: config.total_kv_blocks,
                 };
                 let (watcher, initial) = WorkersFile::open(file, defaults).map_err(StartError::WorkersFile)?;
-                first_worker = watcher.workers().next().map(|w| w.spec.endpoint);
+                first_worker = watcher.workers().next().map(|w| (w.spec.endpoint, w.engine));
                 tracing::info!(file = %file.display(), workers = initial.len(), poll_ms = poll.as_millis() as u64, "discovery: static workers file");
                 // Applied before the ports open: the first request and the
                 // first probe already see the file's workers.
@@ -141,27 +141,7 @@ impl App {
         };
 
         let tokenizer_metrics = Arc::new(TokenizerMetrics::new());
-        let tokenizer_config = match (&config.tokenizer, first_worker) {
-            (Some(t), Some(endpoint)) if !t.has_engine() => {
-                // Local tokenizing, checked against the first worker's render.
-                let mut t = t.clone();
-                t.base_url = format!("http://{endpoint}");
-                tracing::info!(url = %t.base_url, "tokenizer: local, checked against the first worker's render");
-                t
-            }
-            (Some(t), _) => t.clone(),
-            (None, Some(endpoint)) => {
-                let mut t = TokenizerConfig::new(TokenizerProtocol::VllmRender, format!("http://{endpoint}"));
-                t.fallback = config.picker.fallback;
-                tracing::info!(url = %t.base_url, "tokenizer: DYN_EPP_TOKENIZER_SERVICE_URL unset, rendering with the first worker");
-                t
-            }
-            (None, None) => {
-                return Err(StartError::Tokenizer(
-                    "DYN_EPP_TOKENIZER_SERVICE_URL is unset and the workers file lists no worker to render with".into(),
-                ));
-            }
-        };
+        let tokenizer_config = tokenizer_for(&config, first_worker)?;
         // Reading a local model's files is blocking work: off the runtime.
         let built = {
             let (config, metrics) = (tokenizer_config.clone(), tokenizer_metrics.clone());
@@ -390,7 +370,7 @@ impl Applier {
                             tracing::error!(%endpoint, %error, "worker added without its KV events");
                         }
                         self.workers.insert(id, endpoint);
-                        tracing::info!(%endpoint, events = %worker.publisher.endpoint, replay = ?worker.publisher.replay_endpoint, "worker added");
+                        tracing::info!(%endpoint, engine = %worker.engine, events = %worker.publisher.endpoint, replay = ?worker.publisher.replay_endpoint, "worker added");
                     }
                     Err(error) => tracing::error!(%endpoint, %error, "worker not added"),
                 }
@@ -411,4 +391,51 @@ impl Applier {
             }
         }
     }
+}
+
+/// The tokenizer settings once the workers are known: static mode with no
+/// tokenizer URL asks the first worker, in its engine's protocol (vLLM's
+/// render, SGLang's `/tokenize`); TensorRT-LLM has none, so it needs
+/// `--tokenizer local:PATH`, and a local tokenizer is then not checked.
+fn tokenizer_for(
+    config: &ServeConfig,
+    first_worker: Option<(SocketAddr, EngineKind)>,
+) -> Result<TokenizerConfig, StartError> {
+    let protocol = |engine: EngineKind| match engine {
+        EngineKind::Sglang => TokenizerProtocol::SglangTokenize,
+        _ => TokenizerProtocol::VllmRender,
+    };
+    Ok(match (&config.tokenizer, first_worker) {
+        (Some(t), Some((_, engine))) if !t.has_engine() && engine.is_tensorrt_llm() => {
+            tracing::info!(
+                "tokenizer: local; the first worker is TensorRT-LLM, which has no tokenizer endpoint to check it against"
+            );
+            t.clone()
+        }
+        (Some(t), Some((endpoint, engine))) if !t.has_engine() => {
+            // Local tokenizing, checked against the first worker's own.
+            let mut t = t.clone();
+            t.base_url = format!("http://{endpoint}");
+            t.protocol = protocol(engine);
+            tracing::info!(url = %t.base_url, protocol = t.protocol.as_str(), "tokenizer: local, checked against the first worker's");
+            t
+        }
+        (Some(t), _) => t.clone(),
+        (None, Some((_, engine))) if engine.is_tensorrt_llm() => {
+            return Err(StartError::Tokenizer(format!(
+                "the first worker is {engine}, which has no tokenizer endpoint: set KVPICK_TOKENIZER=local:PATH (its model directory)"
+            )));
+        }
+        (None, Some((endpoint, engine))) => {
+            let mut t = TokenizerConfig::new(protocol(engine), format!("http://{endpoint}"));
+            t.fallback = config.picker.fallback;
+            tracing::info!(url = %t.base_url, protocol = t.protocol.as_str(), "tokenizer: DYN_EPP_TOKENIZER_SERVICE_URL unset, asking the first worker");
+            t
+        }
+        (None, None) => {
+            return Err(StartError::Tokenizer(
+                "DYN_EPP_TOKENIZER_SERVICE_URL is unset and the workers file lists no worker to render with".into(),
+            ));
+        }
+    })
 }

@@ -40,6 +40,7 @@ pub const NAMESPACE: &str = "POD_NAMESPACE";
 pub const MODEL: &str = "DYN_MODEL_NAME";
 pub const BLOCK_SIZE: &str = "DYN_KV_CACHE_BLOCK_SIZE";
 pub const KV_EVENT_PORT: &str = "DYN_EPP_KV_EVENT_PORT";
+pub const ENGINE: &str = "KVPICK_ENGINE";
 pub const KV_EVENT_REPLAY_PORT: &str = "DYN_EPP_KV_EVENT_REPLAY_PORT";
 pub const MAX_NUM_BATCHED_TOKENS: &str = "DYN_EPP_MAX_NUM_BATCHED_TOKENS";
 pub const TOTAL_KV_BLOCKS: &str = "DYN_EPP_TOTAL_KV_BLOCKS";
@@ -128,6 +129,12 @@ pub const SETTINGS: &[Setting] = &[
         "The pool's base model; any other `model` in a request is a LoRA adapter (hashed with its own seed)",
     ),
     s(BLOCK_SIZE, "block-size", Some("16"), "Tokens per KV block: must equal every engine's --block-size"),
+    s(
+        ENGINE,
+        "engine",
+        Some("auto"),
+        "Kubernetes mode: the engine of pods without a `kvpick.io/engine` label: `auto` (from their images, else vLLM), `vllm`, `sglang`, `trtllm` (KV events drained from /kv_cache_events) or `trtllm-zmq`",
+    ),
     s(KV_EVENT_PORT, "kv-event-port", Some("5557"), "Kubernetes mode: rank 0's KV-event PUB port on each pod"),
     s(
         KV_EVENT_REPLAY_PORT,

@@ -20,6 +20,7 @@ fn facts(labels: &[(&str, &str)], ip: Option<&str>, ready: bool) -> PodFacts {
         ip: ip.map(|s| s.parse().unwrap()),
         ready,
         terminating: false,
+        images: vec!["vllm/vllm-openai:v0.26.0".into()],
     }
 }
 
@@ -125,6 +126,58 @@ fn ready_selected_pods_with_an_ip_are_workers_one_per_port() {
     assert!(f.endpoints().is_empty());
     f.pod(Change::Delete("b".into()));
     assert!(f.endpoints().is_empty());
+}
+
+#[test]
+fn each_pod_gets_its_engine_from_its_label_or_images() {
+    let mut f = Fixture::new();
+    let trtllm = |ip| {
+        let mut p = facts(APP, Some(ip), true);
+        p.images = vec!["nvcr.io/nvidia/tensorrt-llm/release:1.2.0".into(), "busybox".into()];
+        p
+    };
+    let labelled: &[(&str, &str)] = &[("app", "vllm"), (ENGINE_LABEL, "trtllm-zmq")];
+    f.listed_with(
+        Some(spec(APP, &[8000])),
+        vec![
+            ("v", facts(APP, Some("10.0.0.1"), true)),
+            ("t", trtllm("10.0.0.2")),
+            ("z", PodFacts { labels: facts(labelled, None, true).labels, ..trtllm("10.0.0.3") }),
+        ],
+    );
+    assert_eq!(f.endpoints().len(), 3);
+    let cat_workers: Vec<(String, EngineKind, String)> = f
+        .cat
+        .workers
+        .values()
+        .flat_map(|ws| ws.values())
+        .map(|w| (w.pod.clone(), w.engine, w.publisher.endpoint.clone()))
+        .collect();
+    let mut got = cat_workers;
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("t".to_owned(), EngineKind::Trtllm, "http://10.0.0.2:8000/kv_cache_events".to_owned()),
+            ("v".to_owned(), EngineKind::Vllm, "tcp://10.0.0.1:5557".to_owned()),
+            ("z".to_owned(), EngineKind::TrtllmZmq, "tcp://10.0.0.3:5557".to_owned()),
+        ]
+    );
+    // Relabelling a pod moves its worker to the other source: a delete and
+    // an upsert of the same id.
+    let relabelled = PodFacts {
+        labels: facts(&[("app", "vllm"), (ENGINE_LABEL, "trtllm")], None, true).labels,
+        ..trtllm("10.0.0.3")
+    };
+    f.cat.on_pod(Change::Apply("z".into(), relabelled), &mut f.out);
+    let id = worker_id(NS, "z", 8000);
+    assert!(
+        matches!(&f.out[..], [WorkerUpdate::Delete(d), WorkerUpdate::Upsert(w)]
+            if *d == id && w.publisher.endpoint == "http://10.0.0.3:8000/kv_cache_events"),
+        "{:?}",
+        f.out
+    );
+    f.applied.apply(&mut f.out);
 }
 
 #[test]

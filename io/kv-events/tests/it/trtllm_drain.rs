@@ -98,10 +98,8 @@ fn serve(stream: TcpStream, script: &Mutex<VecDeque<Answer>>, polls: &AtomicU64)
             Answer::Status(code) => (format!("{code} Error"), r#"{"detail":"engine error"}"#.to_owned()),
         };
         polls.fetch_add(1, Ordering::SeqCst);
-        let head = format!(
-            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        );
+        let head =
+            format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
         if writer.write_all(head.as_bytes()).and_then(|()| writer.write_all(body.as_bytes())).is_err() {
             return;
         }
@@ -246,9 +244,7 @@ fn an_unreachable_engine_and_a_bad_url_are_counted_not_fatal() {
     // Nothing listens there (a port just released).
     let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port");
     ingest.add(Publisher::trtllm_drain(WorkerId(1), port)).expect("added");
-    ingest
-        .add(Publisher { endpoint: "http://".into(), ..Publisher::trtllm_drain(WorkerId(2), port) })
-        .expect("added");
+    ingest.add(Publisher { endpoint: "http://".into(), ..Publisher::trtllm_drain(WorkerId(2), port) }).expect("added");
     wait_until("failed polls counted", || ingest.metrics().snapshot().drain_errors >= 2);
     wait_until("the bad URL counted", || ingest.metrics().snapshot().socket_errors == 1);
     assert!(ingest.metrics().worker(WorkerId(2)).is_none());
