@@ -44,6 +44,18 @@ pub enum HashFormat {
     Bytes,
 }
 
+/// Which engine the simulator plays: its HTTP API and how its KV events
+/// leave it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Flavour {
+    /// `vllm serve`: OpenAI routes and render endpoints; KV events over ZMQ.
+    #[default]
+    Vllm,
+    /// `trtllm-serve`: OpenAI routes, no render endpoint; KV events drained
+    /// by `POST /kv_cache_events` (the ZMQ sockets stay bound, silent).
+    Trtllm,
+}
+
 /// Fixed ports of one engine; `None` lets the OS pick one on 127.0.0.1.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ports {
@@ -94,6 +106,10 @@ pub struct EngineConfig {
     /// Send high-water mark of the PUB socket (vLLM's `hwm`).
     pub pub_hwm: i32,
     pub ports: Ports,
+    pub flavour: Flavour,
+    /// TensorRT-LLM's `event_buffer_max_size`: events kept until drained,
+    /// the oldest discarded beyond it ([`Flavour::Trtllm`]).
+    pub event_buffer_max_size: usize,
     /// A Hugging Face model directory (`tokenizer.json`, chat template):
     /// prompts are tokenized with it, as a real engine serving that model
     /// would, instead of the built-in tokenizer. Loaded at start.
@@ -123,6 +139,8 @@ impl Default for EngineConfig {
             pub_hwm: 100_000,
             ports: Ports::default(),
             model_dir: None,
+            flavour: Flavour::default(),
+            event_buffer_max_size: 1024,
         }
     }
 }
@@ -154,6 +172,9 @@ impl EngineConfig {
         if self.default_max_tokens == 0 {
             return bad("default_max_tokens", "must be at least 1");
         }
+        if self.event_buffer_max_size == 0 {
+            return bad("event_buffer_max_size", "must be at least 1");
+        }
         if self.replay_buffer == 0 {
             return bad("replay_buffer", "must be at least 1");
         }
@@ -163,6 +184,26 @@ impl EngineConfig {
     /// The block hash seed in force (see [`EngineConfig::hash_seed`]).
     pub fn effective_hash_seed(&self) -> u64 {
         self.hash_seed.unwrap_or_else(|| xxhash_rust::xxh3::xxh3_64_with_seed(b"kvpick-sim hash seed", self.seed))
+    }
+}
+
+impl FromStr for Flavour {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "vllm" => Ok(Flavour::Vllm),
+            "trtllm" => Ok(Flavour::Trtllm),
+            other => Err(format!("unknown engine flavour {other:?} (vllm, trtllm)")),
+        }
+    }
+}
+
+impl fmt::Display for Flavour {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Flavour::Vllm => "vllm",
+            Flavour::Trtllm => "trtllm",
+        })
     }
 }
 

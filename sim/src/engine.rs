@@ -145,7 +145,8 @@ impl Engine {
                 Some(LocalTokenizer::load(&local, Arc::default()).map_err(|e| SimError::Tokenizer(e.to_string()))?)
             }
         };
-        let app = http_server::router(HttpState::new(client.clone(), Arc::clone(&config), tokenizer));
+        let drain = publisher.drain().cloned();
+        let app = http_server::router(HttpState::new(client.clone(), Arc::clone(&config), tokenizer, drain));
         let name = config.name.clone();
         let http_task = tokio::spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move {

@@ -17,8 +17,9 @@ use kvpick_router::tokenizer::{Api, LocalTokenizer};
 use serde_json::{Value, json};
 
 use super::completions;
-use super::config::EngineConfig;
+use super::config::{EngineConfig, Flavour};
 use super::engine::EngineClient;
+use super::event_drain::EventDrain;
 use super::metrics;
 use super::render;
 use super::tokenizer::{render_chat, render_completion};
@@ -31,12 +32,19 @@ pub(crate) struct HttpState {
     pub(crate) config: Arc<EngineConfig>,
     /// The model directory's tokenizer, when one was given.
     pub(crate) tokenizer: Option<LocalTokenizer>,
+    /// TensorRT-LLM's event buffer, served at `/kv_cache_events`.
+    drain: Option<Arc<EventDrain>>,
     requests: AtomicU64,
 }
 
 impl HttpState {
-    pub(crate) fn new(engine: EngineClient, config: Arc<EngineConfig>, tokenizer: Option<LocalTokenizer>) -> Arc<Self> {
-        Arc::new(HttpState { engine, config, tokenizer, requests: AtomicU64::new(0) })
+    pub(crate) fn new(
+        engine: EngineClient,
+        config: Arc<EngineConfig>,
+        tokenizer: Option<LocalTokenizer>,
+        drain: Option<Arc<EventDrain>>,
+    ) -> Arc<Self> {
+        Arc::new(HttpState { engine, config, tokenizer, drain, requests: AtomicU64::new(0) })
     }
 
     /// A chat body's prompt tokens: the model directory's tokenizer when
@@ -75,16 +83,28 @@ impl HttpState {
     }
 }
 
+/// vLLM's routes; `trtllm-serve`'s have no render endpoints and add the
+/// KV-event drain.
 pub(crate) fn router(state: Arc<HttpState>) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/completions", post(completions::completions))
-        .route("/v1/chat/completions/render", post(render::chat))
-        .route("/v1/completions/render", post(render::completions))
         .route("/v1/models", get(models))
         .route("/health", get(health))
-        .route("/metrics", get(metrics_text))
-        .with_state(state)
+        .route("/metrics", get(metrics_text));
+    let routes = match state.config.flavour {
+        Flavour::Vllm => routes
+            .route("/v1/chat/completions/render", post(render::chat))
+            .route("/v1/completions/render", post(render::completions)),
+        Flavour::Trtllm => routes.route("/kv_cache_events", post(kv_cache_events)),
+    };
+    routes.with_state(state)
+}
+
+/// `trtllm-serve`'s destructive drain: every buffered event, as JSON.
+async fn kv_cache_events(State(state): State<Arc<HttpState>>) -> Response {
+    let body = state.drain.as_ref().map_or_else(|| "[]".to_owned(), |d| d.drain());
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// An error answer in vLLM's shape: `{"error": {message, type, param, code}}`.

@@ -42,6 +42,7 @@ pub mod engine;
 mod engine_loop;
 pub mod error;
 pub mod event_batch;
+mod event_drain;
 pub mod fleet;
 mod http_server;
 mod metrics;
@@ -55,7 +56,7 @@ pub mod time_model;
 pub mod tokenizer;
 
 pub use block_hash::{BlockDigest, EngineHasher};
-pub use config::{EngineConfig, EventEncoding, HashFormat, Ports, ReplayLayout};
+pub use config::{EngineConfig, EventEncoding, Flavour, HashFormat, Ports, ReplayLayout};
 pub use engine::{Engine, EngineEndpoints, Generation};
 pub use engine_loop::{EngineStats, Progress};
 pub use error::SimError;

@@ -47,6 +47,9 @@ fn usage() -> &'static str {
      \n  --hash-format int|bytes   block hashes as ints or 16-byte binaries (int)\
      \n  --topic T                 ZMQ topic frame (empty)\
      \n  --replay-buffer N         batches kept for replay (10000)\
+     \n  --flavour vllm|trtllm     the engine played: vLLM (ZMQ events, render) or trtllm-serve (/kv_cache_events, no render)\
+     \n  --event-buffer-max-size N trtllm: events kept until drained, oldest discarded (1024)\
+     \n  --model-dir DIR           tokenize with this Hugging Face model directory\
      \n  --drop-fraction F         share of event batches lost (0)\
      \n  --json                    print the endpoints as one JSON line\
      \n  --log-level L             error, warn, info, debug (info)\n"
@@ -96,6 +99,8 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, Stri
             "--hash-format" => b.hash_format = value()?.parse()?,
             "--topic" => b.topic = value()?,
             "--model-dir" => b.model_dir = Some(value()?.into()),
+            "--flavour" => b.flavour = value()?.parse()?,
+            "--event-buffer-max-size" => b.event_buffer_max_size = num(&name, &value()?)?,
             "--replay-buffer" => b.replay_buffer = num(&name, &value()?)?,
             "--drop-fraction" => {
                 o.drop_fraction = num(&name, &value()?)?;

@@ -29,9 +29,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::config::{EngineConfig, ReplayLayout};
+use super::config::{EngineConfig, Flavour, ReplayLayout};
 use super::error::SimError;
 use super::event_batch::{BatchEncoder, CacheEvent};
+use super::event_drain::EventDrain;
 use super::replay_buffer::ReplayBuffer;
 
 /// Sequence number of the end-of-replay marker.
@@ -64,6 +65,10 @@ pub struct PublisherStats {
     pub replayed: u64,
     /// Replay requests ignored for their shape.
     pub bad_replay_requests: u64,
+    /// TensorRT-LLM flavour: events handed out by `/kv_cache_events`.
+    pub drained: u64,
+    /// TensorRT-LLM flavour: events discarded by a full buffer.
+    pub discarded: u64,
 }
 
 #[derive(Debug, Default)]
@@ -86,6 +91,8 @@ pub(crate) struct Publisher {
     thread: Mutex<Option<JoinHandle<()>>>,
     events_endpoint: String,
     replay_endpoint: String,
+    /// TensorRT-LLM's drained buffer: where batches go instead of PUB.
+    drain: Option<Arc<EventDrain>>,
 }
 
 fn zmq_err(what: &'static str) -> impl FnOnce(zmq::Error) -> SimError {
@@ -157,7 +164,17 @@ impl Publisher {
             thread: Mutex::new(Some(thread)),
             events_endpoint,
             replay_endpoint,
+            drain: (cfg.flavour == Flavour::Trtllm).then(|| {
+                let window = cfg.max_model_len;
+                let rank = (cfg.dp_rank > 0).then_some(cfg.dp_rank);
+                Arc::new(EventDrain::new(cfg.event_buffer_max_size, window, rank, cfg.num_blocks))
+            }),
         })
+    }
+
+    /// TensorRT-LLM's event buffer, when the engine plays `trtllm-serve`.
+    pub(crate) fn drain(&self) -> Option<&Arc<EventDrain>> {
+        self.drain.as_ref()
     }
 
     /// `tcp://127.0.0.1:port` of the PUB socket.
@@ -172,7 +189,10 @@ impl Publisher {
 
     /// Publishes one batch (one engine step's events).
     pub(crate) fn publish(&self, events: Vec<CacheEvent>) {
-        self.send(PublisherCommand::Batch(events));
+        match &self.drain {
+            Some(drain) => drain.push(&events),
+            None => self.send(PublisherCommand::Batch(events)),
+        }
     }
 
     pub(crate) fn set_drop_fraction(&self, fraction: f64) {
@@ -184,7 +204,11 @@ impl Publisher {
     }
 
     pub(crate) fn restart(&self, announce_clear: bool) {
-        self.send(PublisherCommand::Restart { announce_clear });
+        match &self.drain {
+            // A new KV cache manager always announces itself (`created`).
+            Some(drain) => drain.restart(),
+            None => self.send(PublisherCommand::Restart { announce_clear }),
+        }
     }
 
     pub(crate) fn stats(&self) -> PublisherStats {
@@ -199,6 +223,8 @@ impl Publisher {
             replays: get(&c.replays),
             replayed: get(&c.replayed),
             bad_replay_requests: get(&c.bad_replay_requests),
+            drained: self.drain.as_ref().map_or(0, |d| d.counts().0),
+            discarded: self.drain.as_ref().map_or(0, |d| d.counts().1),
         }
     }
 

@@ -13,6 +13,7 @@ use super::settings::{self as var, SettingError, Values};
 use kvpick_discovery::{DiscoveryConfig, EngineSetting};
 use kvpick_ext_proc::ExtProcConfig;
 use kvpick_grpc::Tls;
+use kvpick_kv_events::IngestConfig;
 use kvpick_router::PickerConfig;
 use kvpick_router::tokenizer::local::parse_local_spec;
 use kvpick_router::tokenizer::{
@@ -57,6 +58,8 @@ pub struct ServeConfig {
     pub debug_endpoints: bool,
     /// `None`: requests are not traced.
     pub tracing: Option<TracingConfig>,
+    /// The KV-event ingest (ZMQ subscriptions and TensorRT-LLM drains).
+    pub kv_events: IngestConfig,
 }
 
 /// One message for the operator: what is wrong and what would work.
@@ -109,6 +112,12 @@ impl ServeConfig {
                 "the tokenizer service in Kubernetes mode, e.g. http://vllm-render:8000",
             ));
         }
+        let mut kv_events = IngestConfig::default();
+        if let Some(ms) = v.whole::<u64>(var::KV_EVENT_DRAIN_INTERVAL_MS, 1)? {
+            kv_events.drain_interval = Duration::from_millis(ms);
+            // A slow poll rate backs off to at least itself.
+            kv_events.drain_backoff_max = kv_events.drain_backoff_max.max(kv_events.drain_interval);
+        }
         let grace = v.whole::<u64>(var::SHUTDOWN_GRACE_MS, 0)?.unwrap_or(10_000);
         let log_format = match v.one_of(var::LOG_FORMAT, &["text", "json"])? {
             Some("json") => LogFormat::Json,
@@ -134,6 +143,7 @@ impl ServeConfig {
             profile: v.get(var::PROFILE).map(PathBuf::from),
             debug_endpoints: v.boolean(var::DEBUG_ENDPOINTS)?.unwrap_or(false),
             tracing: tracing(v)?,
+            kv_events,
         })
     }
 }

@@ -36,7 +36,7 @@ use kvpick_discovery::workers_file::{Defaults, WorkersFile};
 use kvpick_discovery::{Discovery, EngineKind, WorkerUpdate};
 use kvpick_ext_proc::{ExtProcMetrics, ExtProcServer};
 use kvpick_grpc::{Health, Readiness, ServeError, ServerHandle};
-use kvpick_kv_events::{IngestConfig, IngestError, KvEventIngest, ShardSink};
+use kvpick_kv_events::{IngestError, KvEventIngest, ShardSink};
 use kvpick_router::tokenizer::{TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
 use kvpick_router::{KvPicker, Picker};
 
@@ -87,7 +87,7 @@ impl App {
             clock.clone(),
         )?);
         let producers = ThreadProducers::new(service.clone());
-        let ingest = Arc::new(KvEventIngest::spawn(IngestConfig::default(), ShardSink::new(service.clone()))?);
+        let ingest = Arc::new(KvEventIngest::spawn(config.kv_events.clone(), ShardSink::new(service.clone()))?);
         let health = Health::start().await;
         let workers = WorkerNames::default();
         let mut applier = Applier {

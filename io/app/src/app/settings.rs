@@ -41,6 +41,7 @@ pub const MODEL: &str = "DYN_MODEL_NAME";
 pub const BLOCK_SIZE: &str = "DYN_KV_CACHE_BLOCK_SIZE";
 pub const KV_EVENT_PORT: &str = "DYN_EPP_KV_EVENT_PORT";
 pub const ENGINE: &str = "KVPICK_ENGINE";
+pub const KV_EVENT_DRAIN_INTERVAL_MS: &str = "KVPICK_KV_EVENT_DRAIN_INTERVAL_MS";
 pub const KV_EVENT_REPLAY_PORT: &str = "DYN_EPP_KV_EVENT_REPLAY_PORT";
 pub const MAX_NUM_BATCHED_TOKENS: &str = "DYN_EPP_MAX_NUM_BATCHED_TOKENS";
 pub const TOTAL_KV_BLOCKS: &str = "DYN_EPP_TOTAL_KV_BLOCKS";
@@ -136,6 +137,12 @@ pub const SETTINGS: &[Setting] = &[
         "Kubernetes mode: the engine of pods without a `kvpick.io/engine` label: `auto` (from their images, else vLLM), `vllm`, `sglang`, `trtllm` (KV events drained from /kv_cache_events) or `trtllm-zmq`",
     ),
     s(KV_EVENT_PORT, "kv-event-port", Some("5557"), "Kubernetes mode: rank 0's KV-event PUB port on each pod"),
+    s(
+        KV_EVENT_DRAIN_INTERVAL_MS,
+        "kv-event-drain-interval-ms",
+        Some("50"),
+        "TensorRT-LLM: ms between /kv_cache_events polls; the engine discards its oldest events beyond event_buffer_max_size between them",
+    ),
     s(
         KV_EVENT_REPLAY_PORT,
         "kv-event-replay-port",

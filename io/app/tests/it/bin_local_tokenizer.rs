@@ -65,8 +65,7 @@ async fn local_tokens_match_the_engines_and_route_by_overlap() {
     write_workers(&file, &fleet, &[0, 1]);
     let local = format!("local:{}", model_dir().display());
     let mut kvpick = serve(&file, &["--tokenizer", &local, "--tokenizer-parity-ratio", "1"]);
-    let started =
-        kvpick.drain_log().iter().any(|l| l.contains("tokenizer: local, checked against the first worker's render"));
+    let started = kvpick.drain_log().iter().any(|l| l.contains("tokenizer: local, checked against the first worker's"));
     assert!(started, "no start-up line for the local tokenizer");
 
     let picked = conversation(&kvpick, &fleet).await;

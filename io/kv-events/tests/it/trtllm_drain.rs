@@ -117,7 +117,7 @@ fn stored(id: u64, ks: &[u64], parent: Option<u64>, rank: Option<u32>) -> String
                 .map(|t| format!(r#"{{"type":"unique_token","token_id":{t},"token_extra_id":0}}"#))
                 .collect();
             format!(
-                r#"{{"type":"stored_block","block_hash":{},"tokens":[{}],"lora_id":null,"cache_level":0,"priority":35}}"#,
+                r#"{{"type":"stored_block","block_hash":{},"tokens":[{}],"cache_level":0,"priority":35}}"#,
                 engine_hash(k),
                 tokens.join(",")
             )

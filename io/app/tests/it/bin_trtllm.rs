@@ -1,0 +1,120 @@
+//! `kvpick serve` in front of simulated `trtllm-serve` engines: no render
+//! endpoint (a local tokenizer, the fixture model), KV events drained from
+//! `POST /kv_cache_events`. Conversations stick to the engine holding their
+//! prefix; an engine restart and an overflowed event buffer each clear the
+//! worker's blocks and are counted.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use kvpick_discovery::workers_file::{self, Entry};
+use kvpick_sim::{EngineConfig, Flavour, Fleet};
+use kvpick_test_support::gateway::Gateway;
+
+use crate::bin_support::{Kvpick, TempDir, WAIT, chat, engine_config, scrape, serve, value};
+
+fn model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer/chatml")
+}
+
+async fn trtllm_fleet(n: usize, event_buffer_max_size: usize) -> Fleet {
+    let base = EngineConfig {
+        flavour: Flavour::Trtllm,
+        model_dir: Some(model_dir()),
+        event_buffer_max_size,
+        ..engine_config()
+    };
+    Fleet::start(n, &base).await.unwrap_or_else(|e| panic!("fleet: {e}"))
+}
+
+/// The fleet as a workers file of `engine: trtllm` entries, without
+/// `kv_events`: their drain is found at their endpoint.
+fn write_trtllm_workers(path: &Path, fleet: &Fleet) {
+    let entries: Vec<Entry> = fleet
+        .endpoints()
+        .iter()
+        .map(|e| Entry { endpoint: e.http.to_string(), engine: Some("trtllm".into()), ..Entry::default() })
+        .collect();
+    workers_file::write(path, &entries).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+fn start(fleet: &Fleet, tag: &str, extra: &[&str]) -> (TempDir, Kvpick) {
+    let dir = TempDir::new(tag);
+    let file = dir.path("workers.json");
+    write_trtllm_workers(&file, fleet);
+    let local = format!("local:{}", model_dir().display());
+    let mut args = vec!["--tokenizer", local.as_str()];
+    args.extend_from_slice(extra);
+    let kvpick = serve(&file, &args);
+    (dir, kvpick)
+}
+
+/// `turns` turns sharing a long system prompt, through the miniature
+/// gateway; the endpoints picked.
+async fn conversation(kvpick: &Kvpick, fleet: &Fleet, topic: &str, turns: usize) -> Vec<std::net::SocketAddr> {
+    let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
+    let endpoints: Vec<_> = fleet.endpoints().iter().map(|e| e.http).collect();
+    let shared = format!("You are a helpful assistant on {topic}. Answer briefly and precisely. ").repeat(16);
+    let mut picked = Vec::new();
+    for turn in 0..turns {
+        let text = format!("{shared} Question {turn}: what is the capital of France?");
+        let exchange = gateway.post("/v1/chat/completions", &chat(&text)).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(exchange.status, 200, "{}", String::from_utf8_lossy(&exchange.body));
+        let endpoint = exchange.endpoint.unwrap_or_else(|| panic!("no pick"));
+        assert!(endpoints.contains(&endpoint), "picked {endpoint}, not an engine");
+        picked.push(endpoint);
+        // Let the engine's events be drained before the next turn.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    picked
+}
+
+async fn until(kvpick: &Kvpick, what: &str, done: impl Fn(&prometheus_parse::Scrape) -> bool) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if done(&scrape(kvpick.metrics).await) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: not seen in {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drained_events_route_conversations_and_a_restart_clears_the_worker() {
+    let fleet = trtllm_fleet(2, 1024).await;
+    let (_dir, mut kvpick) = start(&fleet, "trtllm", &[]);
+    let log = kvpick.drain_log();
+    assert!(log.iter().any(|l| l.contains("TensorRT-LLM, which has no tokenizer endpoint")), "start-up lines: {log:?}");
+    assert!(log.iter().any(|l| l.contains("\"engine\":\"trtllm\"") && l.contains("/kv_cache_events")), "{log:?}");
+
+    let picked = conversation(&kvpick, &fleet, "geography", 4).await;
+    assert!(picked[1..].iter().all(|e| *e == picked[0]), "turns moved: {picked:?}");
+    let after = scrape(kvpick.metrics).await;
+    assert!(value(&after, "kvpick_kv_event_drains_total", &[]) > 0.0);
+    assert!(value(&after, "kvpick_kv_events_applied_total", &[]) > 0.0);
+    assert!(value(&after, "kvpick_picked_overlap_tokens_total", &[]) > 0.0, "later turns overlapped");
+    assert!(value(&after, "kvpick_prompt_cached_tokens_total", &[]) > 0.0, "the engine reported cache hits");
+    assert_eq!(value(&after, "kvpick_kv_events_lost_total", &[]), 0.0);
+    assert_eq!(value(&after, "kvpick_kv_event_drain_errors_total", &[]), 0.0);
+
+    // The engine that served restarts: its next answer counts from 0.
+    let index = fleet.endpoints().iter().position(|e| e.http == picked[0]).unwrap_or_else(|| panic!("engine"));
+    let engine = fleet.get(index).unwrap_or_else(|| panic!("engine {index}"));
+    engine.restart(true).await.unwrap_or_else(|e| panic!("restart: {e}"));
+    until(&kvpick, "the restart", |s| value(s, "kvpick_kv_event_engine_restarts_total", &[]) >= 1.0).await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overflowed_event_buffer_is_counted_and_clears_the_worker() {
+    // One event kept between polls 3 s apart: a conversation's events
+    // overflow it.
+    let fleet = trtllm_fleet(1, 1).await;
+    let (_dir, kvpick) = start(&fleet, "trtllm-overflow", &["--kv-event-drain-interval-ms", "3000"]);
+    conversation(&kvpick, &fleet, "history", 8).await;
+    until(&kvpick, "lost events", |s| value(s, "kvpick_kv_events_lost_total", &[]) >= 1.0).await;
+    let stats = fleet.get(0).unwrap_or_else(|| panic!("engine")).stats().await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(stats.publisher.discarded >= 1, "{:?}", stats.publisher);
+    fleet.shutdown().await;
+}
