@@ -90,7 +90,7 @@ impl EventDrain {
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         state.next_id = 0;
         state.events.clear();
-        let mut levels = vec![0usize; CREATED_LEVELS];
+        let mut levels = [0usize; CREATED_LEVELS];
         levels[0] = self.num_blocks;
         let levels: Vec<String> = levels.iter().map(usize::to_string).collect();
         let created = format!(r#"{{"type":"created","num_blocks_per_cache_level":[{}]}}"#, levels.join(","));

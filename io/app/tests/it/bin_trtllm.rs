@@ -118,3 +118,33 @@ async fn an_overflowed_event_buffer_is_counted_and_clears_the_worker() {
     assert!(stats.publisher.discarded >= 1, "{:?}", stats.publisher);
     fleet.shutdown().await;
 }
+
+/// `kvpick demo --engine mixed`: vLLM and TensorRT-LLM engines behind one
+/// kvpick, the table printed, kvpick's own hit rate above round-robin's.
+#[test]
+fn the_demo_runs_on_a_mixed_fleet() {
+    let output = crate::bin_support::binary()
+        .args(["demo", "--quiet", "--engine", "mixed", "--engines", "2", "--conversations", "6", "--turns", "3"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("vLLM and TensorRT-LLM (alternating)"), "{stdout}");
+    let hit_rate = |policy: &str| -> f64 {
+        // The table's row: the policy, then the request count.
+        let row = |l: &&str| {
+            l.strip_prefix(policy)
+                .and_then(|rest| rest.split_whitespace().next())
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        };
+        let line = stdout.lines().find(row).unwrap_or_else(|| panic!("no {policy} row: {stdout}"));
+        let percent = line.split_whitespace().nth(2).unwrap_or_default().trim_end_matches('%');
+        percent.parse().unwrap_or_else(|e| panic!("{line}: {e}"))
+    };
+    assert!(hit_rate("kvpick ") > hit_rate("round-robin"), "{stdout}");
+    let refused = crate::bin_support::binary()
+        .args(["demo", "--engine", "trtllm", "--tokenizer", "builtin"])
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(refused.status.code(), Some(2), "{}", String::from_utf8_lossy(&refused.stderr));
+}

@@ -12,8 +12,17 @@
 //! themselves report: prefix-cache hit rate
 //! (`usage.prompt_tokens_details.cached_tokens`) and simulated time to
 //! first token.
+//!
+//! `--engine trtllm` plays `trtllm-serve` instead (KV events drained from
+//! `/kv_cache_events`, no render endpoint: kvpick tokenizes in-process with
+//! the model directory `demo_model` writes, which the engines use too);
+//! `--engine mixed` alternates vLLM and TensorRT-LLM engines behind one
+//! pool. Any `--engine` but the default uses that model directory for
+//! every engine, so `--engine vllm --model-dir generated` compares like
+//! with like (`--tokenizer` says which: `builtin` or `generated`).
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,12 +37,13 @@ use hyper_util::rt::TokioExecutor;
 use kvpick_app::app::settings::{self as var, Values};
 use kvpick_app::app::{App, ServeConfig};
 use kvpick_discovery::workers_file::{self, Entry};
-use kvpick_sim::{EngineConfig, Fleet, TimeModel};
+use kvpick_sim::{EngineConfig, EngineEndpoints, Flavour, Fleet, TimeModel};
 use kvpick_test_support::gateway::Gateway;
 use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::approx_prefix::ApproxPrefix;
+use crate::demo_model;
 
 const MODEL: &str = "sim-model";
 const SYSTEM_PROMPTS: usize = 3;
@@ -43,7 +53,38 @@ const REPLY_TOKENS: u32 = 32;
 /// Virtual time runs this much faster than the wall clock.
 const TIME_SCALE: f64 = 10.0;
 
+/// Which engines the simulated fleet plays.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DemoEngine {
+    Vllm,
+    Trtllm,
+    Mixed,
+}
+
+impl DemoEngine {
+    fn flavour(self, i: usize) -> Flavour {
+        match self {
+            DemoEngine::Vllm => Flavour::Vllm,
+            DemoEngine::Trtllm => Flavour::Trtllm,
+            DemoEngine::Mixed if i % 2 == 0 => Flavour::Vllm,
+            DemoEngine::Mixed => Flavour::Trtllm,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            DemoEngine::Vllm => "vLLM",
+            DemoEngine::Trtllm => "TensorRT-LLM (trtllm-serve)",
+            DemoEngine::Mixed => "vLLM and TensorRT-LLM (alternating)",
+        }
+    }
+}
+
 struct Options {
+    engine: DemoEngine,
+    /// The generated word-level model directory instead of the simulator's
+    /// built-in tokenizer.
+    generated_model: bool,
     engines: usize,
     conversations: usize,
     turns: usize,
@@ -60,7 +101,22 @@ fn options(m: &ArgMatches) -> Result<Options, String> {
             .filter(|n| *n >= 1)
             .ok_or_else(|| format!("--{name}={text:?}: expected a whole number of at least 1"))
     };
+    let text = |name: &str| m.get_one::<String>(name).map(String::as_str).unwrap_or_default().to_owned();
+    let engine = match text("engine").as_str() {
+        "vllm" => DemoEngine::Vllm,
+        "trtllm" => DemoEngine::Trtllm,
+        "mixed" => DemoEngine::Mixed,
+        other => return Err(format!("--engine={other:?}: expected vllm, trtllm or mixed")),
+    };
+    let generated_model = match (text("tokenizer").as_str(), engine) {
+        ("builtin", DemoEngine::Vllm) => false,
+        ("builtin", _) => return Err("--tokenizer=builtin: TensorRT-LLM needs the generated model directory".into()),
+        ("generated", _) | ("", _) => engine != DemoEngine::Vllm || text("tokenizer") == "generated",
+        (other, _) => return Err(format!("--tokenizer={other:?}: expected builtin or generated")),
+    };
     Ok(Options {
+        engine,
+        generated_model,
         engines: usize::try_from(number("engines")?).unwrap_or(3).min(16),
         conversations: usize::try_from(number("conversations")?).unwrap_or(18).min(500),
         turns: usize::try_from(number("turns")?).unwrap_or(4).min(20),
@@ -123,8 +179,14 @@ impl RunResult {
 
 async fn demo(o: &Options) -> Result<(), String> {
     println!(
-        "kvpick demo: {} simulated vLLM engines, {} conversations × {} turns ({} at a time), {} shared system prompts",
-        o.engines, o.conversations, o.turns, o.concurrency, SYSTEM_PROMPTS
+        "kvpick demo: {} simulated {} engines, {} conversations × {} turns ({} at a time), {} shared system prompts, {} tokenizer",
+        o.engines,
+        o.engine.describe(),
+        o.conversations,
+        o.turns,
+        o.concurrency,
+        SYSTEM_PROMPTS,
+        if o.generated_model { "a generated word-level" } else { "the simulator's built-in" }
     );
     let kv = run_policy(o, Policy::Kvpick).await?;
     let rr = run_policy(o, Policy::RoundRobin).await?;
@@ -165,14 +227,29 @@ async fn demo(o: &Options) -> Result<(), String> {
     Ok(())
 }
 
-fn engine_config(seed: u64) -> EngineConfig {
-    EngineConfig {
+fn engine_configs(o: &Options, model_dir: Option<&Path>) -> Vec<EngineConfig> {
+    let base = EngineConfig {
         model: MODEL.into(),
         num_blocks: 480,
         default_max_tokens: REPLY_TOKENS,
-        seed,
+        seed: o.seed,
         time: TimeModel { time_scale: TIME_SCALE, ..TimeModel::default() },
+        model_dir: model_dir.map(Path::to_path_buf),
         ..EngineConfig::default()
+    };
+    let mut configs = Fleet::configs(o.engines, &base);
+    for (i, config) in configs.iter_mut().enumerate() {
+        config.flavour = o.engine.flavour(i);
+    }
+    configs
+}
+
+/// The workers file entry of an engine: vLLM's ZMQ sockets, or
+/// `trtllm-serve`'s drain at its endpoint.
+fn entry(flavour: Flavour, e: EngineEndpoints) -> Entry {
+    match flavour {
+        Flavour::Vllm => Entry::new(e.http, e.events, Some(e.replay)),
+        Flavour::Trtllm => Entry { endpoint: e.http.to_string(), engine: Some("trtllm".into()), ..Entry::default() },
     }
 }
 
@@ -184,12 +261,18 @@ enum Policy {
 }
 
 async fn run_policy(o: &Options, policy: Policy) -> Result<RunResult, String> {
-    let fleet = Fleet::start(o.engines, &engine_config(o.seed)).await.map_err(|e| e.to_string())?;
     let dir = std::env::temp_dir().join(format!("kvpick-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let model_dir = dir.join("model");
+    if o.generated_model {
+        std::fs::create_dir_all(&model_dir).map_err(|e| format!("{}: {e}", model_dir.display()))?;
+        demo_model::write(&model_dir)?;
+    }
+    let configs = engine_configs(o, o.generated_model.then_some(model_dir.as_path()));
+    let flavours: Vec<Flavour> = configs.iter().map(|c| c.flavour).collect();
+    let fleet = Fleet::start_with(configs).await.map_err(|e| e.to_string())?;
     let workers_file = dir.join("workers.yaml");
-    let entries: Vec<Entry> =
-        fleet.endpoints().into_iter().map(|e| Entry::new(e.http, e.events, Some(e.replay))).collect();
+    let entries: Vec<Entry> = fleet.endpoints().into_iter().zip(&flavours).map(|(e, f)| entry(*f, e)).collect();
     workers_file::write(&workers_file, &entries).map_err(|e| format!("{}: {e}", workers_file.display()))?;
 
     let (route, app) = if policy == Policy::Kvpick {
@@ -197,6 +280,11 @@ async fn run_policy(o: &Options, policy: Policy) -> Result<RunResult, String> {
         values.set(var::SHARDS, "1");
         values.set(var::BLOCK_SIZE, "16");
         values.set(var::MODEL, MODEL);
+        // TensorRT-LLM has no render endpoint: kvpick tokenizes in-process.
+        // A vLLM-only fleet renders, as by default.
+        if o.engine != DemoEngine::Vllm {
+            values.set(var::TOKENIZER, format!("local:{}", model_dir.display()));
+        }
         let config = ServeConfig::from_values(&values).map_err(|e| e.to_string())?;
         let app = App::start(config).await.map_err(|e| e.to_string())?;
         let deadline = Instant::now() + Duration::from_secs(10);

@@ -17,6 +17,8 @@
 mod approx_prefix;
 #[cfg(feature = "demo")]
 mod demo;
+#[cfg(feature = "demo")]
+mod demo_model;
 mod inspect;
 mod logging;
 mod profile;
@@ -45,6 +47,19 @@ fn command() -> Command {
             "Route a multi-turn chat workload over a simulated vLLM fleet through kvpick, and compare with round-robin and an approximate-prefix picker (GAIE's default)",
         )
         .arg(Arg::new("engines").long("engines").value_name("N").default_value("3").help("Simulated engines"))
+        .arg(
+            Arg::new("engine")
+                .long("engine")
+                .value_name("vllm|trtllm|mixed")
+                .default_value("vllm")
+                .help("What the engines play: vLLM, trtllm-serve (KV events drained over HTTP, kvpick tokenizing in-process), or both alternating"),
+        )
+        .arg(
+            Arg::new("tokenizer")
+                .long("tokenizer")
+                .value_name("builtin|generated")
+                .help("The simulator's built-in tokenizer (vllm only) or a generated model directory [default: builtin for vllm, else generated]"),
+        )
         .arg(Arg::new("conversations").long("conversations").value_name("N").default_value("18").help("Conversations"))
         .arg(Arg::new("turns").long("turns").value_name("N").default_value("6").help("Turns per conversation"))
         .arg(
