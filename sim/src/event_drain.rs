@@ -30,7 +30,7 @@ const CREATED_LEVELS: usize = 2;
 const PRIORITY: u32 = 35;
 
 /// The engine's event buffer.
-pub(crate) struct EventDrain {
+pub struct EventDrain {
     max_size: usize,
     /// `window_size` of every event: the model's attention window.
     window_size: u32,
@@ -50,7 +50,7 @@ struct State {
 impl EventDrain {
     /// A buffer holding `max_size` events, with the `created` event of a
     /// fresh KV cache of `num_blocks` blocks in it.
-    pub(crate) fn new(max_size: usize, window_size: u32, attention_dp_rank: Option<u32>, num_blocks: usize) -> Self {
+    pub fn new(max_size: usize, window_size: u32, attention_dp_rank: Option<u32>, num_blocks: usize) -> Self {
         let drain = EventDrain {
             max_size: max_size.max(1),
             window_size,
@@ -65,7 +65,7 @@ impl EventDrain {
     }
 
     /// Buffers one engine step's events.
-    pub(crate) fn push(&self, events: &[CacheEvent]) {
+    pub fn push(&self, events: &[CacheEvent]) {
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for event in events {
             let data = match event {
@@ -86,7 +86,7 @@ impl EventDrain {
 
     /// A new KV cache manager: ids from 0, the buffer emptied, and its
     /// `created` event first.
-    pub(crate) fn restart(&self) {
+    pub fn restart(&self) {
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         state.next_id = 0;
         state.events.clear();
@@ -99,7 +99,7 @@ impl EventDrain {
 
     /// Takes every buffered event: the body of one `/kv_cache_events`
     /// answer.
-    pub(crate) fn drain(&self) -> String {
+    pub fn drain(&self) -> String {
         let events = {
             let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             std::mem::take(&mut state.events)
@@ -118,7 +118,7 @@ impl EventDrain {
     }
 
     /// Events handed out, and events discarded because the buffer was full.
-    pub(crate) fn counts(&self) -> (u64, u64) {
+    pub fn counts(&self) -> (u64, u64) {
         (self.drained.load(Ordering::Relaxed), self.discarded.load(Ordering::Relaxed))
     }
 

@@ -42,7 +42,7 @@ pub mod engine;
 mod engine_loop;
 pub mod error;
 pub mod event_batch;
-mod event_drain;
+pub mod event_drain;
 pub mod fleet;
 mod http_server;
 mod metrics;

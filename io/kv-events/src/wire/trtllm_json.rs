@@ -45,7 +45,11 @@
 //! Never panics; sizes are bounded by the body (the caller caps it) and by
 //! the limits of this module's parent.
 
-use serde_json::Value;
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny, Visitor};
+use serde_json::value::RawValue;
 
 use super::{DecodedEvent, MAX_BLOCKS_PER_EVENT, MAX_EVENTS_PER_BATCH, MAX_TOKENS_PER_EVENT, Medium};
 use kvpick_core::event::{EngineBlockHash, KvEvent};
@@ -90,39 +94,230 @@ pub struct EventMark {
 pub struct DrainError(pub String);
 
 /// Decodes one `/kv_cache_events` answer.
+///
+/// Typed: every token of a stored block is a JSON object (~55 bytes for 4
+/// bytes of information), and building a `serde_json::Value` tree of them
+/// cost 10 to 50 times the time of decoding the same events from vLLM's
+/// msgpack. An answer whose every event has the expected shape (always,
+/// from a real engine) is decoded in one pass; otherwise the list is split
+/// into each event's raw text (borrowed, no copy) and each event decoded
+/// alone, so one that does not match is dropped alone.
 pub fn decode_drain(body: &[u8]) -> Result<Drain, DrainError> {
-    let list: Vec<Value> = serde_json::from_slice(body).map_err(|e| DrainError(format!("not a JSON list: {e}")))?;
-    if list.len() > MAX_EVENTS_PER_BATCH {
-        return Err(DrainError(format!("{} events, more than {MAX_EVENTS_PER_BATCH}", list.len())));
-    }
     let mut drain = Drain::default();
-    for event in &list {
-        let id = event.get("event_id").and_then(Value::as_u64);
-        let attention_dp_rank =
-            event.get("attention_dp_rank").and_then(Value::as_u64).and_then(|r| u32::try_from(r).ok());
-        if let Some(id) = id {
-            drain.event_ids.push(EventMark { rank: attention_dp_rank, id });
+    if let Ok(list) = serde_json::from_slice::<Bounded<Envelope<Data<'_>>, MAX_EVENTS_PER_BATCH>>(body) {
+        for envelope in list.0 {
+            let data = envelope.data.ok_or_else(|| "no data".to_owned());
+            add(&mut drain, envelope.event_id, envelope.window_size, envelope.attention_dp_rank, data);
         }
-        match decode_event(event) {
-            Ok(Decoded::Events(events, skipped)) => {
-                drain.skipped += skipped;
-                let Some(event_id) = id else {
-                    drain.malformed.push((None, "no event_id".into()));
-                    continue;
-                };
-                let window_size = event.get("window_size").and_then(Value::as_u64);
-                drain.events.extend(events.into_iter().map(|decoded| DrainedEvent {
-                    event_id,
-                    window_size,
-                    attention_dp_rank,
-                    decoded,
-                }));
+        return Ok(drain);
+    }
+    let list: Bounded<&RawValue, MAX_EVENTS_PER_BATCH> =
+        serde_json::from_slice(body).map_err(|e| DrainError(format!("not a JSON list of events: {e}")))?;
+    for raw in list.0 {
+        let envelope = match serde_json::from_str::<Envelope<&RawValue>>(raw.get()) {
+            Ok(envelope) => envelope,
+            Err(e) => {
+                drain.malformed.push((None, format!("not an event: {e}")));
+                continue;
             }
-            Ok(Decoded::Skipped) => drain.skipped += 1,
-            Err(why) => drain.malformed.push((id, why)),
-        }
+        };
+        let data = envelope
+            .data
+            .ok_or_else(|| "no data".to_owned())
+            .and_then(|raw| serde_json::from_str::<Data<'_>>(raw.get()).map_err(|e| format!("bad data: {e}")));
+        add(&mut drain, envelope.event_id, envelope.window_size, envelope.attention_dp_rank, data);
     }
     Ok(drain)
+}
+
+/// Adds one event (its envelope fields and its data, or why the data is
+/// unusable) to `drain`.
+fn add(
+    drain: &mut Drain,
+    event_id: Option<Lenient>,
+    window_size: Option<Lenient>,
+    attention_dp_rank: Option<Lenient>,
+    data: Result<Data<'_>, String>,
+) {
+    let id = event_id.and_then(|n| n.0);
+    let attention_dp_rank = attention_dp_rank.and_then(|n| n.0).and_then(|r| u32::try_from(r).ok());
+    if let Some(id) = id {
+        drain.event_ids.push(EventMark { rank: attention_dp_rank, id });
+    }
+    match data.and_then(decode_event) {
+        Ok(Decoded::Events(events, skipped)) => {
+            drain.skipped += skipped;
+            let Some(event_id) = id else {
+                drain.malformed.push((None, "no event_id".into()));
+                return;
+            };
+            let window_size = window_size.and_then(|n| n.0);
+            drain.events.extend(events.into_iter().map(|decoded| DrainedEvent {
+                event_id,
+                window_size,
+                attention_dp_rank,
+                decoded,
+            }));
+        }
+        Ok(Decoded::Skipped) => drain.skipped += 1,
+        Err(why) => drain.malformed.push((id, why)),
+    }
+}
+
+/// `{"event_id", "data", "window_size", "attention_dp_rank"?}`; other keys
+/// ignored. `D` is the data decoded ([`Data`]) or left raw. A field of the
+/// wrong type reads as absent (as a missing id does), so the event is
+/// reported with what could be read.
+#[derive(Deserialize)]
+struct Envelope<D> {
+    #[serde(default)]
+    event_id: Option<Lenient>,
+    #[serde(default = "none")]
+    data: Option<D>,
+    #[serde(default)]
+    window_size: Option<Lenient>,
+    #[serde(default)]
+    attention_dp_rank: Option<Lenient>,
+}
+
+fn none<D>() -> Option<D> {
+    None
+}
+
+/// A non-negative integer, or `None` for any other JSON value.
+struct Lenient(Option<u64>);
+
+impl<'de> Deserialize<'de> for Lenient {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Lenient;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Lenient, E> {
+                Ok(Lenient(Some(v)))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Lenient, E> {
+                Ok(Lenient(u64::try_from(v).ok()))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Lenient, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Lenient, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Lenient, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_unit<E>(self) -> Result<Lenient, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Lenient, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Lenient, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Every field any event type has; which ones count depends on `type`.
+/// One struct rather than a tagged enum: serde's internally tagged enums
+/// buffer the whole event before choosing.
+#[derive(Deserialize)]
+struct Data<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    parent_hash: Option<Hash>,
+    #[serde(default)]
+    blocks: Option<Bounded<Block, MAX_BLOCKS_PER_EVENT>>,
+    #[serde(default)]
+    block_hashes: Option<Bounded<Hash, MAX_BLOCKS_PER_EVENT>>,
+    #[serde(default)]
+    block_hash: Option<Hash>,
+    #[serde(default)]
+    cache_level: Option<Diff>,
+}
+
+/// `{"block_hash", "tokens", "cache_level"}` of a stored block; `type`,
+/// `priority` and `mm_keys` are not needed.
+#[derive(Deserialize)]
+struct Block {
+    block_hash: Hash,
+    tokens: Bounded<Token, MAX_TOKENS_PER_EVENT>,
+    #[serde(default)]
+    cache_level: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct Token {
+    token_id: i64,
+    #[serde(default)]
+    token_extra_id: Option<u64>,
+}
+
+/// An `event_diff` (`{"new_value", "old_value"}`); only cache levels matter.
+#[derive(Deserialize)]
+struct Diff {
+    #[serde(default)]
+    new_value: Option<u64>,
+    #[serde(default)]
+    old_value: Option<u64>,
+}
+
+/// A block hash: an integer, unsigned or (reinterpreted) signed 64-bit.
+struct Hash(EngineBlockHash);
+
+impl<'de> Deserialize<'de> for Hash {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = Hash;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a block hash (a 64-bit integer)")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Hash, E> {
+                Ok(Hash(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Hash, E> {
+                Ok(Hash(v as u64))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A list of at most `N` elements, refused as soon as it is longer (a
+/// hostile body cannot make it allocate past the limit).
+struct Bounded<T, const N: usize>(Vec<T>);
+
+impl<'de, T: Deserialize<'de>, const N: usize> Deserialize<'de> for Bounded<T, N> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T, const N: usize>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>, const N: usize> Visitor<'de> for V<T, N> {
+            type Value = Bounded<T, N>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "a list of at most {N} elements")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Bounded<T, N>, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+                while let Some(element) = seq.next_element()? {
+                    if out.len() == N {
+                        return Err(de::Error::custom(format!("more than {N} elements")));
+                    }
+                    out.push(element);
+                }
+                Ok(Bounded(out))
+            }
+        }
+        d.deserialize_seq(V::<T, N>(std::marker::PhantomData))
+    }
 }
 
 enum Decoded {
@@ -144,30 +339,19 @@ fn event(event: KvEvent, medium: Option<Medium>) -> DecodedEvent {
     }
 }
 
-/// A block hash: an integer, unsigned or (reinterpreted) signed 64-bit.
-fn hash(value: &Value) -> Option<EngineBlockHash> {
-    value.as_u64().or_else(|| value.as_i64().map(|h| h as u64))
-}
-
-fn decode_event(value: &Value) -> Result<Decoded, String> {
-    let data = value.get("data").ok_or("no data")?;
-    match data.get("type").and_then(Value::as_str).ok_or("data has no type")? {
+fn decode_event(data: Data<'_>) -> Result<Decoded, String> {
+    match data.kind.as_deref().ok_or("data has no type")? {
         "created" => Ok(Decoded::Events(vec![event(KvEvent::Cleared, None)], 0)),
         "stored" => stored(data),
         "removed" => {
-            let hashes = data.get("block_hashes").and_then(Value::as_array).ok_or("removed without block_hashes")?;
-            if hashes.len() > MAX_BLOCKS_PER_EVENT {
-                return Err(format!("{} removed blocks, more than {MAX_BLOCKS_PER_EVENT}", hashes.len()));
-            }
-            let block_hashes: Option<Vec<EngineBlockHash>> = hashes.iter().map(hash).collect();
-            let block_hashes = block_hashes.ok_or("a removed block hash is not an integer")?;
+            let hashes = data.block_hashes.ok_or("removed without block_hashes")?;
+            let block_hashes = hashes.0.into_iter().map(|h| h.0).collect();
             Ok(Decoded::Events(vec![event(KvEvent::Removed { block_hashes }, Some(Medium::Gpu))], 0))
         }
         "updated" => {
-            let block = data.get("block_hash").and_then(hash).ok_or("updated without an integer block_hash")?;
-            let level = |key: &str| data.get("cache_level").and_then(|d| d.get(key)).and_then(Value::as_u64);
-            match (level("old_value"), level("new_value")) {
-                (Some(0), Some(new)) if new != 0 => Ok(Decoded::Events(
+            let block = data.block_hash.ok_or("updated without an integer block_hash")?.0;
+            match data.cache_level.map(|d| (d.old_value, d.new_value)) {
+                Some((Some(0), Some(new))) if new != 0 => Ok(Decoded::Events(
                     vec![event(KvEvent::Removed { block_hashes: vec![block] }, Some(Medium::Gpu))],
                     0,
                 )),
@@ -178,26 +362,19 @@ fn decode_event(value: &Value) -> Result<Decoded, String> {
     }
 }
 
-fn stored(data: &Value) -> Result<Decoded, String> {
-    let parent = match data.get("parent_hash") {
-        None | Some(Value::Null) => None,
-        Some(h) => Some(hash(h).ok_or("parent_hash is not an integer")?),
-    };
-    let blocks = data.get("blocks").and_then(Value::as_array).ok_or("stored without blocks")?;
+fn stored(data: Data<'_>) -> Result<Decoded, String> {
+    let parent = data.parent_hash.map(|h| h.0);
+    let blocks = data.blocks.ok_or("stored without blocks")?.0;
     if blocks.is_empty() {
         return Ok(Decoded::Skipped);
     }
-    if blocks.len() > MAX_BLOCKS_PER_EVENT {
-        return Err(format!("{} stored blocks, more than {MAX_BLOCKS_PER_EVENT}", blocks.len()));
-    }
     let mut block_hashes = Vec::with_capacity(blocks.len());
-    let mut token_ids = Vec::new();
+    let mut token_ids = Vec::with_capacity(blocks.len() * blocks[0].tokens.0.len());
     let mut block_size = None;
     let mut level = None;
     let mut left_out = 0u32;
     for (i, block) in blocks.iter().enumerate() {
-        let block_hash = block.get("block_hash").and_then(hash).ok_or("a stored block hash is not an integer")?;
-        let tokens = block.get("tokens").and_then(Value::as_array).ok_or("a stored block without tokens")?;
+        let tokens = &block.tokens.0;
         if tokens.is_empty() {
             return Err("a stored block without tokens".into());
         }
@@ -205,19 +382,20 @@ fn stored(data: &Value) -> Result<Decoded, String> {
         if *block_size.get_or_insert(size) != size {
             return Err(format!("blocks of {} and {size} tokens in one event", block_size.unwrap_or(size)));
         }
-        let cache_level = block.get("cache_level").and_then(Value::as_u64).unwrap_or(0);
+        let cache_level = block.cache_level.unwrap_or(0);
         if *level.get_or_insert(cache_level) != cache_level {
             return Err("blocks of several cache levels in one event".into());
         }
         if token_ids.len() + tokens.len() > MAX_TOKENS_PER_EVENT {
             return Err(format!("more than {MAX_TOKENS_PER_EVENT} tokens in one event"));
         }
-        let mut extra = false;
         let start = token_ids.len();
+        let mut extra = false;
         for token in tokens {
-            let id = token.get("token_id").and_then(Value::as_u64).ok_or("a token_id is not a non-negative integer")?;
-            token_ids.push(u32::try_from(id).map_err(|_| format!("token_id {id} is over u32"))?);
-            extra |= token.get("token_extra_id").and_then(Value::as_u64).is_some_and(|e| e != 0);
+            let id = u32::try_from(token.token_id)
+                .map_err(|_| format!("token_id {} is not a u32 token id", token.token_id))?;
+            token_ids.push(id);
+            extra |= token.token_extra_id.is_some_and(|e| e != 0);
         }
         if extra {
             // Not matchable by a text prompt; neither is anything after it.
@@ -225,7 +403,7 @@ fn stored(data: &Value) -> Result<Decoded, String> {
             left_out = u32::try_from(blocks.len() - i).unwrap_or(u32::MAX);
             break;
         }
-        block_hashes.push(block_hash);
+        block_hashes.push(block.block_hash.0);
     }
     if block_hashes.is_empty() {
         return Ok(Decoded::Events(Vec::new(), left_out));
@@ -322,6 +500,21 @@ mod tests {
         assert_eq!(drain.malformed.len(), 1);
         assert_eq!(drain.malformed[0].0, Some(6));
         assert!(drain.malformed[0].1.contains("token_id"), "{:?}", drain.malformed);
+    }
+
+    #[test]
+    fn one_odd_event_costs_the_fast_path_not_the_answer() {
+        let fast = decode_drain(ANSWER.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        // A last event whose data has a field of the wrong type: the
+        // one-pass decode fails, the per-event one keeps the rest.
+        let odd = ANSWER.trim_end().trim_end_matches(']').to_owned()
+            + r#", {"event_id": 8, "data": {"type": "removed", "block_hashes": "all"}}]"#;
+        let slow = decode_drain(odd.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(slow.events, fast.events);
+        assert_eq!(slow.skipped, fast.skipped);
+        assert_eq!(&slow.event_ids[..8], &fast.event_ids[..]);
+        assert_eq!(slow.malformed.len(), fast.malformed.len() + 1);
+        assert_eq!(slow.malformed.last().map(|m| m.0), Some(Some(8)));
     }
 
     #[test]
