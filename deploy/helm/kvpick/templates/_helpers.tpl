@@ -101,9 +101,18 @@ Derived settings.
 {{- end }}
 {{- end }}
 
+{{/* TensorRT-LLM: no tokenizer endpoint to point a Service at. */}}
+{{- define "kvpick.tensorrtLlm" -}}
+{{- if hasPrefix "trtllm" .Values.engine.kind }}
+{{- if not .Values.tokenizer.local.volume }}
+{{- fail "engine.kind trtllm/trtllm-zmq needs tokenizer.local (TensorRT-LLM has no tokenizer endpoint)" }}
+{{- end }}true
+{{- end }}
+{{- end }}
+
 {{/* Whether the chart makes the tokenizer Service (and points kvpick at it). */}}
 {{- define "kvpick.tokenizerServiceEnabled" -}}
-{{- if and (include "kvpick.kubernetesMode" .) (not .Values.tokenizer.url) .Values.tokenizer.service.create }}true{{ end }}
+{{- if and (include "kvpick.kubernetesMode" .) (not .Values.tokenizer.url) .Values.tokenizer.service.create (not (include "kvpick.tensorrtLlm" .)) }}true{{ end }}
 {{- end }}
 
 {{- define "kvpick.tokenizerUrl" -}}
@@ -154,8 +163,8 @@ Checks that fail the render with a message naming the value.
 {{- if and (eq .Values.gateway.flavour "agentgateway") .Values.gateway.fallbacksInHeader }}
 {{- fail "gateway.fallbacksInHeader must be false with gateway.flavour=agentgateway: agentgateway answers 503 to a list of endpoints in the header" }}
 {{- end }}
-{{- if and (include "kvpick.kubernetesMode" .) (not (include "kvpick.tokenizerUrl" .)) }}
-{{- fail "Kubernetes discovery needs a tokenizer: set tokenizer.url, or keep tokenizer.service.create=true" }}
+{{- if and (include "kvpick.kubernetesMode" .) (not (include "kvpick.tokenizerUrl" .)) (not .Values.tokenizer.local.volume) }}
+{{- fail "Kubernetes discovery needs a tokenizer: set tokenizer.url or tokenizer.local, or keep tokenizer.service.create=true" }}
 {{- end }}
 {{- if and (include "kvpick.tokenizerServiceEnabled" .) (not .Values.inferencePool.selector) }}
 {{- fail "tokenizer.service.create needs inferencePool.selector (the model server pods' labels)" }}
