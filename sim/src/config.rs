@@ -42,6 +42,8 @@ pub enum HashFormat {
     /// The whole 16-byte digest as msgpack bin (vLLM's xxhash option with
     /// `VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0`).
     Bytes,
+    /// Signed int64, negative for half of them (SGLang).
+    SignedInt,
 }
 
 /// Which engine the simulator plays: its HTTP API and how its KV events
@@ -54,6 +56,24 @@ pub enum Flavour {
     /// `trtllm-serve`: OpenAI routes, no render endpoint; KV events drained
     /// by `POST /kv_cache_events` (the ZMQ sockets stay bound, silent).
     Trtllm,
+    /// SGLang's server: OpenAI routes, `/generate` and `/tokenize`, no
+    /// render endpoint; KV events over ZMQ as configured (SGLang's own
+    /// choices are `Flavour::sglang_events`).
+    Sglang,
+}
+
+impl Flavour {
+    /// SGLang's KV-event wire choices: positional array events (before
+    /// sglang#37482), signed int64 hashes, the legacy replay layout.
+    pub fn sglang_events(config: EngineConfig) -> EngineConfig {
+        EngineConfig {
+            flavour: Flavour::Sglang,
+            encoding: EventEncoding::Array,
+            hash_format: HashFormat::SignedInt,
+            replay_layout: ReplayLayout::Legacy,
+            ..config
+        }
+    }
 }
 
 /// Fixed ports of one engine; `None` lets the OS pick one on 127.0.0.1.
@@ -193,7 +213,8 @@ impl FromStr for Flavour {
         match s {
             "vllm" => Ok(Flavour::Vllm),
             "trtllm" => Ok(Flavour::Trtllm),
-            other => Err(format!("unknown engine flavour {other:?} (vllm, trtllm)")),
+            "sglang" => Ok(Flavour::Sglang),
+            other => Err(format!("unknown engine flavour {other:?} (vllm, trtllm, sglang)")),
         }
     }
 }
@@ -203,6 +224,7 @@ impl fmt::Display for Flavour {
         f.write_str(match self {
             Flavour::Vllm => "vllm",
             Flavour::Trtllm => "trtllm",
+            Flavour::Sglang => "sglang",
         })
     }
 }
@@ -244,7 +266,8 @@ impl FromStr for HashFormat {
         match s {
             "int" => Ok(HashFormat::Int),
             "bytes" => Ok(HashFormat::Bytes),
-            other => Err(format!("unknown hash format {other:?} (int, bytes)")),
+            "signed" => Ok(HashFormat::SignedInt),
+            other => Err(format!("unknown hash format {other:?} (int, bytes, signed)")),
         }
     }
 }

@@ -132,6 +132,9 @@ impl BatchEncoder {
         match self.hash_format {
             HashFormat::Int => w.uint(digest.published()),
             HashFormat::Bytes => w.bin(&digest.bytes()),
+            // SGLang's `hash_str_to_int64`: the digest's 8 bytes as a
+            // signed int64.
+            HashFormat::SignedInt => w.int(digest.published() as i64),
         }
     }
 

@@ -22,6 +22,7 @@ use super::engine::EngineClient;
 use super::event_drain::EventDrain;
 use super::metrics;
 use super::render;
+use super::sglang_api;
 use super::tokenizer::{render_chat, render_completion};
 
 /// Response header naming the engine that answered.
@@ -84,7 +85,7 @@ impl HttpState {
 }
 
 /// vLLM's routes; `trtllm-serve`'s have no render endpoints and add the
-/// KV-event drain.
+/// KV-event drain; SGLang's add `/tokenize` and `/generate`.
 pub(crate) fn router(state: Arc<HttpState>) -> Router {
     let routes = Router::new()
         .route("/v1/chat/completions", post(completions::chat))
@@ -97,6 +98,9 @@ pub(crate) fn router(state: Arc<HttpState>) -> Router {
             .route("/v1/chat/completions/render", post(render::chat))
             .route("/v1/completions/render", post(render::completions)),
         Flavour::Trtllm => routes.route("/kv_cache_events", post(kv_cache_events)),
+        Flavour::Sglang => {
+            routes.route("/tokenize", post(sglang_api::tokenize)).route("/generate", post(sglang_api::generate))
+        }
     };
     routes.with_state(state)
 }

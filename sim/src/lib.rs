@@ -52,6 +52,7 @@ mod publisher;
 mod render;
 mod replay_buffer;
 pub mod scheduler;
+mod sglang_api;
 pub mod time_model;
 pub mod tokenizer;
 

@@ -51,6 +51,28 @@ impl MsgpackWriter {
         }
     }
 
+    /// A signed integer in msgpack's smallest form, as msgspec writes a
+    /// Python int: non-negative values as unsigned, negative ones as
+    /// negative fixint or int 8/16/32/64.
+    pub(crate) fn int(&mut self, v: i64) {
+        if v >= 0 {
+            self.uint(v as u64);
+        } else if v >= -32 {
+            self.buf.push(v as u8);
+        } else if v >= i64::from(i8::MIN) {
+            self.buf.extend_from_slice(&[0xd0, v as u8]);
+        } else if v >= i64::from(i16::MIN) {
+            self.buf.push(0xd1);
+            self.buf.extend_from_slice(&(v as i16).to_be_bytes());
+        } else if v >= i64::from(i32::MIN) {
+            self.buf.push(0xd2);
+            self.buf.extend_from_slice(&(v as i32).to_be_bytes());
+        } else {
+            self.buf.push(0xd3);
+            self.buf.extend_from_slice(&v.to_be_bytes());
+        }
+    }
+
     pub(crate) fn f64(&mut self, v: f64) {
         self.buf.push(0xcb);
         self.buf.extend_from_slice(&v.to_be_bytes());

@@ -75,11 +75,16 @@ fn map_encoding_matches_msgspec_fixture_bytes() {
     assert_eq!(ours.len(), 275);
 }
 
-/// Hashes straddling every msgpack int width, long token lists (array16)
-/// and more than 15 events (array16 for the event list).
+/// Hashes straddling every msgpack int width, unsigned and (read as
+/// SGLang's signed int64) negative, long token lists (array16) and more
+/// than 15 events (array16 for the event list).
 fn varied_events() -> Vec<CacheEvent> {
-    let widths =
-        [0u64, 0x7f, 0x80, 0xff, 0x100, 0xffff, 0x1_0000, 0xffff_ffff, 0x1_0000_0000, i64::MAX as u64, u64::MAX];
+    let negative = [-32i64, -33, -128, -129, -32_768, -32_769, i64::from(i32::MIN), i64::from(i32::MIN) - 1, i64::MIN];
+    let widths: Vec<u64> =
+        [0u64, 0x7f, 0x80, 0xff, 0x100, 0xffff, 0x1_0000, 0xffff_ffff, 0x1_0000_0000, i64::MAX as u64, u64::MAX]
+            .into_iter()
+            .chain(negative.map(|n| n as u64))
+            .collect();
     let digests: Vec<BlockDigest> = widths.iter().map(|&w| BlockDigest(u128::from(w) | (7u128 << 100))).collect();
     let block_size = 16;
     let tokens: Vec<u32> = (0..digests.len() as u32 * block_size).map(|i| i * 13_001 % 151_936).collect();
@@ -141,7 +146,7 @@ fn check_decoded(sent: &[CacheEvent], decoded: &[DecodedEvent], encoding: EventE
 fn kvpick_decodes_both_encodings_and_hash_formats() {
     let events = varied_events();
     for encoding in [EventEncoding::Map, EventEncoding::Array] {
-        for hash_format in [HashFormat::Int, HashFormat::Bytes] {
+        for hash_format in [HashFormat::Int, HashFormat::Bytes, HashFormat::SignedInt] {
             let payload = encoder(encoding, hash_format, 3).encode(1_789_095_808.837_884_7, &events);
             let batch = decode_batch(&payload)
                 .unwrap_or_else(|e| panic!("{encoding:?}/{hash_format:?}: kvpick rejects the batch: {e}"));

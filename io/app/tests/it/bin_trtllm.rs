@@ -124,12 +124,12 @@ async fn an_overflowed_event_buffer_is_counted_and_clears_the_worker() {
 #[test]
 fn the_demo_runs_on_a_mixed_fleet() {
     let output = crate::bin_support::binary()
-        .args(["demo", "--quiet", "--engine", "mixed", "--engines", "2", "--conversations", "6", "--turns", "3"])
+        .args(["demo", "--quiet", "--engine", "mixed", "--engines", "3", "--conversations", "6", "--turns", "3"])
         .output()
         .unwrap_or_else(|e| panic!("{e}"));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
-    assert!(stdout.contains("vLLM and TensorRT-LLM (alternating)"), "{stdout}");
+    assert!(stdout.contains("vLLM, TensorRT-LLM and SGLang (in turn)"), "{stdout}");
     let hit_rate = |policy: &str| -> f64 {
         // The table's row: the policy, then the request count.
         let row = |l: &&str| {

@@ -16,8 +16,9 @@
 //! `--engine trtllm` plays `trtllm-serve` instead (KV events drained from
 //! `/kv_cache_events`, no render endpoint: kvpick tokenizes in-process with
 //! the model directory `demo_model` writes, which the engines use too);
-//! `--engine mixed` alternates vLLM and TensorRT-LLM engines behind one
-//! pool. Any `--engine` but the default uses that model directory for
+//! `--engine sglang` SGLang (its own event form over ZMQ; `/tokenize`
+//! renders no chat, so kvpick tokenizes in-process there too); `--engine
+//! mixed` rotates vLLM, TensorRT-LLM and SGLang engines behind one pool. Any `--engine` but the default uses that model directory for
 //! every engine, so `--engine vllm --model-dir generated` compares like
 //! with like (`--tokenizer` says which: `builtin` or `generated`).
 
@@ -58,6 +59,7 @@ const TIME_SCALE: f64 = 10.0;
 enum DemoEngine {
     Vllm,
     Trtllm,
+    Sglang,
     Mixed,
 }
 
@@ -66,8 +68,8 @@ impl DemoEngine {
         match self {
             DemoEngine::Vllm => Flavour::Vllm,
             DemoEngine::Trtllm => Flavour::Trtllm,
-            DemoEngine::Mixed if i % 2 == 0 => Flavour::Vllm,
-            DemoEngine::Mixed => Flavour::Trtllm,
+            DemoEngine::Sglang => Flavour::Sglang,
+            DemoEngine::Mixed => [Flavour::Vllm, Flavour::Trtllm, Flavour::Sglang][i % 3],
         }
     }
 
@@ -75,7 +77,8 @@ impl DemoEngine {
         match self {
             DemoEngine::Vllm => "vLLM",
             DemoEngine::Trtllm => "TensorRT-LLM (trtllm-serve)",
-            DemoEngine::Mixed => "vLLM and TensorRT-LLM (alternating)",
+            DemoEngine::Sglang => "SGLang",
+            DemoEngine::Mixed => "vLLM, TensorRT-LLM and SGLang (in turn)",
         }
     }
 }
@@ -105,12 +108,15 @@ fn options(m: &ArgMatches) -> Result<Options, String> {
     let engine = match text("engine").as_str() {
         "vllm" => DemoEngine::Vllm,
         "trtllm" => DemoEngine::Trtllm,
+        "sglang" => DemoEngine::Sglang,
         "mixed" => DemoEngine::Mixed,
-        other => return Err(format!("--engine={other:?}: expected vllm, trtllm or mixed")),
+        other => return Err(format!("--engine={other:?}: expected vllm, trtllm, sglang or mixed")),
     };
     let generated_model = match (text("tokenizer").as_str(), engine) {
         ("builtin", DemoEngine::Vllm) => false,
-        ("builtin", _) => return Err("--tokenizer=builtin: TensorRT-LLM needs the generated model directory".into()),
+        ("builtin", _) => {
+            return Err("--tokenizer=builtin: TensorRT-LLM and SGLang need the generated model directory".into());
+        }
         ("generated", _) | ("", _) => engine != DemoEngine::Vllm || text("tokenizer") == "generated",
         (other, _) => return Err(format!("--tokenizer={other:?}: expected builtin or generated")),
     };
@@ -238,17 +244,22 @@ fn engine_configs(o: &Options, model_dir: Option<&Path>) -> Vec<EngineConfig> {
         ..EngineConfig::default()
     };
     let mut configs = Fleet::configs(o.engines, &base);
-    for (i, config) in configs.iter_mut().enumerate() {
-        config.flavour = o.engine.flavour(i);
-    }
     configs
+        .into_iter()
+        .enumerate()
+        .map(|(i, config)| match o.engine.flavour(i) {
+            Flavour::Sglang => Flavour::sglang_events(config),
+            flavour => EngineConfig { flavour, ..config },
+        })
+        .collect()
 }
 
-/// The workers file entry of an engine: vLLM's ZMQ sockets, or
-/// `trtllm-serve`'s drain at its endpoint.
+/// The workers file entry of an engine: vLLM's or SGLang's ZMQ sockets,
+/// or `trtllm-serve`'s drain at its endpoint.
 fn entry(flavour: Flavour, e: EngineEndpoints) -> Entry {
     match flavour {
         Flavour::Vllm => Entry::new(e.http, e.events, Some(e.replay)),
+        Flavour::Sglang => Entry { engine: Some("sglang".into()), ..Entry::new(e.http, e.events, Some(e.replay)) },
         Flavour::Trtllm => Entry { endpoint: e.http.to_string(), engine: Some("trtllm".into()), ..Entry::default() },
     }
 }
@@ -280,8 +291,9 @@ async fn run_policy(o: &Options, policy: Policy) -> Result<RunResult, String> {
         values.set(var::SHARDS, "1");
         values.set(var::BLOCK_SIZE, "16");
         values.set(var::MODEL, MODEL);
-        // TensorRT-LLM has no render endpoint: kvpick tokenizes in-process.
-        // A vLLM-only fleet renders, as by default.
+        // TensorRT-LLM has no render endpoint and SGLang's `/tokenize`
+        // renders no chat: kvpick tokenizes in-process. A vLLM-only fleet
+        // renders, as by default.
         if o.engine != DemoEngine::Vllm {
             values.set(var::TOKENIZER, format!("local:{}", model_dir.display()));
         }

@@ -50,9 +50,9 @@ fn command() -> Command {
         .arg(
             Arg::new("engine")
                 .long("engine")
-                .value_name("vllm|trtllm|mixed")
+                .value_name("vllm|trtllm|sglang|mixed")
                 .default_value("vllm")
-                .help("What the engines play: vLLM, trtllm-serve (KV events drained over HTTP, kvpick tokenizing in-process), or both alternating"),
+                .help("What the engines play: vLLM, trtllm-serve (KV events drained over HTTP), SGLang, or all three in turn; all but vLLM with kvpick tokenizing in-process"),
         )
         .arg(
             Arg::new("tokenizer")

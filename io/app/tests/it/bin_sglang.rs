@@ -1,0 +1,60 @@
+//! `kvpick serve` in front of simulated SGLang servers: KV events over ZMQ
+//! in SGLang's own form (positional array events, signed int64 hashes, the
+//! legacy replay layout) and prompts tokenized by SGLang's `/tokenize`.
+//! Completions stick to the engine holding their prefix; chat, which
+//! `/tokenize` cannot render, is routed by load and counted.
+
+use std::path::Path;
+use std::time::Duration;
+
+use kvpick_discovery::workers_file::{self, Entry};
+use kvpick_sim::{Flavour, Fleet};
+use kvpick_test_support::gateway::Gateway;
+
+use crate::bin_support::{TempDir, chat, engine_config, scrape, serve, value};
+
+fn write_sglang_workers(path: &Path, fleet: &Fleet) {
+    let entries: Vec<Entry> = fleet
+        .endpoints()
+        .into_iter()
+        .map(|e| Entry { engine: Some("sglang".into()), ..Entry::new(e.http, e.events, Some(e.replay)) })
+        .collect();
+    workers_file::write(path, &entries).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+fn completion(prompt: &str) -> Vec<u8> {
+    serde_json::json!({"model": "sim-model", "prompt": prompt, "max_tokens": 8}).to_string().into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_events_and_tokenize_route_by_overlap() {
+    let fleet = Fleet::start(2, &Flavour::sglang_events(engine_config())).await.unwrap_or_else(|e| panic!("{e}"));
+    let dir = TempDir::new("sglang");
+    let file = dir.path("workers.json");
+    write_sglang_workers(&file, &fleet);
+    let mut kvpick = serve(&file, &[]);
+    let log = kvpick.drain_log();
+    assert!(log.iter().any(|l| l.contains("sglang-tokenize") && l.contains("asking the first worker")), "{log:?}");
+
+    let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
+    let shared = "Summarise the following contract clause by clause, citing each one. ".repeat(20);
+    let mut picked = Vec::new();
+    for turn in 0..4 {
+        let body = completion(&format!("{shared} Clause {turn}."));
+        let exchange = gateway.post("/v1/completions", &body).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(exchange.status, 200, "{}", String::from_utf8_lossy(&exchange.body));
+        picked.push(exchange.endpoint.unwrap_or_else(|| panic!("no pick")));
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(picked[1..].iter().all(|e| *e == picked[0]), "turns moved: {picked:?}");
+    let after = scrape(kvpick.metrics).await;
+    assert!(value(&after, "kvpick_picked_overlap_tokens_total", &[]) > 0.0, "later prompts overlapped");
+    assert!(value(&after, "kvpick_kv_events_applied_total", &[]) > 0.0);
+    assert_eq!(value(&after, "kvpick_kv_events_malformed_total", &[]), 0.0, "signed hashes decode");
+
+    // Chat cannot be rendered by /tokenize: picked by load, still served.
+    let exchange = gateway.post("/v1/chat/completions", &chat("hello")).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(exchange.status, 200, "{}", String::from_utf8_lossy(&exchange.body));
+    assert!(exchange.endpoint.is_some());
+    fleet.shutdown().await;
+}
