@@ -19,6 +19,7 @@ pub mod calibration;
 pub mod clock;
 pub mod cost;
 pub mod directory;
+pub mod error_chain;
 pub mod event;
 pub mod hashing;
 pub mod index;

@@ -4,23 +4,19 @@
 //! prefix; an engine restart and an overflowed event buffer each clear the
 //! worker's blocks and are counted.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
 
 use kvpick_discovery::workers_file::{self, Entry};
 use kvpick_sim::{EngineConfig, Flavour, Fleet};
-use kvpick_test_support::gateway::Gateway;
 
-use crate::bin_support::{Kvpick, TempDir, WAIT, chat, engine_config, scrape, serve, value};
-
-fn model_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer/chatml")
-}
+use crate::bin_support::{
+    Kvpick, TempDir, conversation, engine_config, fixture_model_dir, scrape, serve, until, value,
+};
 
 async fn trtllm_fleet(n: usize, event_buffer_max_size: usize) -> Fleet {
     let base = EngineConfig {
         flavour: Flavour::Trtllm,
-        model_dir: Some(model_dir()),
+        model_dir: Some(fixture_model_dir()),
         event_buffer_max_size,
         ..engine_config()
     };
@@ -42,42 +38,11 @@ fn start(fleet: &Fleet, tag: &str, extra: &[&str]) -> (TempDir, Kvpick) {
     let dir = TempDir::new(tag);
     let file = dir.path("workers.json");
     write_trtllm_workers(&file, fleet);
-    let local = format!("local:{}", model_dir().display());
+    let local = format!("local:{}", fixture_model_dir().display());
     let mut args = vec!["--tokenizer", local.as_str()];
     args.extend_from_slice(extra);
     let kvpick = serve(&file, &args);
     (dir, kvpick)
-}
-
-/// `turns` turns sharing a long system prompt, through the miniature
-/// gateway; the endpoints picked.
-async fn conversation(kvpick: &Kvpick, fleet: &Fleet, topic: &str, turns: usize) -> Vec<std::net::SocketAddr> {
-    let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
-    let endpoints: Vec<_> = fleet.endpoints().iter().map(|e| e.http).collect();
-    let shared = format!("You are a helpful assistant on {topic}. Answer briefly and precisely. ").repeat(16);
-    let mut picked = Vec::new();
-    for turn in 0..turns {
-        let text = format!("{shared} Question {turn}: what is the capital of France?");
-        let exchange = gateway.post("/v1/chat/completions", &chat(&text)).await.unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(exchange.status, 200, "{}", String::from_utf8_lossy(&exchange.body));
-        let endpoint = exchange.endpoint.unwrap_or_else(|| panic!("no pick"));
-        assert!(endpoints.contains(&endpoint), "picked {endpoint}, not an engine");
-        picked.push(endpoint);
-        // Let the engine's events be drained before the next turn.
-        tokio::time::sleep(Duration::from_millis(150)).await;
-    }
-    picked
-}
-
-async fn until(kvpick: &Kvpick, what: &str, done: impl Fn(&prometheus_parse::Scrape) -> bool) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if done(&scrape(kvpick.metrics).await) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{what}: not seen in {WAIT:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,5 @@
 //! One `POST /kv_cache_events` round trip: bounded in time and size.
 
-use std::error::Error as StdError;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -10,6 +9,7 @@ use hyper::{Method, Request, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kvpick_core::error_chain::error_chain;
 
 /// Idle pooled connections are closed after this long: `trtllm-serve`
 /// serves through uvicorn, whose keep-alive timeout is 5 s, so ours closes
@@ -42,28 +42,16 @@ pub(crate) async fn drain(
         *request.method_mut() = Method::POST;
         *request.uri_mut() = uri.clone();
         request.headers_mut().insert(ACCEPT, HeaderValue::from_static("application/json"));
-        let response = client.request(request).await.map_err(|e| format!("no answer: {}", chain(&e)))?;
+        let response = client.request(request).await.map_err(|e| format!("no answer: {}", error_chain(&e)))?;
         let status = response.status();
         if !status.is_success() {
             return Err(format!("answered {status}"));
         }
         let body = Limited::new(response.into_body(), max_bytes).collect().await;
-        body.map(|b| b.to_bytes()).map_err(|e| format!("reading the answer: {}", chain(e.as_ref())))
+        body.map(|b| b.to_bytes()).map_err(|e| format!("reading the answer: {}", error_chain(e.as_ref())))
     };
     match tokio::time::timeout(timeout, round_trip).await {
         Ok(answer) => answer,
         Err(_) => Err(format!("no answer within {timeout:?}")),
     }
-}
-
-/// An error with its causes, `a: b: c` (hyper's own message is terse).
-fn chain(error: &(dyn StdError + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -17,7 +17,6 @@
 //!
 //! Runs on the caller's tokio runtime; holds no lock across an await.
 
-use std::error::Error as StdError;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -30,6 +29,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::metrics::TokenizerMetrics;
+use kvpick_core::error_chain::error_chain;
 use kvpick_ext_proc::TokenizeError;
 
 /// The engine's error message is passed on to the client cut to this many
@@ -238,19 +238,6 @@ fn status_text(status: StatusCode) -> String {
         Some(reason) => format!("{} {reason}", status.as_u16()),
         None => status.as_u16().to_string(),
     }
-}
-
-/// An error and its sources, outermost first: hyper's own messages are
-/// terse ("client error (Connect)") and the cause is deeper.
-fn error_chain(error: &(dyn StdError + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -243,7 +243,7 @@ fn engine_configs(o: &Options, model_dir: Option<&Path>) -> Vec<EngineConfig> {
         model_dir: model_dir.map(Path::to_path_buf),
         ..EngineConfig::default()
     };
-    let mut configs = Fleet::configs(o.engines, &base);
+    let configs = Fleet::configs(o.engines, &base);
     configs
         .into_iter()
         .enumerate()

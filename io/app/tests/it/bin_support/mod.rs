@@ -26,6 +26,12 @@ pub fn engine_config() -> EngineConfig {
     }
 }
 
+/// The ChatML fixture model of tests/fixtures/tokenizer (a Hugging Face
+/// model directory made with transformers).
+pub fn fixture_model_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer/chatml")
+}
+
 pub async fn fleet(n: usize) -> Fleet {
     Fleet::start(n, &engine_config()).await.unwrap_or_else(|e| panic!("fleet: {e}"))
 }
@@ -272,4 +278,38 @@ pub fn chat(text: &str) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
+}
+
+/// A conversation of `turns` turns sharing a long system prompt on `topic`,
+/// through the miniature gateway to kvpick; the endpoints picked (each
+/// checked to be one of the fleet's).
+pub async fn conversation(kvpick: &Kvpick, fleet: &Fleet, topic: &str, turns: usize) -> Vec<SocketAddr> {
+    let gateway =
+        kvpick_test_support::gateway::Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
+    let endpoints: Vec<_> = fleet.endpoints().iter().map(|e| e.http).collect();
+    let shared = format!("You are a helpful assistant on {topic}. Answer briefly and precisely. ").repeat(16);
+    let mut picked = Vec::new();
+    for turn in 0..turns {
+        let text = format!("{shared} Question {turn}: what is the capital of France?");
+        let exchange = gateway.post("/v1/chat/completions", &chat(&text)).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(exchange.status, 200, "{}", String::from_utf8_lossy(&exchange.body));
+        let endpoint = exchange.endpoint.unwrap_or_else(|| panic!("no pick"));
+        assert!(endpoints.contains(&endpoint), "picked {endpoint}, not an engine");
+        picked.push(endpoint);
+        // Let the engine's KV events reach kvpick before the next turn.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    picked
+}
+
+/// Waits until kvpick's metrics satisfy `done`; panics after [`WAIT`].
+pub async fn until(kvpick: &Kvpick, what: &str, done: impl Fn(&prometheus_parse::Scrape) -> bool) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if done(&scrape(kvpick.metrics).await) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: not seen in {WAIT:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
