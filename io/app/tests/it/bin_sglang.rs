@@ -2,7 +2,8 @@
 //! in SGLang's own form (positional array events, signed int64 hashes, the
 //! legacy replay layout) and prompts tokenized by SGLang's `/tokenize`.
 //! Completions stick to the engine holding their prefix; chat, which
-//! `/tokenize` cannot render, is routed by load and counted.
+//! `/tokenize` cannot render, is routed by load and counted; a local
+//! tokenizer that disagrees with SGLang's is caught by the parity sampler.
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use kvpick_discovery::workers_file::{self, Entry};
 use kvpick_sim::{Flavour, Fleet};
 use kvpick_test_support::gateway::Gateway;
 
-use crate::bin_support::{TempDir, chat, engine_config, scrape, serve, value};
+use crate::bin_support::{TempDir, chat, engine_config, fixture_model_dir, scrape, serve, until, value};
 
 fn write_sglang_workers(path: &Path, fleet: &Fleet) {
     let entries: Vec<Entry> = fleet
@@ -56,5 +57,28 @@ async fn sglang_events_and_tokenize_route_by_overlap() {
     let exchange = gateway.post("/v1/chat/completions", &chat("hello")).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(exchange.status, 200, "{}", String::from_utf8_lossy(&exchange.body));
     assert!(exchange.endpoint.is_some());
+    fleet.shutdown().await;
+}
+
+/// kvpick tokenizing in-process (the fixture model) in front of SGLang
+/// servers with another tokenizer: the parity sampler, asking SGLang's
+/// `/tokenize` for completions, catches it and hands tokenizing back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mismatched_local_tokenizer_is_caught_against_sglang_tokenize() {
+    let fleet = Fleet::start(2, &Flavour::sglang_events(engine_config())).await.unwrap_or_else(|e| panic!("{e}"));
+    let dir = TempDir::new("sglang-parity");
+    let file = dir.path("workers.json");
+    write_sglang_workers(&file, &fleet);
+    let local = format!("local:{}", fixture_model_dir().display());
+    let kvpick = serve(&file, &["--tokenizer", &local, "--tokenizer-parity-ratio", "1"]);
+    let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
+    for turn in 0..4 {
+        let body = completion(&format!("Translate the following sentence into French, turn {turn}."));
+        let exchange = gateway.post("/v1/completions", &body).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(exchange.status, 200, "{}", String::from_utf8_lossy(&exchange.body));
+    }
+    until(&kvpick, "the engine fallback", |s| value(s, "kvpick_tokenizer_engine_fallback", &[]) == 1.0).await;
+    let after = scrape(kvpick.metrics).await;
+    assert!(value(&after, "kvpick_tokenizer_parity_checks_total", &[("outcome", "mismatch")]) >= 1.0);
     fleet.shutdown().await;
 }
