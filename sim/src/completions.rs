@@ -143,21 +143,31 @@ fn usage(outcome: &Outcome) -> Value {
     })
 }
 
-/// The whole JSON answer, once the request finished.
-async fn collect(envelope: Envelope, mut rx: UnboundedReceiver<Progress>) -> Response {
-    let mut text = String::new();
-    let outcome = loop {
-        let error = match rx.recv().await {
-            Some(Progress::Token { text: piece, .. }) => {
+/// A request run to its end: its text, its token ids and its outcome, or
+/// the error answer (refused: 400; aborted or engine gone: 503).
+pub(crate) async fn run_to_end(mut rx: UnboundedReceiver<Progress>) -> Result<(String, Vec<u32>, Outcome), ApiError> {
+    let (mut text, mut token_ids) = (String::new(), Vec::new());
+    loop {
+        match rx.recv().await {
+            Some(Progress::Token { token_id, text: piece }) => {
                 text.push_str(&piece);
-                continue;
+                token_ids.push(token_id);
             }
-            Some(Progress::Finished(outcome)) => break outcome,
-            Some(Progress::Rejected(reason)) => ApiError::bad_request(reason),
-            Some(Progress::Aborted(reason)) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: reason },
-            None => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: "engine stopped".into() },
-        };
-        return error.into_response();
+            Some(Progress::Finished(outcome)) => return Ok((text, token_ids, outcome)),
+            Some(Progress::Rejected(reason)) => return Err(ApiError::bad_request(reason)),
+            Some(Progress::Aborted(reason)) => {
+                return Err(ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: reason });
+            }
+            None => return Err(ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: "engine stopped".into() }),
+        }
+    }
+}
+
+/// The whole JSON answer, once the request finished.
+async fn collect(envelope: Envelope, rx: UnboundedReceiver<Progress>) -> Response {
+    let (text, outcome) = match run_to_end(rx).await {
+        Ok((text, _, outcome)) => (text, outcome),
+        Err(error) => return error.into_response(),
     };
     let Envelope { api, id, created, model } = envelope;
     let answer = match api {

@@ -47,7 +47,9 @@ fn usage() -> &'static str {
      \n  --hash-format int|bytes   block hashes as ints or 16-byte binaries (int)\
      \n  --topic T                 ZMQ topic frame (empty)\
      \n  --replay-buffer N         batches kept for replay (10000)\
-     \n  --flavour vllm|trtllm     the engine played: vLLM (ZMQ events, render) or trtllm-serve (/kv_cache_events, no render)\
+     \n  --flavour vllm|trtllm|sglang  the engine played: vLLM (ZMQ events, render), trtllm-serve (/kv_cache_events,\
+     \n                            no render) or SGLang (/tokenize, /generate; its event form needs --encoding array\
+     \n                            --hash-format signed --replay-layout legacy)\
      \n  --event-buffer-max-size N trtllm: events kept until drained, oldest discarded (1024)\
      \n  --model-dir DIR           tokenize with this Hugging Face model directory\
      \n  --drop-fraction F         share of event batches lost (0)\

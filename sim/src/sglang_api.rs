@@ -19,7 +19,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::engine_loop::Progress;
+use super::completions::run_to_end;
 use super::http_server::{ApiError, HttpState, parse_body};
 use super::scheduler::{RequestSpec, check_request};
 
@@ -27,20 +27,16 @@ pub(crate) async fn tokenize(State(state): State<Arc<HttpState>>, bytes: Bytes) 
     let answer = parse_body(&state, &bytes).and_then(|body| {
         let prompt = body.get("prompt").ok_or_else(|| ApiError::bad_request("prompt is required"))?;
         let add_special = body.get("add_special_tokens").and_then(Value::as_bool).unwrap_or(true);
-        let one = |text: &Value| -> Result<Vec<u32>, ApiError> {
-            let request = json!({"prompt": text, "add_special_tokens": add_special});
-            let mut prompts = state.completion_tokens(request.to_string().as_bytes(), &request)?;
-            prompts.pop().ok_or_else(|| ApiError::bad_request("an empty prompt"))
-        };
         let max_model_len = state.config.max_model_len;
         Ok(match prompt {
             Value::Array(list) => {
-                let tokens = list.iter().map(one).collect::<Result<Vec<_>, _>>()?;
+                let tokens =
+                    list.iter().map(|text| text_tokens(&state, text, add_special)).collect::<Result<Vec<_>, _>>()?;
                 let counts: Vec<usize> = tokens.iter().map(Vec::len).collect();
                 json!({"tokens": tokens, "count": counts, "max_model_len": max_model_len})
             }
             text => {
-                let tokens = one(text)?;
+                let tokens = text_tokens(&state, text, add_special)?;
                 json!({"count": tokens.len(), "tokens": tokens, "max_model_len": max_model_len})
             }
         })
@@ -58,27 +54,16 @@ pub(crate) async fn generate(State(state): State<Arc<HttpState>>, headers: Heade
         Err(error) => return ([engine_header], error).into_response(),
     };
     let id = state.request_id("generate", &headers);
-    let mut rx = match state.engine.submit(spec) {
+    let rx = match state.engine.submit(spec) {
         Ok(rx) => rx,
         Err(error) => {
             let error = ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: error.to_string() };
             return ([engine_header], error).into_response();
         }
     };
-    let (mut text, mut output_ids) = (String::new(), Vec::new());
-    let outcome = loop {
-        let error = match rx.recv().await {
-            Some(Progress::Token { token_id, text: piece }) => {
-                text.push_str(&piece);
-                output_ids.push(token_id);
-                continue;
-            }
-            Some(Progress::Finished(outcome)) => break outcome,
-            Some(Progress::Rejected(reason)) => ApiError::bad_request(reason),
-            Some(Progress::Aborted(reason)) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: reason },
-            None => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: "engine stopped".into() },
-        };
-        return ([engine_header], error).into_response();
+    let (text, output_ids, outcome) = match run_to_end(rx).await {
+        Ok(done) => done,
+        Err(error) => return ([engine_header], error).into_response(),
     };
     let answer = json!({
         "text": text,
@@ -94,6 +79,13 @@ pub(crate) async fn generate(State(state): State<Arc<HttpState>>, headers: Heade
     ([engine_header], axum::Json(answer)).into_response()
 }
 
+/// The tokens `/v1/completions` caches for the prompt `text`.
+fn text_tokens(state: &HttpState, text: &Value, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
+    let request = json!({"prompt": text, "add_special_tokens": add_special_tokens});
+    let mut prompts = state.completion_tokens(request.to_string().as_bytes(), &request)?;
+    prompts.pop().ok_or_else(|| ApiError::bad_request("an empty prompt"))
+}
+
 fn generate_spec(state: &HttpState, bytes: &[u8]) -> Result<RequestSpec, ApiError> {
     let body = parse_body(state, bytes)?;
     if body.get("stream").and_then(Value::as_bool).unwrap_or(false) {
@@ -105,11 +97,7 @@ fn generate_spec(state: &HttpState, bytes: &[u8]) -> Result<RequestSpec, ApiErro
             .map(|id| id.as_u64().and_then(|n| u32::try_from(n).ok()))
             .collect::<Option<Vec<u32>>>()
             .ok_or_else(|| ApiError::bad_request("input_ids must be one list of token ids"))?,
-        (_, Some(text @ Value::String(_))) => {
-            let request = json!({"prompt": text});
-            let mut prompts = state.completion_tokens(request.to_string().as_bytes(), &request)?;
-            prompts.pop().ok_or_else(|| ApiError::bad_request("an empty text"))?
-        }
+        (_, Some(text @ Value::String(_))) => text_tokens(state, text, true)?,
         _ => return Err(ApiError::bad_request("one of text (a string) or input_ids (a list) is required")),
     };
     let max_tokens = match body.pointer("/sampling_params/max_new_tokens") {

@@ -229,8 +229,7 @@ impl Catalog {
         let pool = self.pool_spec();
         let facts = self.pods.get(name);
         let ip = PodFacts::worker_ip(facts, pool)?;
-        let labels_and_images = facts.map(|f| (&f.labels, f.images.iter().map(String::as_str)));
-        let engine = match labels_and_images.map(|(labels, images)| self.cfg.engine.resolve(labels, images)) {
+        let engine = match facts.map(|f| self.cfg.engine.resolve(&f.labels, f.images.iter().map(String::as_str))) {
             Some(Ok(engine)) => engine,
             Some(Err((fallback, why))) => {
                 warn!(pod = name, engine = %fallback, "{ENGINE_LABEL} label ignored: {why}");

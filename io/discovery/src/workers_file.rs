@@ -107,23 +107,29 @@ pub fn parse(text: &str, defaults: &Defaults) -> Result<BTreeMap<WorkerId, Disco
             None => EngineKind::default(),
             Some(name) => name.parse().map_err(|why| format!("worker {i} ({endpoint}): {why}"))?,
         };
-        let kv_events = match entry.kv_events.trim() {
-            "" if engine.drains_events() => Publisher::trtllm_drain(WorkerId(0), endpoint).endpoint,
+        let id = static_worker_id(endpoint);
+        let publisher = match entry.kv_events.trim() {
+            "" if engine.drains_events() => Publisher::trtllm_drain(id, endpoint),
             "" => {
                 return Err(format!(
                     "worker {i} ({endpoint}): kv_events is missing (a {engine} worker publishes over ZMQ)"
                 ));
             }
-            given => given.to_owned(),
+            given => Publisher {
+                worker: id,
+                endpoint: given.to_owned(),
+                replay_endpoint: entry.replay.as_ref().map(|r| r.trim().to_owned()),
+                topic: Vec::new(),
+            },
         };
         let is_zmq = |e: &str| e.starts_with("tcp://") || e.starts_with("ipc://") || e.starts_with("inproc://");
-        if engine.drains_events() != kv_events.starts_with("http://") || !(engine.drains_events() || is_zmq(&kv_events))
-        {
-            let want = if engine.drains_events() {
-                "its drain, http://ip:port/kv_cache_events (engine trtllm-zmq subscribes to ZMQ)"
-            } else {
-                "a ZMQ endpoint like tcp://ip:port"
-            };
+        let (source_fits, want) = if engine.drains_events() {
+            (publisher.is_drain(), "its drain, http://ip:port/kv_cache_events (engine trtllm-zmq subscribes to ZMQ)")
+        } else {
+            (is_zmq(&publisher.endpoint), "a ZMQ endpoint like tcp://ip:port")
+        };
+        if !source_fits {
+            let kv_events = &publisher.endpoint;
             return Err(format!("worker {i} ({endpoint}): kv_events {kv_events:?} of a {engine} worker is not {want}"));
         }
         if engine.drains_events() && entry.replay.is_some() {
@@ -141,7 +147,6 @@ pub fn parse(text: &str, defaults: &Defaults) -> Result<BTreeMap<WorkerId, Disco
                 defaults.block_size
             ));
         }
-        let id = static_worker_id(endpoint);
         let spec = WorkerSpec {
             id,
             endpoint,
@@ -150,12 +155,6 @@ pub fn parse(text: &str, defaults: &Defaults) -> Result<BTreeMap<WorkerId, Disco
             total_kv_blocks: defaults.total_kv_blocks,
             max_num_batched_tokens: defaults.max_num_batched_tokens,
             lifecycle: Lifecycle::Schedulable,
-        };
-        let publisher = Publisher {
-            worker: id,
-            endpoint: kv_events,
-            replay_endpoint: entry.replay.map(|r| r.trim().to_owned()),
-            topic: Vec::new(),
         };
         let worker = DiscoveredWorker { spec, publisher, pod: endpoint.to_string(), rank: 0, engine };
         if workers.insert(id, worker).is_some() {

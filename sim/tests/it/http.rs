@@ -270,3 +270,40 @@ async fn same_seed_same_run() {
     assert_ne!(a.1, c.1, "another seed: other hashes");
     assert_ne!(a.0, c.0, "another seed: other samples");
 }
+
+/// The SGLang flavour: `/tokenize` gives the tokens `/v1/completions`
+/// caches for the same prompt (one prompt or a list), `/generate` answers in
+/// SGLang's shape with the cached tokens of a repeated prompt, refuses a
+/// stream, and the render routes are not served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglang_tokenize_and_generate() {
+    let config = kvpick_sim::Flavour::sglang_events(fast_config(4, 256));
+    let engine = Engine::start(config).await.expect("engine starts");
+    let base = engine.endpoints().base_url();
+    let http = Http::default();
+    let prompt = "one two three four five six seven eight nine";
+
+    let one = http.post(&format!("{base}/tokenize"), &json!({"prompt": prompt})).await.json();
+    let want = render_completion(&json!({"prompt": prompt})).expect("renders").pop().expect("one prompt");
+    assert_eq!(one["tokens"], json!(want));
+    assert_eq!(one["count"], want.len());
+    let list = http.post(&format!("{base}/tokenize"), &json!({"prompt": [prompt, "ten"]})).await.json();
+    assert_eq!(list["tokens"][0], json!(want));
+    assert_eq!(list["count"].as_array().map(Vec::len), Some(2));
+
+    let generate = format!("{base}/generate");
+    let body = json!({"text": prompt, "sampling_params": {"max_new_tokens": 3}});
+    let first = http.post(&generate, &body).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let v = first.json();
+    assert_eq!(v["output_ids"].as_array().map(Vec::len), Some(3));
+    assert_eq!(v["meta_info"]["finish_reason"], json!({"type": "length", "length": 3}));
+    assert_eq!(v["meta_info"]["prompt_tokens"], want.len());
+    let again = http.post(&generate, &json!({"input_ids": want, "sampling_params": {"max_new_tokens": 1}})).await;
+    assert!(again.json()["meta_info"]["cached_tokens"].as_u64().unwrap_or(0) >= 4, "{}", again.text());
+    let streamed = http.post(&generate, &json!({"text": prompt, "stream": true})).await;
+    assert_eq!(streamed.status, 400, "{}", streamed.text());
+    let render = http.post(&format!("{base}/v1/completions/render"), &json!({"prompt": prompt})).await;
+    assert_eq!(render.status, 404);
+    engine.shutdown().await;
+}

@@ -5,22 +5,28 @@
 //! `/tokenize` cannot render, is routed by load and counted; a local
 //! tokenizer that disagrees with SGLang's is caught by the parity sampler.
 
-use std::path::Path;
 use std::time::Duration;
 
 use kvpick_discovery::workers_file::{self, Entry};
 use kvpick_sim::{Flavour, Fleet};
 use kvpick_test_support::gateway::Gateway;
 
-use crate::bin_support::{TempDir, chat, engine_config, fixture_model_dir, scrape, serve, until, value};
+use crate::bin_support::{Kvpick, TempDir, chat, engine_config, fixture_model_dir, scrape, serve, until, value};
 
-fn write_sglang_workers(path: &Path, fleet: &Fleet) {
+/// Two simulated SGLang servers, and `kvpick serve` (with `extra`) in
+/// front of them from a workers file of `engine: sglang` entries.
+async fn start(tag: &str, extra: &[&str]) -> (Fleet, TempDir, Kvpick) {
+    let fleet = Fleet::start(2, &Flavour::sglang_events(engine_config())).await.unwrap_or_else(|e| panic!("{e}"));
+    let dir = TempDir::new(tag);
+    let file = dir.path("workers.json");
     let entries: Vec<Entry> = fleet
         .endpoints()
         .into_iter()
         .map(|e| Entry { engine: Some("sglang".into()), ..Entry::new(e.http, e.events, Some(e.replay)) })
         .collect();
-    workers_file::write(path, &entries).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    workers_file::write(&file, &entries).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let kvpick = serve(&file, extra);
+    (fleet, dir, kvpick)
 }
 
 fn completion(prompt: &str) -> Vec<u8> {
@@ -29,11 +35,7 @@ fn completion(prompt: &str) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sglang_events_and_tokenize_route_by_overlap() {
-    let fleet = Fleet::start(2, &Flavour::sglang_events(engine_config())).await.unwrap_or_else(|e| panic!("{e}"));
-    let dir = TempDir::new("sglang");
-    let file = dir.path("workers.json");
-    write_sglang_workers(&file, &fleet);
-    let mut kvpick = serve(&file, &[]);
+    let (fleet, _dir, mut kvpick) = start("sglang", &[]).await;
     let log = kvpick.drain_log();
     assert!(log.iter().any(|l| l.contains("sglang-tokenize") && l.contains("asking the first worker")), "{log:?}");
 
@@ -65,12 +67,8 @@ async fn sglang_events_and_tokenize_route_by_overlap() {
 /// `/tokenize` for completions, catches it and hands tokenizing back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mismatched_local_tokenizer_is_caught_against_sglang_tokenize() {
-    let fleet = Fleet::start(2, &Flavour::sglang_events(engine_config())).await.unwrap_or_else(|e| panic!("{e}"));
-    let dir = TempDir::new("sglang-parity");
-    let file = dir.path("workers.json");
-    write_sglang_workers(&file, &fleet);
     let local = format!("local:{}", fixture_model_dir().display());
-    let kvpick = serve(&file, &["--tokenizer", &local, "--tokenizer-parity-ratio", "1"]);
+    let (fleet, _dir, kvpick) = start("sglang-parity", &["--tokenizer", &local, "--tokenizer-parity-ratio", "1"]).await;
     let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
     for turn in 0..4 {
         let body = completion(&format!("Translate the following sentence into French, turn {turn}."));

@@ -39,11 +39,7 @@ impl DrainStream {
         let counters = &out.metrics.counters;
         let drain = match decode_drain(body) {
             Ok(drain) => drain,
-            Err(error) => {
-                add(&counters.drain_errors, 1);
-                self.warn(&error.to_string());
-                return;
-            }
+            Err(error) => return self.failed(out, &error.to_string()),
         };
         add(&counters.drains, 1);
         let Drain { events, skipped, malformed, event_ids } = drain;

@@ -18,9 +18,10 @@
 //! the model directory `demo_model` writes, which the engines use too);
 //! `--engine sglang` SGLang (its own event form over ZMQ; `/tokenize`
 //! renders no chat, so kvpick tokenizes in-process there too); `--engine
-//! mixed` rotates vLLM, TensorRT-LLM and SGLang engines behind one pool. Any `--engine` but the default uses that model directory for
-//! every engine, so `--engine vllm --model-dir generated` compares like
-//! with like (`--tokenizer` says which: `builtin` or `generated`).
+//! mixed` rotates vLLM, TensorRT-LLM and SGLang engines behind one pool.
+//! Any `--engine` but the default uses that model directory for every
+//! engine; `--engine vllm --tokenizer generated` does too, to compare like
+//! with like.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -117,7 +118,8 @@ fn options(m: &ArgMatches) -> Result<Options, String> {
         ("builtin", _) => {
             return Err("--tokenizer=builtin: TensorRT-LLM and SGLang need the generated model directory".into());
         }
-        ("generated", _) | ("", _) => engine != DemoEngine::Vllm || text("tokenizer") == "generated",
+        ("generated", _) => true,
+        ("", engine) => engine != DemoEngine::Vllm,
         (other, _) => return Err(format!("--tokenizer={other:?}: expected builtin or generated")),
     };
     Ok(Options {
@@ -243,8 +245,7 @@ fn engine_configs(o: &Options, model_dir: Option<&Path>) -> Vec<EngineConfig> {
         model_dir: model_dir.map(Path::to_path_buf),
         ..EngineConfig::default()
     };
-    let configs = Fleet::configs(o.engines, &base);
-    configs
+    Fleet::configs(o.engines, &base)
         .into_iter()
         .enumerate()
         .map(|(i, config)| match o.engine.flavour(i) {

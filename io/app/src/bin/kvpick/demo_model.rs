@@ -1,11 +1,13 @@
-//! The model directory `kvpick demo --engine trtllm|mixed` writes: a
+//! The model directory `kvpick demo` writes for every `--engine` but vLLM
+//! (and for `--tokenizer generated`): a
 //! Hugging Face word-level `tokenizer.json` and a ChatML chat template in
 //! `tokenizer_config.json`, made for the demo's workload (its words `w0` to
 //! `w4999` and the simulated model's reply words each one token).
 //!
-//! TensorRT-LLM has no render endpoint, so kvpick tokenizes in-process
-//! (`--tokenizer local:DIR`); the simulated engines tokenize with the same
-//! directory, as real engines serving that model would.
+//! TensorRT-LLM has no render endpoint and SGLang's `/tokenize` renders no
+//! chat, so kvpick tokenizes in-process (`--tokenizer local:DIR`); the
+//! simulated engines tokenize with the same directory, as real engines
+//! serving that model would.
 
 use std::path::Path;
 
