@@ -19,6 +19,7 @@ use super::config::DiscoveryConfig;
 use super::engine::{ENGINE_LABEL, EngineKind};
 use super::peers::{SliceFacts, peer_set};
 use super::pod::{NotAWorker, PodFacts};
+use super::role::Role;
 use super::pool::{PoolSpec, PoolSpecError};
 use super::store::{Change, Effect, Store};
 use super::worker::{DiscoveredWorker, WorkerUpdate};
@@ -206,7 +207,7 @@ impl Catalog {
                     }
                     info!(
                         worker = id.0, pod = name, endpoint = %new.spec.endpoint, rank = new.rank,
-                        engine = %new.engine, kv_events = %new.publisher.endpoint, "worker added"
+                        engine = %new.engine, role = %new.role, kv_events = %new.publisher.endpoint, "worker added"
                     );
                     self.owners.insert(id, name.to_owned());
                 }
@@ -216,7 +217,7 @@ impl Catalog {
             out.push(WorkerUpdate::Upsert(Box::new(new)));
         }
         // A selected pod waiting to become a worker (other pods are noise).
-        if let Some(reason @ (NotAWorker::NoIp | NotAWorker::NotReady | NotAWorker::Terminating)) = why_not {
+        if let Some(reason @ (NotAWorker::NoIp | NotAWorker::NotReady | NotAWorker::Terminating | NotAWorker::NoGeneration)) = why_not {
             debug!(pod = name, "pod is not a worker: {reason}");
         }
         if !current.is_empty() {
@@ -237,11 +238,20 @@ impl Catalog {
             }
             None => EngineKind::default(),
         };
+        let role = match facts.map(|f| Role::of_labels(&self.cfg.role_labels, &f.labels)) {
+            Some(Ok(Some(role))) => role,
+            Some(Ok(None)) => return Err(NotAWorker::NoGeneration),
+            Some(Err((role, why))) => {
+                warn!(pod = name, %role, "role label ignored: {why}");
+                role
+            }
+            None => Role::default(),
+        };
         let mut wanted = BTreeMap::new();
         for (rank, &port) in pool.into_iter().flat_map(|p| p.target_ports.iter()).enumerate() {
             // At most 8 ports in a valid pool, far below u16::MAX.
             let rank = u16::try_from(rank).unwrap_or(u16::MAX);
-            match DiscoveredWorker::new(&self.cfg, name, ip, port, rank, engine) {
+            match DiscoveredWorker::new(&self.cfg, name, ip, port, rank, (engine, role)) {
                 Some(w) => {
                     wanted.insert(w.id(), w);
                 }

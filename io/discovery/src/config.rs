@@ -31,6 +31,10 @@ pub struct DiscoveryConfig {
     /// `KVPICK_ENGINE`: the engine of pods without a `kvpick.io/engine`
     /// label (`auto`: guessed from their images).
     pub engine: EngineSetting,
+    /// `KVPICK_ROLE_LABELS`: the pod label keys naming a worker's role in
+    /// a disaggregated fleet, first match wins (default: llm-d's and
+    /// Dynamo's, see `role`).
+    pub role_labels: Vec<String>,
     /// `DYN_EPP_KV_EVENT_PORT`: rank 0's KV-event PUB port (5557).
     pub kv_event_port: u16,
     /// `DYN_EPP_KV_EVENT_REPLAY_PORT`: rank 0's replay ROUTER port, if the
@@ -69,6 +73,7 @@ impl DiscoveryConfig {
             max_num_batched_tokens: None,
             total_kv_blocks: None,
             engine: EngineSetting::Auto,
+            role_labels: super::role::DEFAULT_ROLE_LABELS.iter().map(|k| (*k).to_owned()).collect(),
             kv_event_port: DEFAULT_EVENT_PORT,
             kv_event_replay_port: None,
             peer_service: None,

@@ -46,6 +46,7 @@ mod config;
 mod engine;
 mod peers;
 mod pod;
+mod role;
 pub mod pool;
 mod store;
 mod watch;
@@ -60,6 +61,7 @@ use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, DEFAULT_PEER_PORT, DiscoveryConfig};
 pub use engine::{ENGINE_LABEL, EngineKind, EngineSetting};
+pub use role::{DEFAULT_ROLE_LABELS, DYNAMO_ROLE_LABEL, LLM_D_ROLE_LABEL, Role};
 pub use worker::{DiscoveredWorker, WorkerUpdate, worker_id};
 
 /// What discovery knows right now, for readiness and metrics.

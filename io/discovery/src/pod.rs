@@ -32,6 +32,8 @@ pub(crate) enum NotAWorker {
     Terminating,
     NoIp,
     NotReady,
+    /// Its role label says it serves no generation (an encoder).
+    NoGeneration,
 }
 
 impl fmt::Display for NotAWorker {
@@ -43,6 +45,7 @@ impl fmt::Display for NotAWorker {
             NotAWorker::Terminating => "pod terminating",
             NotAWorker::NoIp => "no pod IP",
             NotAWorker::NotReady => "not Ready",
+            NotAWorker::NoGeneration => "its role label says it serves no generation (encode)",
         })
     }
 }

@@ -7,6 +7,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::config::DiscoveryConfig;
 use super::engine::EngineKind;
+use super::role::Role;
 use kvpick_kv_events::Publisher;
 
 /// The id of the worker serving `port` of pod `pod` in `namespace`:
@@ -40,6 +41,8 @@ pub struct DiscoveredWorker {
     pub rank: u16,
     /// What it runs (decides `publisher`).
     pub engine: EngineKind,
+    /// Its part in a disaggregated fleet (decides which selector has it).
+    pub role: Role,
 }
 
 impl DiscoveredWorker {
@@ -56,7 +59,7 @@ impl DiscoveredWorker {
         ip: IpAddr,
         port: u16,
         rank: u16,
-        engine: EngineKind,
+        (engine, role): (EngineKind, Role),
     ) -> Option<Self> {
         let id = worker_id(&cfg.namespace, pod, port);
         let publisher = if engine.drains_events() {
@@ -73,7 +76,7 @@ impl DiscoveredWorker {
             max_num_batched_tokens: cfg.max_num_batched_tokens,
             lifecycle: Lifecycle::Schedulable,
         };
-        Some(DiscoveredWorker { spec, publisher, pod: pod.to_owned(), rank, engine })
+        Some(DiscoveredWorker { spec, publisher, pod: pod.to_owned(), rank, engine, role })
     }
 
     pub fn id(&self) -> WorkerId {
@@ -114,7 +117,7 @@ mod tests {
         cfg.kv_event_replay_port = Some(5600);
         cfg.model = Some("m".into());
         let ip: IpAddr = "10.0.0.9".parse().unwrap();
-        let w = DiscoveredWorker::new(&cfg, "vllm-0", ip, 8002, 2, EngineKind::Vllm).unwrap();
+        let w = DiscoveredWorker::new(&cfg, "vllm-0", ip, 8002, 2, (EngineKind::Vllm, Role::Both)).unwrap();
         assert_eq!(w.spec.endpoint, "10.0.0.9:8002".parse().unwrap());
         assert_eq!(w.publisher.endpoint, "tcp://10.0.0.9:5559");
         assert_eq!(w.publisher.replay_endpoint.as_deref(), Some("tcp://10.0.0.9:5602"));
@@ -122,13 +125,13 @@ mod tests {
         assert_eq!(w.id(), worker_id("llm", "vllm-0", 8002));
         // TensorRT-LLM's native publisher offsets its ports the same way;
         // its drain is on the serving port, whatever the rank.
-        let z = DiscoveredWorker::new(&cfg, "t-0", ip, 8002, 2, EngineKind::TrtllmZmq).unwrap();
+        let z = DiscoveredWorker::new(&cfg, "t-0", ip, 8002, 2, (EngineKind::TrtllmZmq, Role::Both)).unwrap();
         assert_eq!(z.publisher.endpoint, "tcp://10.0.0.9:5559");
-        let t = DiscoveredWorker::new(&cfg, "t-0", ip, 8002, 2, EngineKind::Trtllm).unwrap();
+        let t = DiscoveredWorker::new(&cfg, "t-0", ip, 8002, 2, (EngineKind::Trtllm, Role::Both)).unwrap();
         assert_eq!(t.publisher.endpoint, "http://10.0.0.9:8002/kv_cache_events");
         assert_eq!(t.publisher.replay_endpoint, None);
         cfg.kv_event_port = 65535;
-        assert!(DiscoveredWorker::new(&cfg, "vllm-0", ip, 8002, 1, EngineKind::Vllm).is_none());
-        assert!(DiscoveredWorker::new(&cfg, "t-0", ip, 8002, 1, EngineKind::Trtllm).is_some());
+        assert!(DiscoveredWorker::new(&cfg, "vllm-0", ip, 8002, 1, (EngineKind::Vllm, Role::Both)).is_none());
+        assert!(DiscoveredWorker::new(&cfg, "t-0", ip, 8002, 1, (EngineKind::Trtllm, Role::Both)).is_some());
     }
 }

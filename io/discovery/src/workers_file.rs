@@ -2,10 +2,12 @@
 //!
 //! The file is YAML or JSON (JSON is YAML), a list of
 //! `{endpoint: "ip:port", kv_events: "tcp://ip:port", replay: "tcp://ip:port"?,
-//! block_size?, model?, engine?}` (or a map with that list under `workers`).
+//! block_size?, model?, engine?, role?}` (or a map with that list under
+//! `workers`).
 //! `engine` is `vllm` (the default), `sglang`, `trtllm` or `trtllm-zmq`
 //! (`EngineKind`); a `trtllm` worker's `kv_events` may be left out: its
-//! drain, `http://<endpoint>/kv_cache_events`, is polled. Each
+//! drain, `http://<endpoint>/kv_cache_events`, is polled. `role` is
+//! `both` (the default), `prefill` or `decode` (`Role`). Each
 //! change is diffed against what was handed out and sent as the same
 //! [`WorkerUpdate`]s Kubernetes discovery sends, with the same invariant: an
 //! id is upserted only when absent, deleted only when present, and a worker
@@ -25,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::{DiscoveredWorker, EngineKind, WorkerUpdate};
+use crate::{DiscoveredWorker, EngineKind, Role, WorkerUpdate};
 use kvpick_kv_events::Publisher;
 
 /// Facts every worker shares unless its entry says otherwise.
@@ -57,6 +59,9 @@ pub struct Entry {
     /// `vllm`, `sglang`, `trtllm` or `trtllm-zmq`; vLLM when left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
+    /// `prefill`, `decode` or `both`; both when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
 }
 
 impl Entry {
@@ -91,7 +96,7 @@ pub fn static_worker_id(endpoint: SocketAddr) -> WorkerId {
 /// Parses the file's text into workers, by id.
 pub fn parse(text: &str, defaults: &Defaults) -> Result<BTreeMap<WorkerId, DiscoveredWorker>, String> {
     let shape: FileShape = serde_yaml::from_str(text).map_err(|e| {
-        format!("expected a list of {{endpoint, kv_events, replay?, block_size?, model?, engine?}}: {e}")
+        format!("expected a list of {{endpoint, kv_events, replay?, block_size?, model?, engine?, role?}}: {e}")
     })?;
     let entries = match shape {
         FileShape::List(entries) | FileShape::Map { workers: entries } => entries,
@@ -105,6 +110,10 @@ pub fn parse(text: &str, defaults: &Defaults) -> Result<BTreeMap<WorkerId, Disco
             .map_err(|_| format!("worker {i}: endpoint {:?} is not ip:port", entry.endpoint))?;
         let engine: EngineKind = match &entry.engine {
             None => EngineKind::default(),
+            Some(name) => name.parse().map_err(|why| format!("worker {i} ({endpoint}): {why}"))?,
+        };
+        let role: Role = match &entry.role {
+            None => Role::default(),
             Some(name) => name.parse().map_err(|why| format!("worker {i} ({endpoint}): {why}"))?,
         };
         let id = static_worker_id(endpoint);
@@ -156,7 +165,7 @@ pub fn parse(text: &str, defaults: &Defaults) -> Result<BTreeMap<WorkerId, Disco
             max_num_batched_tokens: defaults.max_num_batched_tokens,
             lifecycle: Lifecycle::Schedulable,
         };
-        let worker = DiscoveredWorker { spec, publisher, pod: endpoint.to_string(), rank: 0, engine };
+        let worker = DiscoveredWorker { spec, publisher, pod: endpoint.to_string(), rank: 0, engine, role };
         if workers.insert(id, worker).is_some() {
             return Err(format!("worker {i}: endpoint {endpoint} is listed twice"));
         }
@@ -316,6 +325,18 @@ mod tests {
     }
 
     #[test]
+    fn roles_are_read_and_default_to_both() {
+        let text = "- {endpoint: '10.0.0.1:8000', kv_events: 'tcp://10.0.0.1:5557', role: prefill}\n\
+                    - {endpoint: '10.0.0.2:8000', kv_events: 'tcp://10.0.0.2:5557', role: decode}\n\
+                    - {endpoint: '10.0.0.3:8000', kv_events: 'tcp://10.0.0.3:5557'}\n";
+        let workers = parse(text, &defaults()).unwrap_or_else(|e| panic!("{e}"));
+        let mut got: Vec<(String, Role)> = workers.values().map(|w| (w.spec.endpoint.to_string(), w.role)).collect();
+        got.sort();
+        let want = [("10.0.0.1:8000", Role::Prefill), ("10.0.0.2:8000", Role::Decode), ("10.0.0.3:8000", Role::Both)];
+        assert_eq!(got, want.map(|(e, r)| (e.to_owned(), r)));
+    }
+
+    #[test]
     fn engines_choose_the_event_source() {
         let text = "- {endpoint: '10.0.0.1:8000', engine: trtllm}\n\
                     - {endpoint: '10.0.0.2:8000', engine: trtllm-zmq, kv_events: 'tcp://10.0.0.2:5557'}\n\
@@ -342,6 +363,8 @@ mod tests {
             ("- {endpoint: '1.2.3.4:5', engine: trtllm, kv_events: 'tcp://x:1'}\n", "trtllm-zmq"),
             ("- {endpoint: '1.2.3.4:5', engine: trtllm, replay: 'tcp://x:2'}\n", "no replay"),
             ("- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:1', replay: 'x:2'}\n", "replay"),
+            ("- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:1', role: router}\n", "unknown role"),
+            ("- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:1', role: encode}\n", "no generation"),
         ];
         for (text, why) in refused {
             let e = parse(text, &defaults()).err().unwrap_or_default();

@@ -181,6 +181,39 @@ fn each_pod_gets_its_engine_from_its_label_or_images() {
 }
 
 #[test]
+fn each_pod_gets_its_role_from_the_peers_labels() {
+    let mut f = Fixture::new();
+    let with = |extra: (&'static str, &'static str), ip| {
+        let labels = [("app", "vllm"), extra];
+        facts(&labels, Some(ip), true)
+    };
+    f.listed_with(
+        Some(spec(APP, &[8000])),
+        vec![
+            ("agg", facts(APP, Some("10.0.0.1"), true)),
+            ("p", with((crate::LLM_D_ROLE_LABEL, "prefill"), "10.0.0.2")),
+            ("d", with((crate::DYNAMO_ROLE_LABEL, "decode"), "10.0.0.3")),
+            ("enc", with((crate::LLM_D_ROLE_LABEL, "encode"), "10.0.0.4")),
+            ("odd", with((crate::LLM_D_ROLE_LABEL, "router"), "10.0.0.5")),
+        ],
+    );
+    let mut got: Vec<(String, Role)> =
+        f.cat.workers.values().flat_map(|ws| ws.values()).map(|w| (w.pod.clone(), w.role)).collect();
+    got.sort();
+    let want = [("agg", Role::Both), ("d", Role::Decode), ("odd", Role::Both), ("p", Role::Prefill)];
+    assert_eq!(got, want.map(|(p, r)| (p.to_owned(), r)), "an encoder is no worker; an unknown role is aggregated");
+    // A relabelled pod moves to the other selector: a delete and an upsert.
+    f.out.clear();
+    f.cat.on_pod(Change::Apply("p".into(), with((crate::LLM_D_ROLE_LABEL, "decode"), "10.0.0.2")), &mut f.out);
+    let id = worker_id(NS, "p", 8000);
+    assert!(
+        matches!(&f.out[..], [WorkerUpdate::Delete(d), WorkerUpdate::Upsert(w)] if *d == id && w.role == Role::Decode),
+        "{:?}",
+        f.out
+    );
+}
+
+#[test]
 fn an_ip_change_is_a_delete_then_an_upsert_of_the_same_id() {
     let mut f = Fixture::new();
     f.listed_with(Some(spec(APP, &[8000])), vec![("a", facts(APP, Some("10.0.0.1"), true))]);
