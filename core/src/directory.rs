@@ -42,6 +42,10 @@ impl Directory {
         self.owner.is_empty()
     }
 
+    pub fn len(&self) -> usize {
+        self.owner.len()
+    }
+
     pub fn worker_ids(&self) -> Vec<WorkerId> {
         let mut ids: Vec<WorkerId> = self.owner.keys().copied().collect();
         ids.sort();

@@ -344,6 +344,16 @@ impl ShardedService {
         Ok(freed)
     }
 
+    /// Whether `worker` is one of this service's.
+    pub fn owns(&self, worker: WorkerId) -> bool {
+        self.directory().shard_of(worker).is_some()
+    }
+
+    /// Workers this service selects from.
+    pub fn worker_count(&self) -> usize {
+        self.directory().len()
+    }
+
     /// Hands an event to the owning shard, in order with this producer's
     /// earlier events; waits while the ring is full.
     pub fn apply_kv_event(&self, producer: &mut Producer, worker: WorkerId, event: KvEvent) -> Result<(), EventError> {

@@ -19,8 +19,8 @@ use super::config::DiscoveryConfig;
 use super::engine::{ENGINE_LABEL, EngineKind};
 use super::peers::{SliceFacts, peer_set};
 use super::pod::{NotAWorker, PodFacts};
-use super::role::Role;
 use super::pool::{PoolSpec, PoolSpecError};
+use super::role::Role;
 use super::store::{Change, Effect, Store};
 use super::worker::{DiscoveredWorker, WorkerUpdate};
 
@@ -217,7 +217,10 @@ impl Catalog {
             out.push(WorkerUpdate::Upsert(Box::new(new)));
         }
         // A selected pod waiting to become a worker (other pods are noise).
-        if let Some(reason @ (NotAWorker::NoIp | NotAWorker::NotReady | NotAWorker::Terminating | NotAWorker::NoGeneration)) = why_not {
+        if let Some(
+            reason @ (NotAWorker::NoIp | NotAWorker::NotReady | NotAWorker::Terminating | NotAWorker::NoGeneration),
+        ) = why_not
+        {
             debug!(pod = name, "pod is not a worker: {reason}");
         }
         if !current.is_empty() {

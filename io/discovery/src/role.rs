@@ -64,9 +64,9 @@ impl Role {
             "decode" => Ok(Some(Role::Decode)),
             "both" | "prefill-decode" | "aggregated" | "" => Ok(Some(Role::Both)),
             "encode" => Ok(None),
-            other => Err(format!(
-                "unknown role {other:?}: expected prefill, decode, prefill-decode (or both) or encode"
-            )),
+            other => {
+                Err(format!("unknown role {other:?}: expected prefill, decode, prefill-decode (or both) or encode"))
+            }
         }
     }
 

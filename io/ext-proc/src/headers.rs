@@ -15,6 +15,9 @@ pub const DESTINATION: &str = "x-gateway-destination-endpoint";
 pub const DESTINATION_SUBSET: &str = "x-gateway-destination-endpoint-subset";
 /// The endpoint that served the request, as a header (system-owned).
 pub const DESTINATION_SERVED: &str = "x-gateway-destination-endpoint-served";
+/// The prefill endpoint (`ip:port`) of a disaggregated pick, for the
+/// decode pod's sidecar: the form llm-d's sidecar and Dynamo's EPP use.
+pub const PREFILLER: &str = "x-prefiller-host-port";
 /// GAIE conformance: the endpoints a test allows (`ip[:port],…`).
 pub const CONFORMANCE_SELECTION: &str = "test-epp-endpoint-selection";
 /// GAIE conformance: echoed on the response with the served endpoint.
@@ -42,7 +45,7 @@ pub const SYSTEM_HEADERS: [&str; 6] = [
     DESTINATION_SERVED,
     "x-gateway-destination-endpoint-fallback",
     "x-gateway-destination-endpoint-fallbacks",
-    "x-prefiller-host-port",
+    PREFILLER,
 ];
 
 /// A header's value as bytes: `raw_value` when set, else `value`.
@@ -103,22 +106,32 @@ impl RequestHeaders {
     }
 
     fn strip_list(&self) -> Option<Vec<String>> {
-        // The destination header is overwritten by the pick, not removed.
+        self.strip_list_but(&[])
+    }
+
+    /// The client's system headers to remove, but those the pick sets:
+    /// the destination always (set with overwrite, as is `set`), so no
+    /// gateway's order of removals and sets can drop the pick's value.
+    fn strip_list_but(&self, set: &[&str]) -> Option<Vec<String>> {
         let remove: Vec<String> = self
             .client_system_headers
             .iter()
-            .filter(|name| **name != DESTINATION)
+            .filter(|name| **name != DESTINATION && !set.contains(name))
             .map(|name| (*name).to_owned())
             .collect();
         (!remove.is_empty()).then_some(remove)
     }
 
-    /// The pick's header plus removal of the client's system headers.
-    pub fn pick_mutation(&self, destination: &str) -> HeaderMutation {
-        HeaderMutation {
-            set_headers: vec![set_header(DESTINATION, destination.as_bytes())],
-            remove_headers: self.strip_list().unwrap_or_default(),
+    /// The pick's headers (the destination and, for a disaggregated pick,
+    /// the prefill endpoint) plus removal of the client's system headers.
+    pub fn pick_mutation(&self, destination: &str, prefiller: Option<&str>) -> HeaderMutation {
+        let mut set_headers = vec![set_header(DESTINATION, destination.as_bytes())];
+        let mut set = Vec::new();
+        if let Some(prefiller) = prefiller {
+            set_headers.push(set_header(PREFILLER, prefiller.as_bytes()));
+            set.push(PREFILLER);
         }
+        HeaderMutation { set_headers, remove_headers: self.strip_list_but(&set).unwrap_or_default() }
     }
 }
 
@@ -172,11 +185,28 @@ mod tests {
             ("hi", "mom", true),
         ]);
         let h = RequestHeaders::read(Some(&m));
-        let mutation = h.pick_mutation("10.0.0.1:8000");
+        let mutation = h.pick_mutation("10.0.0.1:8000", None);
         assert_eq!(mutation.remove_headers, vec!["x-prefiller-host-port".to_owned()]);
         let set = mutation.set_headers[0].header.as_ref().map(|h| (h.key.as_str(), h.raw_value.as_slice()));
         assert_eq!(set, Some((DESTINATION, b"10.0.0.1:8000".as_slice())));
         assert_eq!(mutation.set_headers[0].append_action, HeaderAppendAction::OverwriteIfExistsOrAdd as i32);
+
+        // A disaggregated pick overwrites the client's prefiller with its own.
+        let mutation = h.pick_mutation("10.0.0.1:8000", Some("10.0.0.9:8000"));
+        assert!(mutation.remove_headers.is_empty(), "{:?}", mutation.remove_headers);
+        let set: Vec<_> = mutation
+            .set_headers
+            .iter()
+            .filter_map(|o| o.header.as_ref().map(|h| (h.key.as_str(), h.raw_value.as_slice(), o.append_action)))
+            .collect();
+        let overwrite = HeaderAppendAction::OverwriteIfExistsOrAdd as i32;
+        assert_eq!(
+            set,
+            [
+                (DESTINATION, b"10.0.0.1:8000".as_slice(), overwrite),
+                (PREFILLER, b"10.0.0.9:8000".as_slice(), overwrite)
+            ]
+        );
     }
 
     #[test]

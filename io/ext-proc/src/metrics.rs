@@ -134,6 +134,32 @@ pub enum SessionPick {
     Moved,
 }
 
+/// How a request was routed in a fleet with prefill workers, in the
+/// order of [`ROUTE_CLASSES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PdRoute {
+    /// A prefill worker prefills, the decode worker decodes.
+    Disaggregated,
+    /// The decode worker does it all: the prompt's uncached part on it is
+    /// below the decider's threshold.
+    ShortUncached,
+    /// No prefill worker could take it (none ready, none serving the model).
+    NoPrefillWorker,
+    /// Every prefill worker is past the queue threshold.
+    PrefillSaturated,
+    /// The prefill selection failed otherwise (overload, queue full).
+    PrefillFailed,
+}
+
+/// `kvpick_pd_routes_total`'s `route` and `reason` labels, by [`PdRoute`].
+pub const ROUTE_CLASSES: [(&str, &str); 5] = [
+    ("disaggregated", ""),
+    ("aggregated", "short_uncached"),
+    ("aggregated", "no_prefill_worker"),
+    ("aggregated", "prefill_saturated"),
+    ("aggregated", "prefill_failed"),
+];
+
 /// Why a request was routed by load alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fallback {
@@ -201,6 +227,7 @@ pub struct ExtProcMetrics {
     leases_renewed: AtomicU64,
     bookings_moved: AtomicU64,
     session_picks: [AtomicU64; 3],
+    pd_routes: [AtomicU64; ROUTE_CLASSES.len()],
     bookings_not_moved: AtomicU64,
     frees: AtomicU64,
     frees_not_found: AtomicU64,
@@ -228,6 +255,7 @@ impl Default for ExtProcMetrics {
             leases_renewed: AtomicU64::new(0),
             bookings_moved: AtomicU64::new(0),
             session_picks: Default::default(),
+            pd_routes: Default::default(),
             bookings_not_moved: AtomicU64::new(0),
             frees: AtomicU64::new(0),
             frees_not_found: AtomicU64::new(0),
@@ -291,6 +319,10 @@ impl ExtProcMetrics {
     /// A streaming response renewed its booking's lease.
     pub fn record_lease_renewed(&self) {
         self.leases_renewed.fetch_add(1, Relaxed);
+    }
+
+    pub fn record_pd_route(&self, route: PdRoute) {
+        self.pd_routes[route as usize].fetch_add(1, Relaxed);
     }
 
     pub fn record_session_pick(&self, pick: SessionPick) {
@@ -410,6 +442,7 @@ impl ExtProcMetrics {
             leases_renewed: self.leases_renewed.load(Relaxed),
             bookings_moved: self.bookings_moved.load(Relaxed),
             session_picks: [0, 1, 2].map(|i| self.session_picks[i].load(Relaxed)),
+            pd_routes: std::array::from_fn(|i| self.pd_routes[i].load(Relaxed)),
             bookings_not_moved: self.bookings_not_moved.load(Relaxed),
             frees: self.frees.load(Relaxed),
             frees_not_found: self.frees_not_found.load(Relaxed),
@@ -444,6 +477,8 @@ pub struct ExtProcMetricsSnapshot {
     pub bookings_moved: u64,
     /// Picks with a session key: new, kept, moved (see [`SessionPick`]).
     pub session_picks: [u64; 3],
+    /// Picks in a fleet with prefill workers, by [`ROUTE_CLASSES`].
+    pub pd_routes: [u64; ROUTE_CLASSES.len()],
     pub bookings_not_moved: u64,
     /// Reservations freed by their stream.
     pub frees: u64,

@@ -43,7 +43,23 @@ pub struct Pick<B> {
     /// Where the gateway may go next if `endpoint` fails, in order; empty
     /// unless fallbacks are configured (agentgateway rejects a list).
     pub fallbacks: Vec<SocketAddr>,
+    /// Disaggregated serving: the prefill worker `endpoint` (the decode
+    /// pod's sidecar) takes the prompt's KV blocks from, sent as
+    /// `x-prefiller-host-port`. `None`: `endpoint` serves the whole request.
+    pub prefill: Option<SocketAddr>,
     pub reservation: Option<B>,
+}
+
+impl<B> Pick<B> {
+    /// `ip:port`, or `ip:port,ip:port,…` with the ordered fallbacks.
+    pub fn destination(&self) -> String {
+        let mut destination = self.endpoint.to_string();
+        for fallback in &self.fallbacks {
+            destination.push(',');
+            destination.push_str(&fallback.to_string());
+        }
+        destination
+    }
 }
 
 /// Load booked for one request. Dropping it frees the load, exactly once,

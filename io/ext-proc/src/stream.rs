@@ -33,7 +33,7 @@ use crate::headers::{CONFORMANCE_SERVED, RequestHeaders, ResponseHeaders, set_he
 use crate::inflight::{InflightLimiter, InflightPermit};
 use crate::metadata::{Served, destination_metadata, served_endpoint, subset_hint};
 use crate::metrics::{ExtProcMetrics, Phase};
-use crate::pick::{BodyInput, Booking, PickInput, Picks};
+use crate::pick::{BodyInput, Booking, Pick, PickInput, Picks};
 use crate::protocol::Modes;
 use crate::responses::{self, Path};
 use crate::trace::{CallContext, RequestTrace, Tracing};
@@ -72,24 +72,6 @@ enum End {
     Trailers,
 }
 
-struct Picked<B> {
-    endpoint: SocketAddr,
-    fallbacks: Vec<SocketAddr>,
-    reservation: Option<B>,
-}
-
-impl<B> Picked<B> {
-    /// `ip:port`, or `ip:port,ip:port,…` with the ordered fallbacks.
-    fn destination(&self) -> String {
-        let mut destination = self.endpoint.to_string();
-        for fallback in &self.fallbacks {
-            destination.push(',');
-            destination.push_str(&fallback.to_string());
-        }
-        destination
-    }
-}
-
 pub(crate) struct ExtProcStream<P: Picks> {
     shared: Arc<Shared<P>>,
     modes: Modes,
@@ -102,7 +84,7 @@ pub(crate) struct ExtProcStream<P: Picks> {
     body: Vec<u8>,
     subset: Option<Vec<Endpoint>>,
     permit: Option<InflightPermit>,
-    picked: Option<Picked<P::Booking>>,
+    picked: Option<Pick<P::Booking>>,
     usage: Option<UsageParser>,
     first_response_chunk_seen: bool,
     /// The response is a 200 event stream (`text/event-stream`) from the
@@ -314,7 +296,7 @@ impl<P: Picks> ExtProcStream<P> {
         }
     }
 
-    async fn pick(&mut self, body: &Bytes) -> Result<Picked<P::Booking>, RequestError> {
+    async fn pick(&mut self, body: &Bytes) -> Result<Pick<P::Booking>, RequestError> {
         let allowed = self.allowed()?.map(|list| to_filter(&list));
         let body = if body.is_empty() {
             None
@@ -338,7 +320,7 @@ impl<P: Picks> ExtProcStream<P> {
         let session = self.headers.session.clone().or_else(|| body.as_ref().and_then(|b| b.parsed.session_id.clone()));
         let trace = self.trace.clone();
         let pick = self.shared.picker.pick(PickInput { body, allowed, session, trace }).await?;
-        Ok(Picked { endpoint: pick.endpoint, fallbacks: pick.fallbacks, reservation: pick.reservation })
+        Ok(pick)
     }
 
     async fn finish_request(&mut self, end: End) {
@@ -367,7 +349,8 @@ impl<P: Picks> ExtProcStream<P> {
             single = picked.endpoint.to_string();
             single.as_str()
         };
-        let mut mutation = self.headers.pick_mutation(header);
+        let prefiller = picked.prefill.map(|p| p.to_string());
+        let mut mutation = self.headers.pick_mutation(header, prefiller.as_deref());
         // The engine's spans (if it traces) go under this request's.
         for (key, value) in self.trace.context_headers() {
             mutation.set_headers.push(set_header(&key, value.as_bytes()));
@@ -389,11 +372,12 @@ impl<P: Picks> ExtProcStream<P> {
         self.stage = Stage::Answered;
     }
 
-    fn trace_pick(&mut self, picked: &Picked<P::Booking>) {
+    fn trace_pick(&mut self, picked: &Pick<P::Booking>) {
         let fallbacks = i64::try_from(picked.fallbacks.len()).unwrap_or(i64::MAX);
         self.trace.set(|| {
             vec![
                 KeyValue::new("kvpick.endpoint", picked.endpoint.to_string()),
+                KeyValue::new("kvpick.prefill_endpoint", picked.prefill.map_or_else(String::new, |p| p.to_string())),
                 KeyValue::new("kvpick.fallbacks", fallbacks),
                 KeyValue::new("http.response.status_code", 200),
             ]

@@ -59,5 +59,5 @@ pub use ingest::{IngestError, KvEventIngest};
 #[cfg(feature = "ingest")]
 pub use metrics::{IngestCounters, IngestMetrics, WorkerIngestStats};
 #[cfg(feature = "ingest")]
-pub use sink::{KvEventSink, ShardSink, SharedService, SinkOutcome};
+pub use sink::{KvEventSink, RoleSink, ShardSink, SharedService, SinkOutcome};
 pub use wire::frames::END_SEQ;

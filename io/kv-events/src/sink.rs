@@ -73,3 +73,32 @@ impl KvEventSink for ShardSink {
         }
     }
 }
+
+/// Two selection services side by side (a disaggregated fleet's decode and
+/// prefill selectors): each event goes to the one that has its worker. A
+/// worker the prefill side does not have goes to the decode side, which
+/// rejects it when it does not have it either, as one service would.
+pub struct RoleSink {
+    decode: ShardSink,
+    prefill: ShardSink,
+}
+
+impl RoleSink {
+    pub fn new(decode: Arc<ShardedService>, prefill: Arc<ShardedService>) -> Self {
+        RoleSink { decode: ShardSink::new(decode), prefill: ShardSink::new(prefill) }
+    }
+}
+
+/// Another producing lane into both services.
+impl Clone for RoleSink {
+    fn clone(&self) -> Self {
+        RoleSink { decode: self.decode.clone(), prefill: self.prefill.clone() }
+    }
+}
+
+impl KvEventSink for RoleSink {
+    fn apply(&mut self, worker: WorkerId, event: KvEvent) -> SinkOutcome {
+        let sink = if self.prefill.service.owns(worker) { &mut self.prefill } else { &mut self.decode };
+        sink.apply(worker, event)
+    }
+}

@@ -12,11 +12,13 @@
 //!
 //! [`Picks`]: kvpick_ext_proc::Picks
 
+pub mod disagg;
 pub mod picker;
 pub mod prefix_watch;
 pub mod reservation;
 pub mod sessions;
 pub mod tokenizer;
 
-pub use picker::{Explained, KvPick, KvPicker, KvReservation, NullPicker, Picker, PickerConfig};
+pub use disagg::{DisaggConfig, PlanBooking};
+pub use picker::{Explained, KvBooking, KvPick, KvPicker, KvReservation, NullPicker, Picker, PickerConfig};
 pub use reservation::{Release, Reservation, ReservationIds};

@@ -10,12 +10,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvpick_core::{BookingError, HashSeed, Prompt, ReservationId, SelectError, SelectRequest, WorkerId};
-use kvpick_ext_proc::metrics::{ExtProcMetrics, Fallback, Phase, SessionPick};
+use kvpick_core::{Admission, BookingError, HashSeed, Prompt, ReservationId, SelectError, SelectRequest, WorkerId};
+use kvpick_ext_proc::metrics::{ExtProcMetrics, Fallback, PdRoute, Phase, SessionPick};
 use kvpick_ext_proc::trace::KeyValue;
 use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError, RequestTrace};
 use kvpick_runtime::{Clock, PendingRings, RingScheduler, SelectTiming, ShardedService, ThreadProducers};
 
+use crate::disagg::{DisaggConfig, PlanBooking};
 use crate::prefix_watch::{PrefixWatch, Verdict};
 use crate::reservation::{Release, Reservation, ReservationIds, TtftSample};
 use crate::sessions::Sessions;
@@ -34,8 +35,11 @@ fn tokenize_request(body: &BodyInput, api: Api) -> TokenizeRequest {
 /// A booking on the shards, freed through the [`KvPicker`] that made it.
 pub type KvReservation = Reservation<KvPicker>;
 
+/// A request's bookings: one reservation, or a split request's two.
+pub type KvBooking = PlanBooking<KvPicker>;
+
 /// A pick with kvpick's booking, if any.
-pub type KvPick = Pick<KvReservation>;
+pub type KvPick = Pick<KvBooking>;
 
 #[derive(Clone)]
 pub enum Picker {
@@ -44,7 +48,7 @@ pub enum Picker {
 }
 
 impl Picks for Picker {
-    type Booking = KvReservation;
+    type Booking = KvBooking;
 
     async fn pick(&self, input: PickInput) -> Result<KvPick, RequestError> {
         match self {
@@ -80,7 +84,7 @@ impl NullPicker {
         }
         let allowed = |e: &&SocketAddr| input.allowed.as_ref().is_none_or(|f| f.allows(e));
         let endpoint = self.endpoints.iter().find(allowed).ok_or(SelectError::NoEligibleWorkers)?;
-        Ok(Pick { endpoint: *endpoint, fallbacks: Vec::new(), reservation: None })
+        Ok(Pick { endpoint: *endpoint, fallbacks: Vec::new(), prefill: None, reservation: None })
     }
 }
 
@@ -163,6 +167,10 @@ struct KvInner {
     /// `None`: affinity off.
     sessions: Option<Mutex<Sessions>>,
     prefix_watch: Mutex<PrefixWatch>,
+    /// Disaggregated serving: the prefill workers' own picker (its own
+    /// selection service) and when to use it. `None`: every request is
+    /// served whole by this picker's workers.
+    prefill: Option<(KvPicker, DisaggConfig)>,
 }
 
 impl KvPicker {
@@ -174,6 +182,36 @@ impl KvPicker {
         tokenizer: Arc<dyn Tokenizer>,
         config: &PickerConfig,
         metrics: Arc<ExtProcMetrics>,
+    ) -> Self {
+        Self::build(service, clock, tokenizer, config, metrics, None)
+    }
+
+    /// A picker for a fleet split by role: `decode` holds the decode (and
+    /// aggregated) workers, `prefill` the prefill workers; each request is
+    /// booked on one or, when `disagg`'s decider says so, both.
+    pub fn disaggregated(
+        (decode, prefill): (Arc<ShardedService>, Arc<ShardedService>),
+        clock: Clock,
+        tokenizer: Arc<dyn Tokenizer>,
+        (config, disagg): (&PickerConfig, DisaggConfig),
+        metrics: Arc<ExtProcMetrics>,
+    ) -> Self {
+        // Sessions and the prefix watch are the decode side's: a session
+        // returns to where it decoded, and a prefill worker's cache is
+        // judged by the plans' hand-offs, not by first blocks.
+        let prefill_config = PickerConfig { sessions: 0, ..config.clone() };
+        let prefill_picker =
+            Self::build(prefill, clock.clone(), tokenizer.clone(), &prefill_config, metrics.clone(), None);
+        Self::build(decode, clock, tokenizer, config, metrics, Some((prefill_picker, disagg)))
+    }
+
+    fn build(
+        service: Arc<ShardedService>,
+        clock: Clock,
+        tokenizer: Arc<dyn Tokenizer>,
+        config: &PickerConfig,
+        metrics: Arc<ExtProcMetrics>,
+        prefill: Option<(KvPicker, DisaggConfig)>,
     ) -> Self {
         let producers = ThreadProducers::new(service);
         let producers =
@@ -188,6 +226,7 @@ impl KvPicker {
             metrics,
             sessions: (config.sessions > 0).then(|| Mutex::new(Sessions::new(config.sessions))),
             prefix_watch: Mutex::default(),
+            prefill,
         }))
     }
 
@@ -236,7 +275,106 @@ impl KvPicker {
     pub async fn pick(&self, input: PickInput) -> Result<KvPick, RequestError> {
         let inner = &*self.0;
         let (prompt, model, priority) = self.prepare(&input).await?;
+        // The plan's id: the reservation's in each role's service.
         let id = inner.ids.next_id();
+        let prefill = inner
+            .prefill
+            .as_ref()
+            .filter(|(picker, config)| config.may_split(prompt.isl_tokens) && picker.service().worker_count() > 0);
+        let Some((prefill, config)) = prefill else {
+            if let Some((picker, config)) = &inner.prefill {
+                inner.metrics.record_pd_route(if picker.service().worker_count() == 0 {
+                    PdRoute::NoPrefillWorker
+                } else {
+                    debug_assert!(!config.may_split(prompt.isl_tokens));
+                    PdRoute::ShortUncached
+                });
+            }
+            let (selection, reservation) = self.decode_leg(id, prompt, model, priority, input).await?;
+            return Ok(Pick {
+                endpoint: selection.endpoint,
+                fallbacks: selection.fallbacks,
+                prefill: None,
+                reservation: Some(PlanBooking::aggregated(reservation)),
+            });
+        };
+        // Both legs at once; a failed decode leg cancels the prefill leg
+        // (dropping it withdraws or frees what it booked), a failed prefill
+        // leg leaves the request whole to the decode worker.
+        let prefill_leg = prefill.prefill_leg(id, prompt.clone(), model.clone(), priority);
+        let decode_leg = self.decode_leg(id, prompt, model, priority, input);
+        tokio::pin!(prefill_leg, decode_leg);
+        let (decoded, prefilled) = tokio::select! {
+            decoded = &mut decode_leg => (decoded?, prefill_leg.await),
+            prefilled = &mut prefill_leg => (decode_leg.await?, prefilled),
+        };
+        let (selection, reservation) = decoded;
+        let route = config.decide(selection.prefill_tokens, prefilled.as_ref().map(drop).map_err(|why| *why));
+        inner.metrics.record_pd_route(route);
+        let (prefill, booking) = match (route, prefilled) {
+            (PdRoute::Disaggregated, Ok((prefill_selection, prefill_reservation))) => {
+                tracing::debug!(
+                    plan = id.0,
+                    decode = %selection.endpoint,
+                    prefill = %prefill_selection.endpoint,
+                    uncached_on_decode = selection.prefill_tokens,
+                    "disaggregated"
+                );
+                (Some(prefill_selection.endpoint), PlanBooking::disaggregated(reservation, prefill_reservation))
+            }
+            // The prefill leg, if booked, is freed as it drops here.
+            _ => (None, PlanBooking::aggregated(reservation)),
+        };
+        Ok(Pick { endpoint: selection.endpoint, fallbacks: selection.fallbacks, prefill, reservation: Some(booking) })
+    }
+
+    /// The prefill leg of plan `id` on this (the prefill) picker's
+    /// service: booked at once or not at all. Every prefill worker past
+    /// the queue threshold is a reason to prefill on the decode worker,
+    /// not to wait; the queued request is withdrawn as its guard drops.
+    async fn prefill_leg(
+        &self,
+        id: ReservationId,
+        prompt: Prompt,
+        model: Option<String>,
+        priority: i32,
+    ) -> Result<(kvpick_core::Selection, KvReservation), PdRoute> {
+        let inner = &*self.0;
+        let mut reservation = Reservation::new(id, self.clone(), self.service().lease());
+        // The gateway's subset names where it may send the request (the
+        // decode side); the prefill worker is reached by the decode side.
+        let request = SelectRequest { id, prompt, model, allowed: None, priority, sticky: None };
+        match self.service().select_and_reserve(&inner.producers, request, inner.clock.now()).await {
+            Ok(Admission::Reserved(selection)) => {
+                reservation.booked(&selection);
+                Ok((selection, reservation))
+            }
+            Ok(Admission::Queued) => Err(PdRoute::PrefillSaturated),
+            Err(error) => {
+                reservation.disarm();
+                tracing::debug!(plan = id.0, role = "prefill", %error, "no prefill leg");
+                Err(match error {
+                    SelectError::NoWorkers | SelectError::UnknownModel(_) | SelectError::NoEligibleWorkers => {
+                        PdRoute::NoPrefillWorker
+                    }
+                    _ => PdRoute::PrefillFailed,
+                })
+            }
+        }
+    }
+
+    /// The decode (or whole-request) leg: select and book, waiting in the
+    /// queue if every worker is saturated; sessions and the prefix watch
+    /// learn from it.
+    async fn decode_leg(
+        &self,
+        id: ReservationId,
+        prompt: Prompt,
+        model: Option<String>,
+        priority: i32,
+        input: PickInput,
+    ) -> Result<(kvpick_core::Selection, KvReservation), RequestError> {
+        let inner = &*self.0;
         let mut reservation = Reservation::new(id, self.clone(), self.service().lease());
         let (session, sticky) = self.session_of(input.session.as_deref());
         let (isl_tokens, tokens_known) = (prompt.isl_tokens, prompt.tokens_known);
@@ -272,11 +410,7 @@ impl KvPicker {
                         sessions.insert(key, selection.worker);
                     }
                 }
-                Ok(Pick {
-                    endpoint: selection.endpoint,
-                    fallbacks: selection.fallbacks,
-                    reservation: Some(reservation),
-                })
+                Ok((selection, reservation))
             }
             Err(error) => {
                 reservation.disarm();

@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 use tonic::Streaming;
 use tonic::transport::Channel;
 
-use kvpick_ext_proc::headers::{DESTINATION, DESTINATION_SERVED};
+use kvpick_ext_proc::headers::{DESTINATION, DESTINATION_SERVED, PREFILLER};
 use kvpick_ext_proc::metadata::LB_NAMESPACE;
 
 /// Longest the gateway waits for any one answer.
@@ -51,6 +51,9 @@ pub enum GatewayError {
 pub struct Exchange {
     /// The endpoint kvpick picked (`None` when it refused).
     pub endpoint: Option<SocketAddr>,
+    /// The prefill endpoint of a disaggregated pick (`x-prefiller-host-port`,
+    /// sent upstream with the request as a gateway applies it).
+    pub prefiller: Option<SocketAddr>,
     /// The HTTP status the client got: the engine's, or the refusal's.
     pub status: u16,
     /// `Some(status)` when kvpick answered with an ImmediateResponse.
@@ -137,7 +140,8 @@ impl Gateway {
             });
         }
         let pick_time = started.elapsed();
-        let endpoint = destination(&answer)
+        let prefiller = header_value(&answer, PREFILLER);
+        let endpoint = header_value(&answer, DESTINATION)
             .ok_or_else(|| GatewayError::Protocol(format!("no destination in the headers answer: {answer:?}")))?;
         let endpoint: SocketAddr =
             endpoint.parse().map_err(|_| GatewayError::Protocol(format!("destination {endpoint:?} is not ip:port")))?;
@@ -152,10 +156,13 @@ impl Gateway {
             }
         }
 
-        let request = hyper::Request::post(format!("http://{endpoint}{path}"))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(upstream_body)))
-            .map_err(|e| GatewayError::Protocol(e.to_string()))?;
+        let mut request =
+            hyper::Request::post(format!("http://{endpoint}{path}")).header("content-type", "application/json");
+        if let Some(prefiller) = &prefiller {
+            request = request.header(PREFILLER, prefiller.as_str());
+        }
+        let request =
+            request.body(Full::new(Bytes::from(upstream_body))).map_err(|e| GatewayError::Protocol(e.to_string()))?;
         let upstream = |message: String| GatewayError::Upstream { endpoint, message };
         let response = self.http.request(request).await.map_err(|e| upstream(e.to_string()))?;
         let status = response.status().as_u16();
@@ -196,7 +203,16 @@ impl Gateway {
         drop(tx);
         // The server ends the stream once we close ours.
         while let Ok(Some(_)) = tokio::time::timeout(ANSWER_TIMEOUT, answers.message()).await.unwrap_or(Ok(None)) {}
-        Ok(Exchange { endpoint: Some(endpoint), status, refused: None, body: client_body, engine, pick_time })
+        let prefiller = prefiller.and_then(|p| p.parse().ok());
+        Ok(Exchange {
+            endpoint: Some(endpoint),
+            prefiller,
+            status,
+            refused: None,
+            body: client_body,
+            engine,
+            pick_time,
+        })
     }
 }
 
@@ -271,9 +287,10 @@ fn common(answer: &ProcessingResponse) -> Option<&CommonResponse> {
     }
 }
 
-fn destination(answer: &ProcessingResponse) -> Option<String> {
+/// The value a header mutation of `answer` sets `key` to.
+fn header_value(answer: &ProcessingResponse, key: &str) -> Option<String> {
     let mutation = common(answer)?.header_mutation.as_ref()?;
-    let header = mutation.set_headers.iter().filter_map(|o| o.header.as_ref()).find(|h| h.key == DESTINATION)?;
+    let header = mutation.set_headers.iter().filter_map(|o| o.header.as_ref()).find(|h| h.key == key)?;
     let raw = if header.raw_value.is_empty() { header.value.as_bytes() } else { &header.raw_value };
     String::from_utf8(raw.to_vec()).ok()
 }

@@ -14,11 +14,11 @@ use kvpick_discovery::{DiscoveryConfig, EngineSetting};
 use kvpick_ext_proc::ExtProcConfig;
 use kvpick_grpc::Tls;
 use kvpick_kv_events::IngestConfig;
-use kvpick_router::PickerConfig;
 use kvpick_router::tokenizer::local::parse_local_spec;
 use kvpick_router::tokenizer::{
     FallbackPolicy, LocalTokenizerConfig, TokenizerConfig, TokenizerConfigError, TokenizerField, TokenizerProtocol,
 };
+use kvpick_router::{DisaggConfig, PickerConfig};
 
 /// Where the workers come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -60,6 +60,37 @@ pub struct ServeConfig {
     pub tracing: Option<TracingConfig>,
     /// The KV-event ingest (ZMQ subscriptions and TensorRT-LLM drains).
     pub kv_events: IngestConfig,
+    /// Disaggregated prefill/decode; `None`: roles are ignored.
+    pub disagg: Option<DisaggSettings>,
+}
+
+/// The prefill workers' selector and the decider.
+#[derive(Clone, Debug)]
+pub struct DisaggSettings {
+    pub decider: DisaggConfig,
+    /// The prefill selector's policy: the decode side's, with its own
+    /// queue threshold (past it a request is not split).
+    pub router: RouterConfig,
+    /// Its shards: on the decode shards' cores, parking when idle (two
+    /// spinning shards on one core would take turns).
+    pub runtime: RuntimeConfig,
+}
+
+fn disagg(v: &Values, router: &RouterConfig, runtime: &RuntimeConfig) -> Result<Option<DisaggSettings>, ConfigError> {
+    if v.one_of(var::DISAGGREGATION, &["auto", "off"])? == Some("off") {
+        return Ok(None);
+    }
+    let mut decider = DisaggConfig::default();
+    if let Some(tokens) = v.whole::<u32>(var::PD_THRESHOLD_TOKENS, 0)? {
+        decider.threshold_tokens = tokens;
+    }
+    let mut prefill_router = router.clone();
+    if let Some(threshold) = v.number(var::PREFILL_QUEUE_THRESHOLD, 0.0)? {
+        prefill_router.queue_threshold = Some(threshold);
+    }
+    let shards = v.whole::<usize>(var::PREFILL_SHARDS, 1)?.unwrap_or(1);
+    let runtime = RuntimeConfig { shards, spin_before_park: Duration::ZERO, ..runtime.clone() };
+    Ok(Some(DisaggSettings { decider, router: prefill_router, runtime }))
 }
 
 /// One message for the operator: what is wrong and what would work.
@@ -118,6 +149,7 @@ impl ServeConfig {
             // A slow poll rate backs off to at least itself.
             kv_events.drain_backoff_max = kv_events.drain_backoff_max.max(kv_events.drain_interval);
         }
+        let disagg = disagg(v, &router, &runtime)?;
         let grace = v.whole::<u64>(var::SHUTDOWN_GRACE_MS, 0)?.unwrap_or(10_000);
         let log_format = match v.one_of(var::LOG_FORMAT, &["text", "json"])? {
             Some("json") => LogFormat::Json,
@@ -144,6 +176,7 @@ impl ServeConfig {
             debug_endpoints: v.boolean(var::DEBUG_ENDPOINTS)?.unwrap_or(false),
             tracing: tracing(v)?,
             kv_events,
+            disagg,
         })
     }
 }
@@ -392,6 +425,13 @@ fn discovery(
         v.parse(var::ENGINE, "expected auto, vllm, sglang, trtllm or trtllm-zmq", |t| t.parse::<EngineSetting>().ok())?
     {
         cfg.engine = engine;
+    }
+    if let Some(keys) = v.get(var::ROLE_LABELS) {
+        let keys: Vec<String> = keys.split(',').map(str::trim).filter(|k| !k.is_empty()).map(str::to_owned).collect();
+        if keys.is_empty() {
+            return Err(v.error(var::ROLE_LABELS, "expected pod label keys, comma-separated".to_owned()).into());
+        }
+        cfg.role_labels = keys;
     }
     if let Some(port) = v.whole::<u16>(var::KV_EVENT_PORT, 1)? {
         cfg.kv_event_port = port;

@@ -33,10 +33,10 @@ use self::otlp::TraceExport;
 use crate::metrics::MetricsServer;
 use crate::metrics::collect::{Sources, WorkerNames};
 use kvpick_discovery::workers_file::{Defaults, WorkersFile};
-use kvpick_discovery::{Discovery, EngineKind, WorkerUpdate};
+use kvpick_discovery::{Discovery, EngineKind, Role, WorkerUpdate};
 use kvpick_ext_proc::{ExtProcMetrics, ExtProcServer};
 use kvpick_grpc::{Health, Readiness, ServeError, ServerHandle};
-use kvpick_kv_events::{IngestError, KvEventIngest, ShardSink};
+use kvpick_kv_events::{IngestError, KvEventIngest, RoleSink, ShardSink};
 use kvpick_router::tokenizer::{TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
 use kvpick_router::{KvPicker, Picker};
 
@@ -64,6 +64,8 @@ pub enum StartError {
 /// A running kvpick.
 pub struct App {
     service: Arc<ShardedService>,
+    /// The prefill workers' selector (disaggregation on).
+    prefill: Option<Arc<ShardedService>>,
     ingest: Arc<KvEventIngest>,
     ext_proc: ServerHandle,
     health_server: ServerHandle,
@@ -87,11 +89,37 @@ impl App {
             clock.clone(),
         )?);
         let producers = ThreadProducers::new(service.clone());
-        let ingest = Arc::new(KvEventIngest::spawn(config.kv_events.clone(), ShardSink::new(service.clone()))?);
+        // Disaggregation: the prefill workers' own selector, and events
+        // routed to whichever of the two has their worker.
+        let prefill = match &config.disagg {
+            Some(disagg) => {
+                let prefill = ShardedService::start(
+                    disagg.router.clone(),
+                    config.block_size,
+                    disagg.runtime.clone(),
+                    clock.clone(),
+                )?;
+                tracing::info!(
+                    shards = prefill.shard_count(),
+                    threshold_tokens = disagg.decider.threshold_tokens,
+                    "disaggregation: prefill workers get a selector of their own"
+                );
+                Some(Arc::new(prefill))
+            }
+            None => None,
+        };
+        let ingest = Arc::new(match &prefill {
+            Some(prefill) => {
+                KvEventIngest::spawn(config.kv_events.clone(), RoleSink::new(service.clone(), prefill.clone()))?
+            }
+            None => KvEventIngest::spawn(config.kv_events.clone(), ShardSink::new(service.clone()))?,
+        });
+        let prefill_producers = prefill.clone().map(ThreadProducers::new);
         let health = Health::start().await;
         let workers = WorkerNames::default();
         let mut applier = Applier {
             producers: producers.clone(),
+            prefill: prefill_producers.clone(),
             clock: clock.clone(),
             ingest: ingest.clone(),
             workers: workers.clone(),
@@ -174,7 +202,16 @@ impl App {
         let health_server = health.spawn_on(health_listener)?;
 
         let ext_proc_metrics = Arc::new(ExtProcMetrics::new());
-        let picker = KvPicker::new(service.clone(), clock.clone(), tokenizer, &config.picker, ext_proc_metrics.clone());
+        let picker = match (&prefill, &config.disagg) {
+            (Some(prefill), Some(disagg)) => KvPicker::disaggregated(
+                (service.clone(), prefill.clone()),
+                clock.clone(),
+                tokenizer,
+                (&config.picker, disagg.decider.clone()),
+                ext_proc_metrics.clone(),
+            ),
+            _ => KvPicker::new(service.clone(), clock.clone(), tokenizer, &config.picker, ext_proc_metrics.clone()),
+        };
         let mut server =
             ExtProcServer::new(config.ext_proc.clone(), Picker::Kv(picker.clone()), ext_proc_metrics.clone())
                 .with_health(&health);
@@ -196,6 +233,7 @@ impl App {
             tokenizer: Some(tokenizer_metrics),
             ingest: Some(ingest.metrics().clone()),
             service: Some(producers.clone()),
+            prefill: prefill_producers.clone(),
             workers: workers.clone(),
             debug: config.debug_endpoints.then(|| picker.clone()),
         };
@@ -216,20 +254,25 @@ impl App {
         // Leases expire on the shards' own timers; queue deadlines and the
         // admissions they unblock need a clock tick from here, and readiness
         // the count of workers whose events carry another block size.
-        let ticker = producers.clone();
+        let tickers: Vec<ThreadProducers> = std::iter::once(producers.clone()).chain(prefill_producers).collect();
         let readiness = health.readiness();
         tasks.push(tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_millis(250));
             loop {
                 every.tick().await;
-                ticker.service().tick(&ticker, clock.now()).await;
-                let loads = ticker.service().loads(&ticker).await;
-                readiness.set_unusable_workers(loads.iter().filter(|l| l.block_size_mismatch.is_some()).count());
+                let mut unusable = 0;
+                for ticker in &tickers {
+                    ticker.service().tick(ticker, clock.now()).await;
+                    let loads = ticker.service().loads(ticker).await;
+                    unusable += loads.iter().filter(|l| l.block_size_mismatch.is_some()).count();
+                }
+                readiness.set_unusable_workers(unusable);
             }
         }));
 
         Ok(App {
             service,
+            prefill,
             ingest,
             ext_proc,
             health_server,
@@ -263,6 +306,11 @@ impl App {
 
     pub fn service(&self) -> &Arc<ShardedService> {
         &self.service
+    }
+
+    /// The prefill workers' selector, when disaggregation is on.
+    pub fn prefill_service(&self) -> Option<&Arc<ShardedService>> {
+        self.prefill.as_ref()
     }
 
     pub fn workers(&self) -> &WorkerNames {
@@ -300,13 +348,15 @@ impl App {
             tracing::warn!(%error, "ext_proc server ended with an error");
         }
         // Cut streams free their bookings from detached tasks: let them run.
+        let (service, prefill) = (&self.service, &self.prefill);
+        let booked = || service.active_reservations() + prefill.as_ref().map_or(0, |p| p.active_reservations());
         for _ in 0..50 {
-            if self.service.active_reservations() == 0 {
+            if booked() == 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let left = self.service.active_reservations();
+        let left = booked();
         tracing::info!(streams_open_at_stop = open, bookings_left = left, "ext_proc server stopped");
         self.metrics.shutdown().await;
         if let Err(error) = self.health_server.shutdown().await {
@@ -326,6 +376,9 @@ impl App {
         }
         // Whatever is still booked goes with the shards.
         self.service.shutdown();
+        if let Some(prefill) = &self.prefill {
+            prefill.shutdown();
+        }
         tracing::info!("stopped");
     }
 }
@@ -338,6 +391,10 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Start
 /// and reports readiness.
 struct Applier {
     producers: ThreadProducers,
+    /// The prefill selector's, when disaggregation is on: workers of the
+    /// prefill role go there; without it every worker serves whole
+    /// requests.
+    prefill: Option<ThreadProducers>,
     clock: Clock,
     ingest: Arc<KvEventIngest>,
     workers: WorkerNames,
@@ -355,22 +412,41 @@ impl Applier {
         }
     }
 
+    /// Ready once a worker can take whole or decode requests: prefill
+    /// workers alone serve none.
     fn report_readiness(&self) {
-        self.readiness.set_schedulable_workers(self.workers.len());
+        self.readiness.set_schedulable_workers(self.producers.service().worker_count());
+    }
+
+    /// The selector a worker of `role` belongs to.
+    fn selector(&self, role: Role) -> &ThreadProducers {
+        match &self.prefill {
+            Some(prefill) if !role.decodes() => prefill,
+            _ => &self.producers,
+        }
+    }
+
+    /// The selector that has worker `id` now.
+    fn selector_of(&self, id: kvpick_core::WorkerId) -> &ThreadProducers {
+        match &self.prefill {
+            Some(prefill) if prefill.service().owns(id) => prefill,
+            _ => &self.producers,
+        }
     }
 
     async fn apply(&self, update: WorkerUpdate) {
-        let service = self.producers.service();
         match update {
             WorkerUpdate::Upsert(worker) => {
                 let (id, endpoint) = (worker.id(), worker.spec.endpoint);
-                match service.upsert_worker(&self.producers, worker.spec.clone(), self.clock.now()).await {
+                let producers = self.selector(worker.role);
+                match producers.service().upsert_worker(producers, worker.spec.clone(), self.clock.now()).await {
                     Ok(()) => {
                         if let Err(error) = self.ingest.add(worker.publisher.clone()) {
                             tracing::error!(%endpoint, %error, "worker added without its KV events");
                         }
                         self.workers.insert(id, endpoint);
-                        tracing::info!(%endpoint, engine = %worker.engine, events = %worker.publisher.endpoint, replay = ?worker.publisher.replay_endpoint, "worker added");
+                        let role = if self.prefill.is_some() { worker.role } else { Role::Both };
+                        tracing::info!(%endpoint, engine = %worker.engine, %role, events = %worker.publisher.endpoint, replay = ?worker.publisher.replay_endpoint, "worker added");
                     }
                     Err(error) => tracing::error!(%endpoint, %error, "worker not added"),
                 }
@@ -384,7 +460,8 @@ impl Applier {
                 if let Err(error) = self.ingest.remove(id) {
                     tracing::warn!(worker = id.0, %error, "could not unsubscribe a removed worker's KV events");
                 }
-                match service.delete_worker(&self.producers, id).await {
+                let producers = self.selector_of(id);
+                match producers.service().delete_worker(producers, id).await {
                     Ok(freed) => tracing::info!(endpoint = ?endpoint, bookings_dropped = freed.len(), "worker removed"),
                     Err(error) => tracing::warn!(endpoint = ?endpoint, %error, "worker removal"),
                 }

@@ -42,6 +42,11 @@ pub const BLOCK_SIZE: &str = "DYN_KV_CACHE_BLOCK_SIZE";
 pub const KV_EVENT_PORT: &str = "DYN_EPP_KV_EVENT_PORT";
 pub const ENGINE: &str = "KVPICK_ENGINE";
 pub const KV_EVENT_DRAIN_INTERVAL_MS: &str = "KVPICK_KV_EVENT_DRAIN_INTERVAL_MS";
+pub const DISAGGREGATION: &str = "KVPICK_DISAGGREGATION";
+pub const ROLE_LABELS: &str = "KVPICK_ROLE_LABELS";
+pub const PD_THRESHOLD_TOKENS: &str = "KVPICK_PD_THRESHOLD_TOKENS";
+pub const PREFILL_SHARDS: &str = "KVPICK_PREFILL_SHARDS";
+pub const PREFILL_QUEUE_THRESHOLD: &str = "KVPICK_PREFILL_QUEUE_THRESHOLD";
 pub const KV_EVENT_REPLAY_PORT: &str = "DYN_EPP_KV_EVENT_REPLAY_PORT";
 pub const MAX_NUM_BATCHED_TOKENS: &str = "DYN_EPP_MAX_NUM_BATCHED_TOKENS";
 pub const TOTAL_KV_BLOCKS: &str = "DYN_EPP_TOTAL_KV_BLOCKS";
@@ -113,7 +118,7 @@ pub const SETTINGS: &[Setting] = &[
         WORKERS_FILE,
         "workers-file",
         None,
-        "Static mode: YAML or JSON list of {endpoint: \"ip:port\", kv_events: \"tcp://ip:port\", replay?: \"tcp://ip:port\", block_size?, model?}; re-read when it changes",
+        "Static mode: YAML or JSON list of {endpoint: \"ip:port\", kv_events: \"tcp://ip:port\", replay?: \"tcp://ip:port\", block_size?, model?, engine?, role?}; re-read when it changes",
     ),
     s(
         WORKERS_FILE_POLL_MS,
@@ -135,6 +140,36 @@ pub const SETTINGS: &[Setting] = &[
         "engine",
         Some("auto"),
         "Kubernetes mode: the engine of pods without a `kvpick.io/engine` label: `auto` (from their images, else vLLM), `vllm`, `sglang`, `trtllm` (KV events drained from /kv_cache_events) or `trtllm-zmq`",
+    ),
+    s(
+        DISAGGREGATION,
+        "disaggregation",
+        Some("auto"),
+        "Disaggregated prefill/decode: `auto` (workers with the prefill role get a selector of their own, and a request whose uncached prompt on the chosen decode worker is long enough is split: x-prefiller-host-port names the prefill worker) or `off` (roles are ignored: every worker serves whole requests)",
+    ),
+    s(
+        ROLE_LABELS,
+        "role-labels",
+        Some("llm-d.ai/role,nvidia.com/dynamo-sub-component-type"),
+        "Kubernetes mode: pod label keys naming a worker's role (`prefill`, `decode`, `prefill-decode`/`both`, `encode`: not a worker), first match wins; unlabelled pods serve both",
+    ),
+    s(
+        PD_THRESHOLD_TOKENS,
+        "pd-threshold-tokens",
+        Some("256"),
+        "Disaggregation decider: split a request only when at least this many of its prompt tokens are uncached on the chosen decode worker (shorter: prefilled there); 0 splits every request",
+    ),
+    s(
+        PREFILL_SHARDS,
+        "prefill-shards",
+        Some("1"),
+        "Disaggregation: shard threads of the prefill workers' selector (they share the decode shards' cores and park when idle)",
+    ),
+    s(
+        PREFILL_QUEUE_THRESHOLD,
+        "prefill-queue-threshold",
+        None,
+        "Disaggregation: a request is not split while every prefill worker has more than this × max_num_batched_tokens in prefill (it is prefilled on the decode worker instead); default: --queue-threshold, unset: never",
     ),
     s(KV_EVENT_PORT, "kv-event-port", Some("5557"), "Kubernetes mode: rank 0's KV-event PUB port on each pod"),
     s(

@@ -58,6 +58,8 @@ pub struct Sources {
     pub tokenizer: Option<Arc<TokenizerMetrics>>,
     pub ingest: Option<Arc<IngestMetrics>>,
     pub service: Option<ThreadProducers>,
+    /// The prefill workers' selector, when disaggregation is on.
+    pub prefill: Option<ThreadProducers>,
     pub workers: WorkerNames,
     /// The debug view's picker, when `--debug-endpoints` is on.
     pub debug: Option<kvpick_router::KvPicker>,
@@ -73,7 +75,7 @@ pub async fn render(sources: &Sources) -> String {
         ingest_families(&mut e, ingest, &sources.workers);
     }
     if let Some(producers) = &sources.service {
-        shard_families(&mut e, producers, &sources.workers).await;
+        shard_families(&mut e, producers, sources.prefill.as_ref(), &sources.workers).await;
     }
     e.finish()
 }
@@ -178,6 +180,16 @@ fn ext_proc(e: &mut Exposition, sources: &Sources) {
             "Picks of requests with a session key (x-session-token or session_id): no worker remembered, the session's worker kept, or left for a cheaper one.",
             &[("result", result)],
             m.session_picks[i],
+        );
+    }
+    for ((route, reason), count) in kvpick_ext_proc::metrics::ROUTE_CLASSES.into_iter().zip(m.pd_routes) {
+        let labels: &[(&str, &str)] =
+            if reason.is_empty() { &[("route", route)] } else { &[("route", route), ("reason", reason)] };
+        e.counter(
+            "kvpick_pd_routes_total",
+            "Picks while prefill workers are configured: disaggregated (prefill worker + decode worker), or aggregated on the decode worker and why.",
+            labels,
+            count,
         );
     }
     let moved = "Bookings moved to the worker the gateway reports as served (x-gateway-destination-endpoint-served).";
@@ -340,7 +352,14 @@ fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerN
     }
 }
 
-async fn shard_families(e: &mut Exposition, producers: &ThreadProducers, workers: &WorkerNames) {
+/// The selection service's families; with a prefill selector beside it,
+/// its own few and its workers among the per-worker ones.
+async fn shard_families(
+    e: &mut Exposition,
+    producers: &ThreadProducers,
+    prefill: Option<&ThreadProducers>,
+    workers: &WorkerNames,
+) {
     let service = producers.service();
     let stats = service.shard_stats(producers).await;
     e.gauge("kvpick_shards", "Shard threads.", &[], service.shard_count() as f64);
@@ -392,7 +411,19 @@ async fn shard_families(e: &mut Exposition, producers: &ThreadProducers, workers
         &[],
         rings.selections_refused.load(relaxed),
     );
-    let loads = service.loads(producers).await;
+    let mut loads = service.loads(producers).await;
+    if let Some(prefill) = prefill {
+        let side = prefill.service();
+        e.gauge("kvpick_prefill_workers", "Workers of the prefill role.", &[], side.worker_count() as f64);
+        e.gauge(
+            "kvpick_prefill_reservations_active",
+            "Prefill legs of split requests held now (released at hand-off).",
+            &[],
+            side.active_reservations() as f64,
+        );
+        e.counter("kvpick_prefill_selections_total", "Prefill legs booked.", &[], side.stats().selections);
+        loads.extend(side.loads(prefill).await);
+    }
     let mut named: Vec<(String, kvpick_core::LoadSnapshot)> = loads
         .into_iter()
         .map(|l| (workers.get(l.worker).map_or_else(|| format!("{:016x}", l.worker.0), |a| a.to_string()), l))

@@ -19,17 +19,25 @@ pub const MAX_EXPLAIN_BYTES: usize = 16 << 20;
 pub async fn workers(sources: &Sources) -> Value {
     let Some(producers) = &sources.service else { return json!([]) };
     let service = producers.service();
-    let loads = service.loads(producers).await;
-    let (calibration, fleet_scale, _) = service.calibration();
+    let mut loads: Vec<(&str, kvpick_core::LoadSnapshot)> =
+        service.loads(producers).await.into_iter().map(|l| ("decode", l)).collect();
+    if let Some(prefill) = &sources.prefill {
+        loads.extend(prefill.service().loads(prefill).await.into_iter().map(|l| ("prefill", l)));
+    }
+    let (mut calibration, fleet_scale, _) = service.calibration();
+    if let Some(prefill) = &sources.prefill {
+        calibration.extend(prefill.service().calibration().0);
+    }
     let lags = sources.ingest.as_ref().map(|i| i.workers()).unwrap_or_default();
     let mut rows: Vec<Value> = loads
         .iter()
-        .map(|l| {
+        .map(|(role, l)| {
             let fit = calibration.iter().find(|c| c.worker == l.worker);
             let lag = lags.iter().find(|w| w.worker == l.worker).and_then(|w| w.lag_seconds);
             json!({
                 "worker": sources.workers.get(l.worker).map_or_else(|| format!("{:016x}", l.worker.0), |a| a.to_string()),
                 "id": format!("{:016x}", l.worker.0),
+                "selector": role,
                 "requests": l.requests,
                 "prefill_tokens": l.prefill_tokens,
                 "active_blocks": l.active_blocks,

@@ -8,12 +8,14 @@
 mod bin_support;
 mod ext_proc_support;
 
+mod bin_disagg;
 mod bin_kubernetes;
 mod bin_local_tokenizer;
 mod bin_serve;
 mod bin_sglang;
 mod bin_trtllm;
 mod deploy;
+mod ext_proc_disagg;
 mod ext_proc_errors;
 mod ext_proc_fallbacks;
 mod ext_proc_health;

@@ -209,10 +209,26 @@ impl Drop for Kvpick {
 
 /// GET `http://addr{path}` with a plain HTTP/1.0-style exchange.
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    http_exchange(addr, "GET", path, None).await
+}
+
+/// POST a JSON `body` to `http://addr{path}`, as [`http_get`].
+pub async fn http_post(addr: SocketAddr, path: &str, body: &[u8]) -> (u16, String) {
+    http_exchange(addr, "POST", path, Some(body)).await
+}
+
+async fn http_exchange(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap_or_else(|e| panic!("connect {addr}: {e}"));
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap_or_else(|e| panic!("{e}"));
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n").into_bytes();
+    if let Some(body) = body {
+        request.extend_from_slice(
+            format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()).as_bytes(),
+        );
+    }
+    request.extend_from_slice(b"\r\n");
+    request.extend_from_slice(body.unwrap_or_default());
+    stream.write_all(&request).await.unwrap_or_else(|e| panic!("{e}"));
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).await.unwrap_or_else(|e| panic!("{e}"));
     let text = String::from_utf8_lossy(&raw).into_owned();

@@ -25,7 +25,7 @@ use kvpick_proto::ext_proc::{
 };
 use kvpick_proto::protobuf::{Kind, ListValue, Struct, Value};
 use kvpick_router::tokenizer::{TokenizeError, TokenizeFuture, TokenizeRequest, Tokenizer};
-use kvpick_router::{KvPicker, NullPicker, Picker, PickerConfig};
+use kvpick_router::{DisaggConfig, KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_runtime::{Clock, Producer, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
 use kvpick_test_support::WordTokenizer;
 use kvpick_test_support::gateway::header_map;
@@ -40,6 +40,16 @@ pub const BLOCK_SIZE: u32 = 4;
 
 pub fn endpoint(i: usize) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 10 + i as u8], 8000))
+}
+
+/// Prefill worker `i`'s endpoint (disaggregated harnesses).
+pub fn prefill_endpoint(i: usize) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 100 + i as u8], 8000))
+}
+
+/// Prefill worker `i`'s id.
+pub fn prefill_worker(i: usize) -> WorkerId {
+    WorkerId(1_000 + i as u64)
 }
 
 /// A tokenizer that splits words ([`WordTokenizer`]), can be held shut,
@@ -91,6 +101,10 @@ pub struct Options {
     pub max_num_batched_tokens: Option<u64>,
     /// Requests traced with this (`None`: no tracing).
     pub tracing: Option<Tracing>,
+    /// Disaggregation: a prefill selector with this many workers (and
+    /// `router`'s policy but `prefill_queue_threshold`), and the decider.
+    pub disagg: Option<(usize, DisaggConfig)>,
+    pub prefill_queue_threshold: Option<f64>,
 }
 
 impl Default for Options {
@@ -105,6 +119,8 @@ impl Default for Options {
             router: RouterConfig::default(),
             max_num_batched_tokens: None,
             tracing: None,
+            disagg: None,
+            prefill_queue_threshold: None,
         }
     }
 }
@@ -132,6 +148,8 @@ pub struct Harness {
     pub addr: SocketAddr,
     pub model: Option<String>,
     max_num_batched_tokens: Option<u64>,
+    /// The prefill selector, when disaggregated.
+    pub prefill: Option<ThreadProducers>,
 }
 
 impl Harness {
@@ -149,6 +167,12 @@ impl Harness {
             choice: RuntimeChoice::Force(kind),
             ..RuntimeConfig::default()
         };
+        let prefill_service = options.disagg.as_ref().map(|_| {
+            let router = RouterConfig { queue_threshold: options.prefill_queue_threshold, ..options.router.clone() };
+            let prefill = ShardedService::start(router, BLOCK_SIZE, runtime.clone(), clock.clone());
+            Arc::new(prefill.expect("prefill shards start"))
+        });
+        let prefill = prefill_service.clone().map(ThreadProducers::new);
         let service =
             Arc::new(ShardedService::start(options.router, BLOCK_SIZE, runtime, clock.clone()).expect("shards start"));
         let producers = ThreadProducers::new(service.clone());
@@ -157,8 +181,15 @@ impl Harness {
         let tokenizer = Arc::new(options.tokenizer);
         let health = Health::start().await;
         let harness_tokenizer: Arc<dyn Tokenizer> = tokenizer.clone();
-        let kv = (!options.null_picker).then(|| {
-            KvPicker::new(service.clone(), clock.clone(), harness_tokenizer, &options.picker, metrics.clone())
+        let kv = (!options.null_picker).then(|| match (&prefill_service, &options.disagg) {
+            (Some(prefill), Some((_, decider))) => KvPicker::disaggregated(
+                (service.clone(), prefill.clone()),
+                clock.clone(),
+                harness_tokenizer,
+                (&options.picker, decider.clone()),
+                metrics.clone(),
+            ),
+            _ => KvPicker::new(service.clone(), clock.clone(), harness_tokenizer, &options.picker, metrics.clone()),
         });
         let picker = match &kv {
             Some(kv) => Picker::Kv(kv.clone()),
@@ -184,11 +215,30 @@ impl Harness {
             addr,
             model: options.model,
             max_num_batched_tokens: options.max_num_batched_tokens,
+            prefill,
         };
         for i in 0..options.workers {
             harness.add_worker(i).await;
         }
+        for i in 0..options.disagg.map_or(0, |(n, _)| n) {
+            harness.add_prefill_worker(i).await;
+        }
         harness
+    }
+
+    /// Adds prefill worker `i` to the prefill selector.
+    pub async fn add_prefill_worker(&self, i: usize) {
+        let prefill = self.prefill.as_ref().expect("a disaggregated harness");
+        let mut spec = WorkerSpec::new(prefill_worker(i), prefill_endpoint(i), BLOCK_SIZE);
+        spec.model = self.model.clone();
+        spec.max_num_batched_tokens = self.max_num_batched_tokens;
+        prefill.service().upsert_worker(prefill, spec, self.clock.now()).await.expect("prefill worker upserted");
+    }
+
+    /// Requests booked on the prefill workers.
+    pub async fn prefill_requests_booked(&self) -> u32 {
+        let prefill = self.prefill.as_ref().expect("a disaggregated harness");
+        prefill.service().loads(prefill).await.iter().map(|l| l.requests).sum()
     }
 
     pub async fn add_worker(&self, i: usize) {
@@ -219,6 +269,9 @@ impl Harness {
             server.shutdown().await.expect("server stops cleanly");
         }
         self.service.shutdown();
+        if let Some(prefill) = &self.prefill {
+            prefill.service().shutdown();
+        }
     }
 
     pub async fn loads(&self) -> Vec<LoadSnapshot> {

@@ -1,0 +1,176 @@
+//! Disaggregated prefill/decode through the gateway stand-in: the decode
+//! worker in `x-gateway-destination-endpoint`, the prefill worker in
+//! `x-prefiller-host-port`, both booked for a split request and each
+//! released at its moment; the decider, the fallbacks to aggregated
+//! routing with their reasons, and the compensation of a failed plan.
+
+use crate::ext_proc_support::*;
+use kvpick_ext_proc::headers::PREFILLER;
+use kvpick_ext_proc::metrics::{PdRoute, ROUTE_CLASSES};
+use kvpick_router::DisaggConfig;
+
+/// Splits when 16 tokens (4 blocks) or more are uncached on the decode pick.
+const THRESHOLD: u32 = 16;
+
+fn disaggregated(prefill_workers: usize) -> Options {
+    Options { disagg: Some((prefill_workers, DisaggConfig { threshold_tokens: THRESHOLD })), ..Options::default() }
+}
+
+fn routes(h: &Harness, route: PdRoute) -> u64 {
+    h.metrics.snapshot().pd_routes[route as usize]
+}
+
+/// The prefiller a pick's answer names, if any.
+fn prefiller(answer: &kvpick_proto::ext_proc::ProcessingResponse) -> Option<String> {
+    set_header(answer, PREFILLER).map(|(value, _)| value)
+}
+
+/// Sends `body` with `extra` request headers; the pick's answer.
+async fn send(call: &mut Call, body: &str, extra: &[(&str, &str)]) -> kvpick_proto::ext_proc::ProcessingResponse {
+    call.send(request_headers("POST", "/v1/chat/completions", extra, false, full_duplex()));
+    call.send(request_body(body.as_bytes(), true));
+    let answer = call.recv().await;
+    let (echo, end) = streamed(&call.recv().await).expect("body echoed");
+    assert_eq!((echo.as_slice(), end), (body.as_bytes(), true));
+    answer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_uncached_prompt_is_split_and_each_leg_released_at_its_moment() {
+    let h = Harness::start(disaggregated(2)).await;
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    // A client's own prefiller is never trusted: the pick's replaces it.
+    let answer = send(&mut call, &chat(&words("long", 40)), &[(PREFILLER, "6.6.6.6:81")]).await;
+    let decode = destination(&answer).expect("a decode pick");
+    let prefill = prefiller(&answer).expect("a prefill pick");
+    assert!((0..3).any(|i| endpoint(i).to_string() == decode), "{decode} is a decode worker");
+    assert!((0..2).any(|i| prefill_endpoint(i).to_string() == prefill), "{prefill} is a prefill worker");
+    assert!(!removed_headers(&answer).iter().any(|r| r == PREFILLER), "overwritten, not removed after the set");
+    assert_eq!(routes(&h, PdRoute::Disaggregated), 1);
+
+    // Both legs booked until the hand-off; the decode leg books no prefill.
+    assert_eq!((h.requests_booked().await, h.prefill_requests_booked().await), (1, 1));
+    assert_eq!(h.loads().await.iter().map(|l| l.prefill_tokens).sum::<u64>(), 0, "the decode worker prefills nothing");
+    call.send(response_headers("200", "text/event-stream", None, false));
+    assert_eq!(kind(&call.recv().await), "response_headers");
+    call.send(response_body(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", false));
+    call.recv().await;
+    wait_for("the prefill leg released at the first chunk", || async { h.prefill_requests_booked().await == 0 }).await;
+    assert_eq!(h.requests_booked().await, 1, "the decode leg lives on");
+    call.send(response_body(b"data: [DONE]\n\n", true));
+    call.recv().await;
+    h.wait_all_freed().await;
+    drop((call, client));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decider_keeps_short_or_cached_prompts_whole_on_the_decode_worker() {
+    let h = Harness::start(disaggregated(1)).await;
+    let mut client = h.client().await;
+    // Shorter than the threshold: no prefill leg is even tried.
+    let mut call = Call::open(&mut client).await;
+    let answer = send(&mut call, &chat(&words("short", 8)), &[]).await;
+    assert!(destination(&answer).is_some());
+    assert_eq!(prefiller(&answer), None);
+    assert_eq!(h.prefill_requests_booked().await, 0);
+    assert_eq!(h.loads().await.iter().map(|l| l.prefill_tokens).sum::<u64>(), 8, "the decode worker prefills it");
+    finish_response(&mut call).await;
+    drop(call);
+
+    // Long, but the decode worker holds all but a block of it.
+    let prefix = words("held", 40);
+    h.cache_on(1, &chat(&prefix)).await;
+    let mut call = Call::open(&mut client).await;
+    let answer = send(&mut call, &chat(&format!("{prefix} one two three")), &[]).await;
+    assert_eq!(destination(&answer), Some(endpoint(1).to_string()), "the worker holding the prefix");
+    assert_eq!(prefiller(&answer), None, "too little left to prefill to split it");
+    finish_response(&mut call).await;
+    h.wait_all_freed().await;
+    wait_for("the compensated prefill leg freed", || async { h.prefill_requests_booked().await == 0 }).await;
+    assert_eq!(routes(&h, PdRoute::ShortUncached), 2);
+    assert_eq!(routes(&h, PdRoute::Disaggregated), 0);
+    drop((call, client));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_prefill_worker_requests_are_served_whole_and_counted() {
+    let h = Harness::start(disaggregated(0)).await;
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    let answer = send(&mut call, &chat(&words("long", 40)), &[]).await;
+    assert!(destination(&answer).is_some());
+    assert_eq!(prefiller(&answer), None);
+    finish_response(&mut call).await;
+    drop(call);
+    assert_eq!(routes(&h, PdRoute::NoPrefillWorker), 1);
+    // A prefill worker joins: the next long prompt is split.
+    h.add_prefill_worker(0).await;
+    let mut call = Call::open(&mut client).await;
+    let answer = send(&mut call, &chat(&words("later", 40)), &[]).await;
+    assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()));
+    finish_response(&mut call).await;
+    h.wait_all_freed().await;
+    wait_for("the prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    drop((call, client));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_prefill_side_sends_requests_whole_and_withdraws_the_queued_leg() {
+    // The prefill worker is saturated as soon as any prefill is booked.
+    let options =
+        Options { max_num_batched_tokens: Some(1_000), prefill_queue_threshold: Some(0.0), ..disaggregated(1) };
+    let h = Harness::start(options).await;
+    let mut client = h.client().await;
+    let mut first = Call::open(&mut client).await;
+    let answer = send(&mut first, &chat(&words("first", 40)), &[]).await;
+    assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()));
+    // The first request's prefill is still booked: the second is not split.
+    let mut second = Call::open(&mut client).await;
+    let answer = send(&mut second, &chat(&words("second", 40)), &[]).await;
+    assert_eq!(prefiller(&answer), None);
+    assert_eq!(routes(&h, PdRoute::PrefillSaturated), 1);
+    let prefill = h.prefill.as_ref().expect("disaggregated");
+    wait_for("the queued prefill leg withdrawn", || async { prefill.service().queue_len() == 0 }).await;
+    assert_eq!(h.prefill_requests_booked().await, 1, "only the first request's leg");
+    finish_response(&mut first).await;
+    finish_response(&mut second).await;
+    h.wait_all_freed().await;
+    wait_for("every prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    drop((first, second, client));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_decode_leg_frees_the_prefill_leg_and_a_cancel_frees_both() {
+    // The gateway's subset names no decode worker: the decode leg fails
+    // (the subset does not bind the prefill leg, which books).
+    let h = Harness::start(disaggregated(1)).await;
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    call.send(with_subset(chat_headers(), list(&["127.0.0.99:8000"])));
+    call.send(request_body(chat(&words("long", 40)).as_bytes(), true));
+    let (status, body, _) = immediate(&call.recv().await).expect("refused");
+    assert_eq!(status, 503, "{body}");
+    drop(call);
+    let prefill = h.prefill.as_ref().expect("disaggregated");
+    wait_for("no prefill leg left booked", || async { prefill.service().active_reservations() == 0 }).await;
+    assert_eq!(h.prefill_requests_booked().await, 0);
+    // Whichever leg finished first, the prefill one was booked and freed,
+    // or cancelled before it booked: at most one selection, none held.
+    assert!(prefill.service().stats().selections <= 1);
+
+    // A split request cancelled before its first token frees both legs.
+    let mut call = Call::open(&mut client).await;
+    let answer = send(&mut call, &chat(&words("gone", 40)), &[]).await;
+    assert!(prefiller(&answer).is_some());
+    drop(call);
+    h.wait_all_freed().await;
+    wait_for("the prefill leg freed with the stream", || async { h.prefill_requests_booked().await == 0 }).await;
+    assert_eq!(ROUTE_CLASSES[PdRoute::Disaggregated as usize], ("disaggregated", ""));
+    drop(client);
+    h.stop().await;
+}

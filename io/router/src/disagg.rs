@@ -1,0 +1,240 @@
+//! Disaggregated prefill/decode: when a request is split, and the booking
+//! that ties its two legs together.
+//!
+//! A pick in a fleet with prefill workers is a small saga, one plan per
+//! request. Its id is minted once and qualifies a reservation in each
+//! role's selection service (the services are separate ledgers, so the
+//! same number names the prefill leg in one and the decode leg in the
+//! other; logs say which by role). Both legs are selected at once; the
+//! plan commits only when both are booked and the decider agrees, and
+//! otherwise the leg that is not needed is compensated (freed, or
+//! withdrawn from the prefill queue) and the request goes to the decode
+//! worker whole. Every leg is a lease-bounded reservation, so a leg
+//! orphaned by a crash between the two is freed by its lease.
+//!
+//! Lifecycle: the decode booking stops counting prefill the moment the
+//! plan commits (its worker receives the KV blocks instead of computing
+//! them); the prefill booking is released at hand-off, the first response
+//! chunk (the decode side has the KV blocks by then); the decode booking
+//! lives to completion, cancel or error, renewed while the answer streams.
+
+use std::net::SocketAddr;
+
+use kvpick_ext_proc::Booking;
+use kvpick_ext_proc::metrics::PdRoute;
+
+use crate::reservation::{Release, Reservation};
+
+/// Settings of disaggregated routing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DisaggConfig {
+    /// Split a request only when the part of its prompt the chosen decode
+    /// worker does not hold is at least this many tokens; shorter suffixes
+    /// are prefilled where they are decoded (llm-d's prefix-based decider;
+    /// 0 splits every request a prefill worker can take).
+    pub threshold_tokens: u32,
+}
+
+/// A few blocks of prefill cost less on the decode worker than a round
+/// trip to a prefill worker and a KV transfer. llm-d's prefix-based
+/// decider documents the same test with its own threshold; this default
+/// is the one the routing simulator's P/D runs are measured with.
+pub const DEFAULT_THRESHOLD_TOKENS: u32 = 256;
+
+impl Default for DisaggConfig {
+    fn default() -> Self {
+        DisaggConfig { threshold_tokens: DEFAULT_THRESHOLD_TOKENS }
+    }
+}
+
+impl DisaggConfig {
+    /// Whether a prompt of `isl_tokens` could be split at all: with fewer
+    /// than the threshold, no decode worker can miss enough of it, so the
+    /// prefill leg is not even tried.
+    pub fn may_split(&self, isl_tokens: u32) -> bool {
+        isl_tokens >= self.threshold_tokens.max(1)
+    }
+
+    /// The decider, given how many prompt tokens the chosen decode worker
+    /// must compute itself (`uncached`) and what the prefill leg came to.
+    pub fn decide(&self, uncached: u32, prefill: Result<(), PdRoute>) -> PdRoute {
+        match prefill {
+            Err(why) => why,
+            Ok(()) if uncached >= self.threshold_tokens.max(1) => PdRoute::Disaggregated,
+            Ok(()) => PdRoute::ShortUncached,
+        }
+    }
+}
+
+/// What one request booked: its decode (or whole-request) reservation and,
+/// while a split request's prefill has not handed over, the prefill one.
+pub struct PlanBooking<R: Release> {
+    pub(crate) decode: Reservation<R>,
+    pub(crate) prefill: Option<Reservation<R>>,
+}
+
+impl<R: Release> std::fmt::Debug for PlanBooking<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlanBooking").field("decode", &self.decode).field("prefill", &self.prefill).finish()
+    }
+}
+
+impl<R: Release> PlanBooking<R> {
+    pub(crate) fn aggregated(decode: Reservation<R>) -> Self {
+        PlanBooking { decode, prefill: None }
+    }
+
+    /// Commits a split: the decode worker computes none of the prompt.
+    pub(crate) fn disaggregated(mut decode: Reservation<R>, prefill: Reservation<R>) -> Self {
+        // Not a first token: no time-to-first-token sample.
+        decode.prefill_complete(false);
+        PlanBooking { decode, prefill: Some(prefill) }
+    }
+
+    /// Whether the prefill leg is still held.
+    pub fn holds_prefill(&self) -> bool {
+        self.prefill.is_some()
+    }
+}
+
+impl<R: Release> Booking for PlanBooking<R> {
+    /// The first chunk: a split request's prefill worker has handed over,
+    /// so its booking goes (its time to first token, transfer included, is
+    /// that worker's sample); an aggregated one's prompt is done.
+    fn prefill_complete(&mut self, streamed: bool) {
+        if let Some(mut prefill) = self.prefill.take() {
+            prefill.prefill_complete(streamed);
+        }
+        self.decode.prefill_complete(streamed);
+    }
+
+    fn response_finished(&mut self, output_tokens: u64) {
+        self.decode.response_finished(output_tokens);
+    }
+
+    fn response_progress(&mut self) {
+        self.decode.response_progress();
+    }
+
+    /// The gateway served another endpoint than the decode pick: the
+    /// decode load is there now (the prefill leg is unaffected).
+    fn served_by(&mut self, endpoint: SocketAddr) {
+        self.decode.served_by(endpoint);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use kvpick_core::{ReservationId, Selection, WorkerId};
+
+    use super::*;
+    use crate::reservation::TtftSample;
+
+    #[test]
+    fn the_decider_splits_long_uncached_suffixes_only() {
+        let config = DisaggConfig { threshold_tokens: 256 };
+        assert_eq!(config.decide(256, Ok(())), PdRoute::Disaggregated);
+        assert_eq!(config.decide(255, Ok(())), PdRoute::ShortUncached);
+        assert_eq!(config.decide(4_000, Err(PdRoute::PrefillSaturated)), PdRoute::PrefillSaturated);
+        assert!(config.may_split(256) && !config.may_split(255));
+        // 0: every request a prefill worker takes is split, except an empty one.
+        let always = DisaggConfig { threshold_tokens: 0 };
+        assert_eq!(always.decide(1, Ok(())), PdRoute::Disaggregated);
+        assert!(always.may_split(1) && !always.may_split(0));
+    }
+
+    /// What each leg's picker was told, as (role, event).
+    #[derive(Clone)]
+    struct Log(Arc<Mutex<Vec<(&'static str, &'static str)>>>, &'static str);
+
+    impl Release for Log {
+        fn prefill_complete(&self, _: ReservationId, ttft: Option<TtftSample>) {
+            let event = if ttft.is_some() { "prefill_complete+ttft" } else { "prefill_complete" };
+            self.0.lock().unwrap().push((self.1, event));
+        }
+        fn free(&self, _: ReservationId) {
+            self.0.lock().unwrap().push((self.1, "free"));
+        }
+        fn renew(&self, _: ReservationId) {
+            self.0.lock().unwrap().push((self.1, "renew"));
+        }
+        fn moved(&self, _: ReservationId, _: SocketAddr) {
+            self.0.lock().unwrap().push((self.1, "moved"));
+        }
+        fn decode_observed(&self, _: WorkerId, _: u64, _: Duration) {
+            self.0.lock().unwrap().push((self.1, "decode_observed"));
+        }
+    }
+
+    fn booked(log: &Log) -> Reservation<Log> {
+        let mut r = Reservation::new(ReservationId(7), log.clone(), Duration::from_secs(300));
+        r.booked(&Selection {
+            id: ReservationId(7),
+            worker: WorkerId(1),
+            endpoint: "10.0.0.1:8000".parse().unwrap(),
+            overlap_blocks: 0,
+            prefill_tokens: 512,
+            isl_tokens: 512,
+            cost: 0.0,
+            predicted_ttft_ns: Some(1e6),
+            candidates: 1,
+            fallbacks: Vec::new(),
+            past_tpot_target: false,
+        });
+        r
+    }
+
+    #[test]
+    fn a_split_releases_prefill_at_hand_off_and_decode_at_the_end() {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let (decode, prefill) = (Log(events.clone(), "decode"), Log(events.clone(), "prefill"));
+        let mut plan = PlanBooking::disaggregated(booked(&decode), booked(&prefill));
+        assert_eq!(
+            *events.lock().unwrap(),
+            [("decode", "prefill_complete")],
+            "decode stops counting prefill at commit"
+        );
+        assert!(plan.holds_prefill());
+        plan.prefill_complete(true);
+        assert!(!plan.holds_prefill());
+        plan.prefill_complete(true);
+        plan.response_progress();
+        drop(plan);
+        assert_eq!(
+            *events.lock().unwrap(),
+            [
+                ("decode", "prefill_complete"),
+                ("prefill", "prefill_complete+ttft"),
+                ("prefill", "free"),
+                ("decode", "free"),
+            ],
+            "the prefill worker gets the first token's time and is freed at once; the decode booking once, at the end"
+        );
+    }
+
+    #[test]
+    fn a_split_cancelled_before_its_first_token_frees_both_legs() {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let (decode, prefill) = (Log(events.clone(), "decode"), Log(events.clone(), "prefill"));
+        drop(PlanBooking::disaggregated(booked(&decode), booked(&prefill)));
+        let mut got = events.lock().unwrap().clone();
+        got.sort();
+        assert_eq!(got, [("decode", "free"), ("decode", "prefill_complete"), ("prefill", "free")]);
+    }
+
+    #[test]
+    fn an_aggregated_plan_is_one_reservation() {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let mut plan = PlanBooking::aggregated(booked(&Log(events.clone(), "decode")));
+        plan.prefill_complete(true);
+        plan.served_by("10.0.0.2:8000".parse().unwrap());
+        drop(plan);
+        assert_eq!(
+            *events.lock().unwrap(),
+            [("decode", "prefill_complete+ttft"), ("decode", "moved"), ("decode", "free")]
+        );
+    }
+}
