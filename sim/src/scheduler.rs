@@ -133,6 +133,9 @@ struct Sequence {
     /// This step's work: prompt tokens, or 1 decode token.
     chunk: usize,
     decode: bool,
+    /// Disaggregated decode: the prompt's KV blocks come from a prefill
+    /// engine (written into its blocks at admission), none is computed.
+    remote: bool,
 }
 
 impl Sequence {
@@ -195,6 +198,20 @@ impl Scheduler {
 
     /// Queues a request, arriving now; returns its id.
     pub fn submit(&mut self, spec: RequestSpec) -> Result<RequestId, String> {
+        self.queue(spec, false)
+    }
+
+    /// Queues the decode half of a disaggregated request: a prefill engine
+    /// computed its prompt and the KV blocks were transferred, so at
+    /// admission its blocks hold the prompt (full blocks are cached and
+    /// announced as any computed block) and it decodes from its first step,
+    /// as vLLM's decode side does with a KV connector. A request preempted
+    /// later recomputes its prompt here, as vLLM does.
+    pub fn submit_prefilled(&mut self, spec: RequestSpec) -> Result<RequestId, String> {
+        self.queue(spec, true)
+    }
+
+    fn queue(&mut self, spec: RequestSpec, remote: bool) -> Result<RequestId, String> {
         check_request(&self.cfg, spec.prompt.len(), spec.max_tokens)?;
         let id = self.next_id;
         self.next_id += 1;
@@ -214,6 +231,7 @@ impl Scheduler {
             first_token_ns: 0,
             chunk: 0,
             decode: false,
+            remote,
         });
         Ok(id)
     }
@@ -326,9 +344,16 @@ impl Scheduler {
                 self.waiting.push_front(seq);
                 break;
             }
-            seq.chunk = (seq.prompt.len() - seq.computed).min(budget);
-            budget -= seq.chunk;
-            prefill += seq.chunk as u64;
+            if seq.prefill_done() {
+                // Transferred: it decodes in this very step.
+                seq.decode = true;
+                budget -= 1;
+                decoding += 1;
+            } else {
+                seq.chunk = (seq.prompt.len() - seq.computed).min(budget);
+                budget -= seq.chunk;
+                prefill += seq.chunk as u64;
+            }
             self.running.push(seq);
         }
         (prefill, decoding)
@@ -385,9 +410,21 @@ impl Scheduler {
         seq.held = seq.chain[..hits].to_vec();
         seq.anonymous = new_blocks;
         seq.computed = hits * bs;
+        if std::mem::take(&mut seq.remote) {
+            // The transferred blocks: written, so cached like computed ones.
+            // The prompt cost this engine nothing: all of it counts as cached.
+            let full = seq.chain.len();
+            if full > hits {
+                self.cache.store(&seq.chain, &seq.prompt, hits..full);
+                seq.held.extend_from_slice(&seq.chain[hits..full]);
+                seq.anonymous -= full - hits;
+            }
+            seq.computed = seq.prompt.len();
+        }
         seq.cached_tokens = seq.computed as u32;
         self.counters.prefix_cache_queries += seq.prompt.len() as u64;
-        self.counters.prefix_cache_hits += seq.computed as u64;
+        // Transferred blocks are not hits of this engine's cache.
+        self.counters.prefix_cache_hits += (hits * bs) as u64;
         self.counters.prompt_tokens += seq.prompt.len() as u64;
         true
     }
@@ -407,15 +444,13 @@ impl Scheduler {
                     seq.held.extend_from_slice(&seq.chain[stored..full]);
                     seq.anonymous -= full - stored;
                 }
-                if seq.prefill_done() {
-                    // A preempted request's recompute resumes its output.
-                    if seq.generated == 0 {
-                        seq.first_token_ns = self.now_ns;
-                    }
-                    sample = true;
-                }
+                // A preempted request's recompute resumes its output.
+                sample |= seq.prefill_done();
             }
             if sample {
+                if seq.generated == 0 {
+                    seq.first_token_ns = self.now_ns;
+                }
                 let (token_id, text) = output_word(seq.rng.usize(..OUTPUT_WORDS.len()));
                 seq.generated += 1;
                 self.counters.generation_tokens += 1;

@@ -267,6 +267,31 @@ fn ttft_grows_with_queued_prefill_work_and_steps_respect_the_token_budget() {
 }
 
 #[test]
+fn a_prefilled_request_decodes_at_once_and_its_blocks_are_cached_and_announced() {
+    let cfg = config(16, 8192);
+    let mut s = Scheduler::new(&cfg);
+    s.submit_prefilled(spec(prompt(1, 2048), 4)).expect("accepted");
+    let (reports, outcomes) = run(&mut s);
+    let done = outcomes[0];
+    assert_eq!(reports[0].prefill_tokens, 0, "no prompt token computed");
+    assert_eq!(done.ttft_ns(), cfg.time.step_ns(0, 1), "its first token after one decode step");
+    assert_eq!(done.cached_tokens, 2048, "the whole prompt came transferred");
+    let stored: usize = reports[0]
+        .events
+        .iter()
+        .map(|e| match e {
+            CacheEvent::Stored { hashes, .. } => hashes.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(stored, 2048 / 16, "its full blocks announced as any computed block");
+    assert_eq!(s.counters().prefix_cache_hits, 0, "transferred blocks are no hits of this cache");
+    // The same prompt again, whole: served from the transferred blocks.
+    s.submit(spec(prompt(1, 2048), 4)).expect("accepted");
+    assert_eq!(run(&mut s).1[0].cached_tokens, 2048 - 16);
+}
+
+#[test]
 fn decoding_slows_with_the_batch() {
     let cfg = config(16, 8192);
     let itl = |o: &Outcome| (o.finished_ns - o.first_token_ns) / u64::from(o.completion_tokens - 1);

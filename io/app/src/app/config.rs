@@ -18,7 +18,7 @@ use kvpick_router::tokenizer::local::parse_local_spec;
 use kvpick_router::tokenizer::{
     FallbackPolicy, LocalTokenizerConfig, TokenizerConfig, TokenizerConfigError, TokenizerField, TokenizerProtocol,
 };
-use kvpick_router::{DisaggConfig, PickerConfig};
+use kvpick_router::{DEFAULT_PREFILL_QUEUE_THRESHOLD, DisaggConfig, PickerConfig};
 
 /// Where the workers come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -67,6 +67,10 @@ pub struct ServeConfig {
 /// The prefill workers' selector and the decider.
 #[derive(Clone, Debug)]
 pub struct DisaggSettings {
+    /// A prefill worker's `max_num_batched_tokens` when
+    /// `DYN_EPP_MAX_NUM_BATCHED_TOKENS` does not say (the latency cost's
+    /// prior): the saturation test needs one.
+    pub batched_tokens: u64,
     pub decider: DisaggConfig,
     /// The prefill selector's policy: the decode side's, with its own
     /// queue threshold (past it a request is not split).
@@ -84,13 +88,16 @@ fn disagg(v: &Values, router: &RouterConfig, runtime: &RuntimeConfig) -> Result<
     if let Some(tokens) = v.whole::<u32>(var::PD_THRESHOLD_TOKENS, 0)? {
         decider.threshold_tokens = tokens;
     }
-    let mut prefill_router = router.clone();
-    if let Some(threshold) = v.number(var::PREFILL_QUEUE_THRESHOLD, 0.0)? {
-        prefill_router.queue_threshold = Some(threshold);
-    }
+    let threshold = v.number(var::PREFILL_QUEUE_THRESHOLD, 0.0)?;
+    let prefill_router =
+        RouterConfig { queue_threshold: Some(threshold.unwrap_or(DEFAULT_PREFILL_QUEUE_THRESHOLD)), ..router.clone() };
     let shards = v.whole::<usize>(var::PREFILL_SHARDS, 1)?.unwrap_or(1);
     let runtime = RuntimeConfig { shards, spin_before_park: Duration::ZERO, ..runtime.clone() };
-    Ok(Some(DisaggSettings { decider, router: prefill_router, runtime }))
+    let batched_tokens = match &router.cost {
+        CostModel::Latency(rates) => rates.batched_tokens,
+        CostModel::Dynamo => EngineRates::default().batched_tokens,
+    };
+    Ok(Some(DisaggSettings { batched_tokens, decider, router: prefill_router, runtime }))
 }
 
 /// One message for the operator: what is wrong and what would work.
@@ -607,6 +614,47 @@ mod tests {
             Some(format!("{}=\"0\" is not valid: expected a whole number of at least 1", var::MAX_INFLIGHT_REQUESTS))
         );
         assert!(config(&[(var::WORKERS_FILE, "w"), (var::SECURE_SERVING, "maybe")]).is_err());
+    }
+
+    #[test]
+    fn disaggregation_settings() {
+        let c = config(&[(var::WORKERS_FILE, "w")]).unwrap_or_else(|e| panic!("{e}"));
+        let d = c.disagg.unwrap_or_else(|| panic!("on by default"));
+        assert_eq!(d.decider, DisaggConfig::default());
+        assert_eq!(d.router.queue_threshold, Some(DEFAULT_PREFILL_QUEUE_THRESHOLD));
+        assert_eq!((d.runtime.shards, d.runtime.spin_before_park), (1, Duration::ZERO));
+        assert_eq!(d.batched_tokens, 8192, "the latency cost's prior");
+
+        let c = config(&[
+            (var::WORKERS_FILE, "w"),
+            (var::PD_THRESHOLD_TOKENS, "0"),
+            (var::PREFILL_QUEUE_THRESHOLD, "1.5"),
+            (var::PREFILL_SHARDS, "2"),
+            (var::MAX_NUM_BATCHED_TOKENS, "2048"),
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let d = c.disagg.unwrap_or_else(|| panic!("on"));
+        assert_eq!((d.decider.threshold_tokens, d.router.queue_threshold, d.runtime.shards), (0, Some(1.5), 2));
+        assert_eq!(d.batched_tokens, 2048);
+        assert_eq!(c.router.queue_threshold, None, "the decode side's queue is its own");
+
+        let off = config(&[(var::WORKERS_FILE, "w"), (var::DISAGGREGATION, "off")]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(off.disagg.is_none());
+        assert!(config(&[(var::WORKERS_FILE, "w"), (var::DISAGGREGATION, "on")]).is_err());
+
+        let k8s = |labels: &'static str| {
+            config(&[
+                (var::POOL_NAME, "pool"),
+                (var::NAMESPACE, "llm"),
+                (var::TOKENIZER_URL, "http://r:8000"),
+                (var::ROLE_LABELS, labels),
+            ])
+        };
+        match k8s(" example.com/pd , llm-d.ai/role ").map(|c| c.discovery) {
+            Ok(DiscoveryMode::Kubernetes(cfg)) => assert_eq!(cfg.role_labels, ["example.com/pd", "llm-d.ai/role"]),
+            other => panic!("{other:?}"),
+        }
+        assert!(k8s(" , ").is_err());
     }
 
     #[test]

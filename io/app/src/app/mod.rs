@@ -120,6 +120,7 @@ impl App {
         let mut applier = Applier {
             producers: producers.clone(),
             prefill: prefill_producers.clone(),
+            prefill_batched_tokens: config.disagg.as_ref().map_or(0, |d| d.batched_tokens),
             clock: clock.clone(),
             ingest: ingest.clone(),
             workers: workers.clone(),
@@ -395,6 +396,9 @@ struct Applier {
     /// prefill role go there; without it every worker serves whole
     /// requests.
     prefill: Option<ThreadProducers>,
+    /// A prefill worker's step size when its spec has none (the prefill
+    /// side's saturation test needs one).
+    prefill_batched_tokens: u64,
     clock: Clock,
     ingest: Arc<KvEventIngest>,
     workers: WorkerNames,
@@ -418,14 +422,6 @@ impl Applier {
         self.readiness.set_schedulable_workers(self.producers.service().worker_count());
     }
 
-    /// The selector a worker of `role` belongs to.
-    fn selector(&self, role: Role) -> &ThreadProducers {
-        match &self.prefill {
-            Some(prefill) if !role.decodes() => prefill,
-            _ => &self.producers,
-        }
-    }
-
     /// The selector that has worker `id` now.
     fn selector_of(&self, id: kvpick_core::WorkerId) -> &ThreadProducers {
         match &self.prefill {
@@ -438,8 +434,15 @@ impl Applier {
         match update {
             WorkerUpdate::Upsert(worker) => {
                 let (id, endpoint) = (worker.id(), worker.spec.endpoint);
-                let producers = self.selector(worker.role);
-                match producers.service().upsert_worker(producers, worker.spec.clone(), self.clock.now()).await {
+                let mut spec = worker.spec.clone();
+                let producers = match &self.prefill {
+                    Some(prefill) if !worker.role.decodes() => {
+                        spec.max_num_batched_tokens.get_or_insert(self.prefill_batched_tokens);
+                        prefill
+                    }
+                    _ => &self.producers,
+                };
+                match producers.service().upsert_worker(producers, spec, self.clock.now()).await {
                     Ok(()) => {
                         if let Err(error) = self.ingest.add(worker.publisher.clone()) {
                             tracing::error!(%endpoint, %error, "worker added without its KV events");

@@ -168,8 +168,8 @@ pub const SETTINGS: &[Setting] = &[
     s(
         PREFILL_QUEUE_THRESHOLD,
         "prefill-queue-threshold",
-        None,
-        "Disaggregation: a request is not split while every prefill worker has more than this × max_num_batched_tokens in prefill (it is prefilled on the decode worker instead); default: --queue-threshold, unset: never",
+        Some("2"),
+        "Disaggregation: a request is not split while every prefill worker has more than this × max_num_batched_tokens in prefill (it is prefilled on the decode worker instead; a prefill worker without --max-num-batched-tokens counts 8192)",
     ),
     s(KV_EVENT_PORT, "kv-event-port", Some("5557"), "Kubernetes mode: rank 0's KV-event PUB port on each pod"),
     s(

@@ -24,8 +24,18 @@ pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
   --workloads LIST      of chat, agentic, random, shared-prefix, trace (default: all)
   --policies LIST       of random, round-robin, least-loaded, approx-prefix, llm-d-precise,
                         sglang-cache-aware, kvpick, kvpick-dynamo, kvpick-dynamo-tuned,
-                        kvpick-skewed-priors, oracle (default: all)
+                        kvpick-skewed-priors, oracle (default: all of these), and with --pd
+                        kvpick-pd, llm-d-pd, random-pd
   --prefill-load-scale F  kvpick-dynamo's and the oracle's prefill_load_scale (default 1, Dynamo's default)
+  --pd P+D              a disaggregated fleet: P prefill engines, then D decode engines (e.g. 2+6); the
+                        policies default to kvpick (aggregated, on all P+D engines), kvpick-pd, llm-d-pd
+                        and random-pd
+  --pd-threshold-tokens N  kvpick-pd's decider (kvpick serve --pd-threshold-tokens; default 256)
+  --prefill-queue-threshold F  kvpick-pd keeps requests whole while every prefill engine has more than
+                        F × max_num_batched_tokens of prefill booked (kvpick serve's; default 2)
+  --kv-transfer-ms F    a split request's KV transfer, fixed part (default 2)
+  --kv-transfer-us-per-block F  and per block the decode engine lacks (default 80: 2 MiB blocks of a
+                        Llama-3-8B-class model at 25 GB/s)
   --trace FILE          Mooncake-format JSONL trace (default perf/data/mooncake-sample.jsonl)
   --out DIR             write results.md and SVG plots there (full runs default to perf/results/routing)
   --no-write            write nothing
@@ -54,10 +64,39 @@ pub enum PolicyName {
     /// The latency cost with priors 4× wrong in their ratios.
     KvpickSkewedPriors,
     Oracle,
+    /// kvpick's two selectors and decider on a disaggregated fleet.
+    KvpickPd,
+    /// llm-d's decode-first P/D profile handler with its prefix decider.
+    LlmdPd,
+    /// Every request split, both engines at random.
+    RandomPd,
 }
 
 impl PolicyName {
-    pub const ALL: [PolicyName; 11] = [
+    /// The policies of a disaggregated fleet's run by default.
+    pub const PD: [PolicyName; 4] =
+        [PolicyName::Kvpick, PolicyName::KvpickPd, PolicyName::LlmdPd, PolicyName::RandomPd];
+
+    /// Every name `--policies` knows.
+    pub const ALL: [PolicyName; 14] = [
+        PolicyName::Random,
+        PolicyName::RoundRobin,
+        PolicyName::LeastLoaded,
+        PolicyName::ApproxPrefix,
+        PolicyName::LlmdPrecise,
+        PolicyName::SglangCacheAware,
+        PolicyName::Kvpick,
+        PolicyName::KvpickDynamo,
+        PolicyName::KvpickDynamoTuned,
+        PolicyName::KvpickSkewedPriors,
+        PolicyName::Oracle,
+        PolicyName::KvpickPd,
+        PolicyName::LlmdPd,
+        PolicyName::RandomPd,
+    ];
+
+    /// The policies of an aggregated fleet's run by default.
+    pub const AGGREGATED: [PolicyName; 11] = [
         PolicyName::Random,
         PolicyName::RoundRobin,
         PolicyName::LeastLoaded,
@@ -84,7 +123,15 @@ impl PolicyName {
             PolicyName::KvpickDynamo => "kvpick-dynamo",
             PolicyName::KvpickSkewedPriors => "kvpick-skewed-priors",
             PolicyName::Oracle => "oracle",
+            PolicyName::KvpickPd => "kvpick-pd",
+            PolicyName::LlmdPd => "llm-d-pd",
+            PolicyName::RandomPd => "random-pd",
         }
+    }
+
+    /// Whether it needs a disaggregated fleet.
+    pub fn needs_roles(self) -> bool {
+        matches!(self, PolicyName::KvpickPd | PolicyName::LlmdPd | PolicyName::RandomPd)
     }
 }
 
@@ -145,6 +192,12 @@ pub struct Args {
     pub clients: usize,
     /// How long KV events take from an engine to the router.
     pub event_delay_ms: f64,
+    /// A disaggregated fleet's roles.
+    pub pd: Option<super::pd::Roles>,
+    pub pd_threshold_tokens: u32,
+    pub prefill_queue_threshold: Option<f64>,
+    pub kv_transfer_ms: f64,
+    pub kv_transfer_us_per_block: f64,
 }
 
 impl Default for Args {
@@ -160,7 +213,7 @@ impl Default for Args {
             seed: 42,
             prefill_load_scale: kvpick_core::RouterConfig::default().prefill_load_scale,
             workloads: WorkloadName::ALL.to_vec(),
-            policies: PolicyName::ALL.to_vec(),
+            policies: PolicyName::AGGREGATED.to_vec(),
             trace: super::crate_dir().join("data/mooncake-sample.jsonl"),
             out: None,
             write_sample_trace: None,
@@ -170,6 +223,11 @@ impl Default for Args {
             tpot_target_ms: None,
             clients: 0,
             event_delay_ms: 1.0,
+            pd: None,
+            pd_threshold_tokens: kvpick_router::DisaggConfig::default().threshold_tokens,
+            prefill_queue_threshold: Some(kvpick_router::DEFAULT_PREFILL_QUEUE_THRESHOLD),
+            kv_transfer_ms: 2.0,
+            kv_transfer_us_per_block: 80.0,
         }
     }
 }
@@ -184,6 +242,7 @@ impl Args {
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Args, ArgsError> {
         let mut out = Args::default();
         let (mut out_dir, mut no_write) = (None, false);
+        let (mut engines_given, mut policies_given) = (false, false);
         let mut flags = Flags::new(args);
         while let Some(flag) = flags.next_flag() {
             let name = &flag.name;
@@ -195,7 +254,27 @@ impl Args {
                     out.requests = count(name, &value()?)?;
                     out.requests_given = true;
                 }
-                "--engines" => out.engines = count(name, &value()?)?,
+                "--engines" => {
+                    out.engines = count(name, &value()?)?;
+                    engines_given = true;
+                }
+                "--pd" => {
+                    let text = value()?;
+                    let roles = text
+                        .split_once('+')
+                        .and_then(|(p, d)| Some((p.trim().parse::<usize>().ok()?, d.trim().parse::<usize>().ok()?)))
+                        .filter(|(p, d)| *p > 0 && *d > 0)
+                        .ok_or_else(|| invalid(format!("{name}: {text:?} is not P+D, e.g. 2+6")))?;
+                    out.pd = Some(super::pd::Roles { prefill: roles.0, decode: roles.1 });
+                }
+                "--pd-threshold-tokens" => {
+                    let text = value()?;
+                    out.pd_threshold_tokens =
+                        text.parse().map_err(|_| invalid(format!("{name}: {text:?} is not a whole number")))?;
+                }
+                "--kv-transfer-ms" => out.kv_transfer_ms = non_negative(name, &value()?)?,
+                "--prefill-queue-threshold" => out.prefill_queue_threshold = Some(non_negative(name, &value()?)?),
+                "--kv-transfer-us-per-block" => out.kv_transfer_us_per_block = non_negative(name, &value()?)?,
                 "--slow-engines" => {
                     let text = value()?;
                     out.slow_engines =
@@ -211,17 +290,13 @@ impl Args {
                 "--ttft-slo-ms" => out.ttft_slo_ms = positive(name, &value()?)?,
                 "--tpot-target-ms" => out.tpot_target_ms = Some(positive(name, &value()?)?),
                 "--clients" => out.clients = count(name, &value()?)?,
-                "--event-delay-ms" => {
-                    let text = value()?;
-                    out.event_delay_ms = text
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|v| v.is_finite() && *v >= 0.0)
-                        .ok_or_else(|| invalid(format!("{name}: {text:?} is not a number of ms ≥ 0")))?;
-                }
+                "--event-delay-ms" => out.event_delay_ms = non_negative(name, &value()?)?,
                 "--prefill-load-scale" => out.prefill_load_scale = positive(name, &value()?)?,
                 "--workloads" => out.workloads = list(name, &value()?, &WorkloadName::ALL, |w| w.as_str())?,
-                "--policies" => out.policies = list(name, &value()?, &PolicyName::ALL, |p| p.as_str())?,
+                "--policies" => {
+                    out.policies = list(name, &value()?, &PolicyName::ALL, |p| p.as_str())?;
+                    policies_given = true;
+                }
                 "--trace" => out.trace = PathBuf::from(value()?),
                 "--out" => out_dir = Some(PathBuf::from(value()?)),
                 "--no-write" => no_write = true,
@@ -234,6 +309,23 @@ impl Args {
         if out.quick && !out.requests_given {
             out.requests = 2_000;
         }
+        match out.pd {
+            Some(roles) => {
+                let engines = roles.prefill + roles.decode;
+                if engines_given && out.engines != engines {
+                    return Err(invalid(format!("--engines {} differs from --pd's {engines}", out.engines)));
+                }
+                out.engines = engines;
+                if !policies_given {
+                    out.policies = PolicyName::PD.to_vec();
+                }
+            }
+            None => {
+                if let Some(p) = out.policies.iter().find(|p| p.needs_roles()) {
+                    return Err(invalid(format!("{} needs a disaggregated fleet: --pd P+D", p.as_str())));
+                }
+            }
+        }
         out.out = match (no_write, out_dir) {
             (true, _) => None,
             (false, Some(dir)) => Some(dir),
@@ -242,6 +334,13 @@ impl Args {
         };
         Ok(out)
     }
+}
+
+fn non_negative(name: &str, text: &str) -> Result<f64, ArgsError> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|v| v.is_finite() && *v >= 0.0)
+        .ok_or_else(|| invalid(format!("{name}: {text:?} is not a number ≥ 0")))
 }
 
 fn positive(name: &str, text: &str) -> Result<f64, ArgsError> {

@@ -32,6 +32,25 @@ pub struct FleetConfig {
     /// How long an engine's KV events take to reach the router (ZMQ over
     /// the network and the router's ingest).
     pub event_delay_ns: u64,
+    /// Disaggregated fleets: what moving a prompt's KV blocks from a
+    /// prefill engine to a decode engine costs.
+    pub transfer: Transfer,
+}
+
+/// The KV transfer of a split request, as a time cost: a fixed part (the
+/// decode side's request to the prefill side and the connector's
+/// handshake) and a part per block the decode engine does not hold (NIXL
+/// pulls only those).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Transfer {
+    pub latency_ns: u64,
+    pub ns_per_block: u64,
+}
+
+impl Transfer {
+    pub fn ns(&self, blocks: usize) -> u64 {
+        self.latency_ns + self.ns_per_block * blocks as u64
+    }
 }
 
 impl FleetConfig {
@@ -61,11 +80,27 @@ pub struct Arrival<'a> {
     pub now_ns: u64,
 }
 
+/// Where a request goes: the engine that serves it (decodes it, when it
+/// is split) and, for a split request, the engine that prefills it first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    pub engine: usize,
+    pub prefill: Option<usize>,
+}
+
 /// A routing policy. Callbacks come in virtual-time order; every routed
 /// request gets exactly one `on_finished` (also when the engine refused it).
 pub trait Policy {
     /// Index of the engine that serves the request.
     fn route(&mut self, arrival: &Arrival<'_>, fleet: &FleetView<'_>) -> usize;
+    /// Where the request goes in a disaggregated fleet: by default whole
+    /// to [`Policy::route`]'s engine.
+    fn route_pd(&mut self, arrival: &Arrival<'_>, fleet: &FleetView<'_>) -> Route {
+        Route { engine: self.route(arrival, fleet), prefill: None }
+    }
+    /// A split request's prefill engine finished its part (the KV transfer
+    /// starts).
+    fn on_prefill_done(&mut self, _id: usize, _now_ns: u64) {}
     /// An engine's KV events, at the end of the step that caused them.
     fn on_events(&mut self, _engine: usize, _events: &[CacheEvent], _now_ns: u64) {}
     /// The request's first token came out: its prefill is done.
@@ -77,14 +112,26 @@ pub trait Policy {
     }
 }
 
+/// What an engine runs of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Leg {
+    Whole,
+    /// The prefill of a split request, to be decoded on that engine.
+    Prefill {
+        decode: usize,
+    },
+    /// The decode of a split request, its prompt transferred.
+    Decode,
+}
+
 struct EngineSlot {
     sched: Scheduler,
     hasher: EngineHasher,
     block_size: usize,
     /// The step in flight, delivered at its `ended_ns`.
     pending: Option<StepReport>,
-    /// Engine-local id → workload index, while the request runs.
-    requests: HashMap<RequestId, usize>,
+    /// Engine-local id → workload index and leg, while the request runs.
+    requests: HashMap<RequestId, (usize, Leg)>,
     /// Uncached prompt tokens and output tokens computed.
     computed_tokens: u64,
 }
@@ -145,6 +192,8 @@ impl FleetView<'_> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Record {
     pub engine: usize,
+    /// A split request's prefill engine.
+    pub prefill_engine: Option<usize>,
     pub arrival_ns: u64,
     pub first_token_ns: Option<u64>,
     pub finished_ns: Option<u64>,
@@ -249,28 +298,38 @@ pub fn run(requests: &[Request], fleet: &FleetConfig, policy: &mut dyn Policy) -
     let mut records = vec![Record::default(); requests.len()];
     let mut arrivals = Arrivals::new(requests);
     let mut in_transit = InTransit { delay_ns: fleet.event_delay_ns, batches: VecDeque::new() };
+    // Split requests whose KV blocks are on their way: (due, request, decode engine).
+    let mut transfers: BinaryHeap<Reverse<(u64, usize, usize)>> = BinaryHeap::new();
     let mut steps = 0;
     loop {
         let step_end = slots.iter().enumerate().filter_map(|(k, s)| s.pending.as_ref().map(|r| (r.ended_ns, k))).min();
-        // Events due by the next step end or arrival reach the policy first.
-        let next = [step_end.map(|(t, _)| t), arrivals.peek()].into_iter().flatten().min();
+        let transfer = transfers.peek().map(|Reverse(t)| *t);
+        // Events due by the next step end, transfer or arrival reach the policy first.
+        let next = [step_end.map(|(t, _)| t), transfer.map(|t| t.0), arrivals.peek()].into_iter().flatten().min();
         if let Some(due) = in_transit.due().filter(|due| next.is_none_or(|n| *due <= n)) {
             in_transit.deliver_one(policy, due);
             continue;
         }
-        match (step_end, arrivals.peek()) {
-            (None, None) => break,
-            (Some((end, k)), Some(at)) if end <= at => {
-                deliver(&mut slots[k], k, &mut records, policy, &mut steps, &mut arrivals, &mut in_transit)
+        // At equal times: step ends, then transfers, then arrivals.
+        let Some(next) = next else { break };
+        if let Some((end, k)) = step_end.filter(|(end, _)| *end == next) {
+            let handed = deliver(&mut slots[k], k, &mut records, policy, &mut steps, &mut arrivals, &mut in_transit);
+            for (g, decode) in handed {
+                let tokens = requests[g].tokens.materialise();
+                let view = FleetView { slots: &slots };
+                let missing =
+                    (tokens.len() / view.block_size()).saturating_sub(view.cached_prefix_blocks(decode, &tokens));
+                transfers.push(Reverse((end + fleet.transfer.ns(missing), g, decode)));
             }
-            (Some((_, k)), None) => {
-                deliver(&mut slots[k], k, &mut records, policy, &mut steps, &mut arrivals, &mut in_transit)
+        } else if let Some((at, g, k)) = transfer.filter(|t| t.0 == next) {
+            transfers.pop();
+            if receive(&mut slots[k], g, at, &requests[g], &mut records[g], policy) {
+                arrivals.done(g, at);
             }
-            (_, Some(_)) => {
-                let Some(Reverse((at, i))) = arrivals.due.pop() else { break };
-                if arrive(&mut slots, i, at, &requests[i], &mut records[i], policy) {
-                    arrivals.done(i, at);
-                }
+        } else {
+            let Some(Reverse((at, i))) = arrivals.due.pop() else { break };
+            if arrive(&mut slots, i, at, &requests[i], &mut records[i], policy) {
+                arrivals.done(i, at);
             }
         }
     }
@@ -295,23 +354,56 @@ fn arrive(
 ) -> bool {
     let tokens = request.tokens.materialise();
     let arrival = Arrival { id, tokens: &tokens, output_tokens: request.output_tokens, now_ns: now };
-    let k = policy.route(&arrival, &FleetView { slots });
+    let route = policy.route_pd(&arrival, &FleetView { slots });
     *record = Record {
-        engine: k,
+        engine: route.engine,
+        prefill_engine: route.prefill,
         arrival_ns: now,
         prompt_tokens: tokens.len() as u32,
         output_tokens: request.output_tokens,
         ..Record::default()
     };
-    let slot = &mut slots[k];
+    // A split request's prefill engine computes the prompt and one token.
+    let (k, leg, max_tokens) = match route.prefill {
+        Some(p) => (p, Leg::Prefill { decode: route.engine }, 1),
+        None => (route.engine, Leg::Whole, request.output_tokens),
+    };
+    submit(&mut slots[k], id, now, RequestSpec { prompt: tokens, max_tokens, seed: None }, leg, record, policy)
+}
+
+/// A split request's KV blocks reached its decode engine at `now`: it
+/// decodes there; true when the engine refused it.
+fn receive(
+    slot: &mut EngineSlot,
+    id: usize,
+    now: u64,
+    request: &Request,
+    record: &mut Record,
+    policy: &mut dyn Policy,
+) -> bool {
+    let spec = RequestSpec { prompt: request.tokens.materialise(), max_tokens: request.output_tokens, seed: None };
+    submit(slot, id, now, spec, Leg::Decode, record, policy)
+}
+
+/// Hands `spec` to the engine at `now` (starting a step if it was idle);
+/// true when it refused it, and the request is then done.
+fn submit(
+    slot: &mut EngineSlot,
+    id: usize,
+    now: u64,
+    spec: RequestSpec,
+    leg: Leg,
+    record: &mut Record,
+    policy: &mut dyn Policy,
+) -> bool {
     let idle = slot.pending.is_none();
     if idle {
         slot.sched.advance_to(now);
     }
-    let refused = match slot.sched.submit(RequestSpec { prompt: tokens, max_tokens: request.output_tokens, seed: None })
-    {
+    let submitted = if leg == Leg::Decode { slot.sched.submit_prefilled(spec) } else { slot.sched.submit(spec) };
+    let refused = match submitted {
         Ok(local) => {
-            slot.requests.insert(local, id);
+            slot.requests.insert(local, (id, leg));
             false
         }
         Err(_) => {
@@ -326,6 +418,8 @@ fn arrive(
     refused
 }
 
+/// Delivers engine `k`'s step in flight and starts its next; returns the
+/// split requests whose prefill it finished, with their decode engines.
 fn deliver(
     slot: &mut EngineSlot,
     k: usize,
@@ -334,8 +428,9 @@ fn deliver(
     steps: &mut u64,
     arrivals: &mut Arrivals,
     in_transit: &mut InTransit,
-) {
-    let Some(mut report) = slot.pending.take() else { return };
+) -> Vec<(usize, usize)> {
+    let mut handed = Vec::new();
+    let Some(mut report) = slot.pending.take() else { return handed };
     let now = report.ended_ns;
     *steps += 1;
     if !report.events.is_empty() {
@@ -344,23 +439,35 @@ fn deliver(
     for update in &report.updates {
         match update {
             Update::Token { id, .. } => {
-                let Some(&g) = slot.requests.get(id) else { continue };
+                // A prefill engine's token is not the client's.
+                let Some(&(g, Leg::Whole | Leg::Decode)) = slot.requests.get(id) else { continue };
                 if records[g].first_token_ns.is_none() {
                     records[g].first_token_ns = Some(now);
                     policy.on_first_token(g, now);
                 }
             }
             Update::Finished(outcome) => {
-                let Some(g) = slot.requests.remove(&outcome.id) else { continue };
-                let record = &mut records[g];
-                record.finished_ns = Some(outcome.finished_ns);
-                record.cached_tokens = outcome.cached_tokens;
+                let Some((g, leg)) = slot.requests.remove(&outcome.id) else { continue };
                 slot.computed_tokens +=
                     u64::from(outcome.prompt_tokens - outcome.cached_tokens) + u64::from(outcome.completion_tokens);
+                let record = &mut records[g];
+                match leg {
+                    Leg::Prefill { decode } => {
+                        // The hit rate of a split request is its prefill engine's.
+                        record.cached_tokens = outcome.cached_tokens;
+                        policy.on_prefill_done(g, now);
+                        handed.push((g, decode));
+                        continue;
+                    }
+                    Leg::Whole => record.cached_tokens = outcome.cached_tokens,
+                    Leg::Decode => {}
+                }
+                record.finished_ns = Some(outcome.finished_ns);
                 policy.on_finished(g, now);
                 arrivals.done(g, now);
             }
         }
     }
     slot.pending = slot.sched.step();
+    handed
 }

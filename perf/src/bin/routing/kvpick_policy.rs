@@ -28,6 +28,46 @@ pub struct Kvpick {
     first_error: Option<String>,
 }
 
+/// kvpick's settings in these runs.
+pub fn router_config(
+    prefill_load_scale: f64,
+    cost: CostModel,
+    tpot_target: Option<Duration>,
+    seed: u64,
+) -> RouterConfig {
+    RouterConfig {
+        seed,
+        prefill_load_scale,
+        cost,
+        tpot_target,
+        // Virtual runs may keep a request longer than the default lease
+        // when a policy overloads an engine; a lease expiry here would
+        // be an artefact of the simulation, not kvpick's behaviour.
+        lease: Duration::from_secs(24 * 3600),
+        ..RouterConfig::default()
+    }
+}
+
+/// A selection service whose workers are `engines` (worker id = engine
+/// index), each with the engine's capacities.
+pub fn selection_service(
+    cfg: RouterConfig,
+    engine: &EngineConfig,
+    engines: std::ops::Range<usize>,
+) -> SelectionService {
+    let mut svc = SelectionService::new(cfg, engine.block_size, 1);
+    for k in engines {
+        let endpoint = SocketAddr::from(([10, 0, (k / 250) as u8, (k % 250) as u8 + 1], 8000));
+        let spec = WorkerSpec {
+            total_kv_blocks: Some(engine.num_blocks as u64),
+            max_num_batched_tokens: Some(u64::from(engine.max_batched_tokens)),
+            ..WorkerSpec::new(WorkerId(k as u64), endpoint, engine.block_size)
+        };
+        svc.upsert_worker(spec, Millis(0)).expect("every worker has the service's block size");
+    }
+    svc
+}
+
 impl Kvpick {
     pub fn new(
         engines: usize,
@@ -37,32 +77,13 @@ impl Kvpick {
         tpot_target: Option<Duration>,
         seed: u64,
     ) -> Self {
-        let cfg = RouterConfig {
-            seed,
-            prefill_load_scale,
-            cost,
-            tpot_target,
-            // Virtual runs may keep a request longer than the default lease
-            // when a policy overloads an engine; a lease expiry here would
-            // be an artefact of the simulation, not kvpick's behaviour.
-            lease: Duration::from_secs(24 * 3600),
-            ..RouterConfig::default()
-        };
-        let mut svc = SelectionService::new(cfg, engine.block_size, 1);
-        for k in 0..engines {
-            let endpoint = SocketAddr::from(([10, 0, (k / 250) as u8, (k % 250) as u8 + 1], 8000));
-            let spec = WorkerSpec {
-                total_kv_blocks: Some(engine.num_blocks as u64),
-                max_num_batched_tokens: Some(u64::from(engine.max_batched_tokens)),
-                ..WorkerSpec::new(WorkerId(k as u64), endpoint, engine.block_size)
-            };
-            svc.upsert_worker(spec, Millis(0)).expect("every worker has the service's block size");
-        }
+        let cfg = router_config(prefill_load_scale, cost, tpot_target, seed);
+        let svc = selection_service(cfg, engine, 0..engines);
         Kvpick { svc, picked: HashMap::new(), event_errors: 0, first_error: None }
     }
 }
 
-fn millis(ns: u64) -> Millis {
+pub fn millis(ns: u64) -> Millis {
     Millis(ns / 1_000_000)
 }
 

@@ -40,6 +40,7 @@ mod fleet;
 mod kvpick_policy;
 mod llmd_precise;
 mod oracle;
+mod pd;
 mod plots;
 mod sglang_cache_aware;
 mod summary;
@@ -51,7 +52,7 @@ mod workload;
 #[cfg(test)]
 mod tests;
 
-use kvpick_core::{CostModel, EngineRates};
+use kvpick_core::{CostModel, EngineRates, RouterConfig};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -60,7 +61,7 @@ use kvpick_perf::report::{Table, cpu, load_average, utc_date};
 use kvpick_perf::sim::EngineConfig;
 
 use args::{Args, PolicyName, WorkloadName};
-use fleet::{FleetConfig, Policy, RunResult};
+use fleet::{FleetConfig, Policy, RunResult, Transfer};
 use summary::{Summary, summarise};
 use workload::{Shape, Workload};
 
@@ -112,6 +113,11 @@ pub fn engine_config(args: &Args) -> EngineConfig {
     EngineConfig { num_blocks: args.kv_blocks, seed: args.seed, max_model_len: 131_072, ..EngineConfig::default() }
 }
 
+/// kvpick's default latency-cost priors for the fleet's engines.
+fn latency_rates(fleet: &FleetConfig) -> EngineRates {
+    EngineRates { batched_tokens: u64::from(fleet.engine.max_batched_tokens), ..EngineRates::default() }
+}
+
 /// A fresh policy of this kind for one run.
 pub fn policy(name: PolicyName, fleet: &FleetConfig, requests: usize, args: &Args) -> Box<dyn Policy> {
     let n = fleet.engines;
@@ -130,11 +136,7 @@ pub fn policy(name: PolicyName, fleet: &FleetConfig, requests: usize, args: &Arg
         PolicyName::SglangCacheAware => {
             Box::new(sglang_cache_aware::SglangCacheAware::new(n, requests, fleet.engine.block_size, seed))
         }
-        PolicyName::Kvpick => {
-            let rates =
-                EngineRates { batched_tokens: u64::from(fleet.engine.max_batched_tokens), ..EngineRates::default() };
-            kvpick(prefill_load_scale, CostModel::Latency(rates))
-        }
+        PolicyName::Kvpick => kvpick(prefill_load_scale, CostModel::Latency(latency_rates(fleet))),
         PolicyName::KvpickDynamo => kvpick(prefill_load_scale, CostModel::Dynamo),
         PolicyName::KvpickDynamoTuned => kvpick(DYNAMO_TUNED_SCALE, CostModel::Dynamo),
         PolicyName::KvpickSkewedPriors => {
@@ -152,6 +154,23 @@ pub fn policy(name: PolicyName, fleet: &FleetConfig, requests: usize, args: &Arg
         }
         PolicyName::Oracle => {
             Box::new(oracle::Oracle::new(n, requests, fleet.engine.block_size, prefill_load_scale, seed))
+        }
+        PolicyName::KvpickPd | PolicyName::LlmdPd | PolicyName::RandomPd => {
+            // `Args::parse` refuses these without `--pd`.
+            let roles = args.pd.unwrap_or(pd::Roles { prefill: 0, decode: n });
+            match name {
+                PolicyName::KvpickPd => {
+                    let rates = latency_rates(fleet);
+                    let tpot_target = args.tpot_target_ms.map(|ms| Duration::from_secs_f64(ms / 1e3));
+                    let cfg =
+                        kvpick_policy::router_config(prefill_load_scale, CostModel::Latency(rates), tpot_target, seed);
+                    let prefill_cfg = RouterConfig { queue_threshold: args.prefill_queue_threshold, ..cfg.clone() };
+                    let decider = kvpick_router::DisaggConfig { threshold_tokens: args.pd_threshold_tokens };
+                    Box::new(pd::KvpickPd::new(roles, &fleet.engine, (prefill_cfg, cfg), decider))
+                }
+                PolicyName::LlmdPd => Box::new(pd::LlmdPd::new(roles, &fleet.engine, pd::LLMD_NON_CACHED_TOKENS, seed)),
+                _ => Box::new(pd::RandomPd::new(roles, seed)),
+            }
         }
     }
 }
@@ -208,13 +227,22 @@ pub fn run_workload(workload: Workload, args: &Args, fleet: &FleetConfig) -> Wor
     WorkloadResult { workload, bound, runs }
 }
 
-fn run(args: &Args) -> Result<(), String> {
-    let fleet = FleetConfig {
+/// The fleet `args` describe.
+pub fn fleet_config(args: &Args) -> FleetConfig {
+    FleetConfig {
         engines: args.engines,
         engine: engine_config(args),
         slow_engines: args.slow_engines,
         event_delay_ns: (args.event_delay_ms * 1e6) as u64,
-    };
+        transfer: Transfer {
+            latency_ns: (args.kv_transfer_ms * 1e6) as u64,
+            ns_per_block: (args.kv_transfer_us_per_block * 1e3) as u64,
+        },
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let fleet = fleet_config(args);
     let mut report = String::new();
     let header = format!(
         "- date {} · {} · load average at start {}\n- fleet: {} simulated engines, {} KV blocks of {} tokens each, \
@@ -240,6 +268,22 @@ fn run(args: &Args) -> Result<(), String> {
         if args.clients > 0 { format!("; closed loop, {} clients", args.clients) } else { String::new() },
         args.tpot_target_ms.map(|ms| format!("; kvpick's TPOT target {ms} ms")).unwrap_or_default(),
     );
+    let header = match args.pd {
+        Some(roles) => format!(
+            "{header}- disaggregated: engines 0..{p} prefill, {p}..{n} decode (aggregated policies use all {n}); \
+             KV transfer {} ms + {} µs per block the decode engine lacks; kvpick-pd splits at {} uncached tokens, \
+             and keeps requests whole while every prefill engine has more than {} × max_num_batched_tokens booked; \
+             llm-d-pd splits at {} (nonCachedTokens)\n",
+            args.kv_transfer_ms,
+            args.kv_transfer_us_per_block,
+            args.pd_threshold_tokens,
+            args.prefill_queue_threshold.map_or_else(|| "∞".to_owned(), |t| t.to_string()),
+            pd::LLMD_NON_CACHED_TOKENS,
+            p = roles.prefill,
+            n = roles.prefill + roles.decode,
+        ),
+        None => header,
+    };
     print!("{header}");
     report.push_str(&header);
     if !args.sweep.is_empty() {

@@ -4,19 +4,14 @@
 use super::args::{Args, PolicyName, WorkloadName};
 use super::fleet::FleetConfig;
 use super::workload::{Shape, synthetic};
-use super::{engine_config, run_workload, trace};
+use super::{engine_config, fleet_config, run_workload, trace};
 
 fn small_args() -> Args {
     Args { requests: 150, engines: 3, kv_blocks: 2_048, seed: 7, ..Args::default() }
 }
 
 fn fleet(args: &Args) -> FleetConfig {
-    FleetConfig {
-        engines: args.engines,
-        engine: engine_config(args),
-        slow_engines: args.slow_engines,
-        event_delay_ns: (args.event_delay_ms * 1e6) as u64,
-    }
+    fleet_config(args)
 }
 
 #[test]
@@ -120,4 +115,39 @@ fn goodput_counts_only_requests_within_the_slo() {
     let lax = super::summary::summarise(run, 1e12);
     assert!(strict.goodput_per_s < lax.goodput_per_s, "{} vs {}", strict.goodput_per_s, lax.goodput_per_s);
     assert_eq!(lax.goodput_per_s, lax.requests_per_s);
+}
+
+#[test]
+fn disaggregated_fleets_split_prefill_and_decode_by_role() {
+    let args = Args::parse(
+        ["--pd", "1+2", "--requests", "120", "--kv-blocks", "2048", "--seed", "7", "--no-write"].map(String::from),
+    )
+    .expect("valid flags");
+    assert_eq!(args.engines, 3);
+    assert_eq!(args.policies, PolicyName::PD.to_vec());
+    let fleet = fleet(&args);
+    let w = synthetic(Shape::Agentic, args.requests, fleet.engines, &fleet.engine, args.load, args.seed);
+    let result = run_workload(w, &args, &fleet);
+    for (name, run, summary) in &result.runs {
+        assert_eq!(summary.completed + summary.rejected, run.records.len(), "{}: every request ends", name.as_str());
+        for r in &run.records {
+            if let Some(p) = r.prefill_engine {
+                assert!(p < 1 && r.engine >= 1, "{}: prefill on {p}, decode on {}", name.as_str(), r.engine);
+            }
+        }
+        let split = run.records.iter().filter(|r| r.prefill_engine.is_some()).count();
+        match name {
+            PolicyName::Kvpick => assert_eq!(split, 0, "aggregated"),
+            PolicyName::RandomPd => assert_eq!(split, run.records.len(), "always split"),
+            _ => assert!(split > 0, "{}: long agentic prompts are split", name.as_str()),
+        }
+    }
+    let again = run_workload(
+        synthetic(Shape::Agentic, args.requests, fleet.engines, &fleet.engine, args.load, args.seed),
+        &args,
+        &fleet,
+    );
+    let records = |r: &super::WorkloadResult| r.runs.iter().map(|(_, run, _)| run.records.clone()).collect::<Vec<_>>();
+    assert_eq!(records(&result), records(&again), "deterministic");
+    assert!(Args::parse(["--policies", "kvpick-pd"].map(String::from)).is_err(), "P/D policies need --pd");
 }
