@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvpick_core::{Admission, BookingError, HashSeed, Prompt, ReservationId, SelectError, SelectRequest, WorkerId};
-use kvpick_ext_proc::metrics::{ExtProcMetrics, Fallback, PdRoute, Phase, SessionPick};
+use kvpick_ext_proc::metrics::{ExtProcMetrics, Fallback, PdRoute, Phase, ROUTE_CLASSES, SessionPick};
 use kvpick_ext_proc::trace::KeyValue;
 use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError, RequestTrace};
 use kvpick_runtime::{Clock, PendingRings, RingScheduler, SelectTiming, ShardedService, ThreadProducers};
@@ -301,16 +301,31 @@ impl KvPicker {
         // Both legs at once; a failed decode leg cancels the prefill leg
         // (dropping it withdraws or frees what it booked), a failed prefill
         // leg leaves the request whole to the decode worker.
+        let trace = input.trace.clone();
+        let start = Instant::now();
         let prefill_leg = prefill.prefill_leg(id, prompt.clone(), model.clone(), priority);
+        let prefill_leg = async move { (prefill_leg.await, Instant::now()) };
         let decode_leg = self.decode_leg(id, prompt, model, priority, input);
         tokio::pin!(prefill_leg, decode_leg);
-        let (decoded, prefilled) = tokio::select! {
+        let (decoded, (prefilled, prefilled_at)) = tokio::select! {
             decoded = &mut decode_leg => (decoded?, prefill_leg.await),
             prefilled = &mut prefill_leg => (decode_leg.await?, prefilled),
         };
         let (selection, reservation) = decoded;
         let route = config.decide(selection.prefill_tokens, prefilled.as_ref().map(drop).map_err(|why| *why));
         inner.metrics.record_pd_route(route);
+        trace.phase("select prefill", start, prefilled_at, || {
+            let (label, reason) = ROUTE_CLASSES[route as usize];
+            let mut attributes = vec![KeyValue::new("kvpick.pd_route", label)];
+            if !reason.is_empty() {
+                attributes.push(KeyValue::new("kvpick.pd_reason", reason));
+            }
+            if let Ok((prefill, _)) = &prefilled {
+                attributes.push(KeyValue::new("kvpick.prefill_endpoint", prefill.endpoint.to_string()));
+                attributes.push(KeyValue::new("kvpick.prefill_tokens", i64::from(prefill.prefill_tokens)));
+            }
+            attributes
+        });
         let (prefill, booking) = match (route, prefilled) {
             (PdRoute::Disaggregated, Ok((prefill_selection, prefill_reservation))) => {
                 tracing::debug!(

@@ -341,3 +341,28 @@ async fn kvpick_serve_exports_its_spans_before_it_exits() {
     fleet.shutdown().await;
     collector.shutdown().await;
 }
+
+/// A split request's trace: both legs' selections under its span, the
+/// prefill endpoint on the request span and on its leg's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_request_traces_both_legs() {
+    let decider = kvpick_router::DisaggConfig { threshold_tokens: 16 };
+    let traced = Traced::with(1.0, Options { disagg: Some((1, decider)), ..Options::default() }).await;
+    let mut client = traced.h.client().await;
+    let mut call = Call::open(&mut client).await;
+    whole_request(&mut call, &[], &chat(&words("split", 40))).await;
+    traced.h.wait_all_freed().await;
+    let spans = traced.spans(|s| s.iter().any(|s| s.span.name == "kvpick.request")).await;
+    let request = request_spans(&spans)[0];
+    let prefill = prefill_endpoint(0).to_string();
+    assert_eq!(request.attribute("kvpick.prefill_endpoint"), Some(prefill.clone()));
+    let legs = children(&spans, request);
+    let (decode_leg, prefill_leg) =
+        (legs.get("select").expect("the decode leg"), legs.get("select prefill").expect("the prefill leg"));
+    assert_within(decode_leg, request);
+    assert_within(prefill_leg, request);
+    assert_eq!(prefill_leg.attribute("kvpick.prefill_endpoint"), Some(prefill));
+    assert_eq!(prefill_leg.attribute("kvpick.pd_route").as_deref(), Some("disaggregated"));
+    drop((call, client));
+    traced.stop().await;
+}
