@@ -147,17 +147,22 @@ pub enum PdRoute {
     NoPrefillWorker,
     /// Every prefill worker is past the queue threshold.
     PrefillSaturated,
-    /// The prefill selection failed otherwise (overload, queue full).
+    /// The prefill selection failed otherwise (overload, shutting down).
     PrefillFailed,
+    /// The decode worker, prefilling the request itself, is predicted to
+    /// answer sooner than the prefill worker would start (the latency
+    /// cost's predictions of both).
+    DecodeSooner,
 }
 
 /// `kvpick_pd_routes_total`'s `route` and `reason` labels, by [`PdRoute`].
-pub const ROUTE_CLASSES: [(&str, &str); 5] = [
+pub const ROUTE_CLASSES: [(&str, &str); 6] = [
     ("disaggregated", ""),
     ("aggregated", "short_uncached"),
     ("aggregated", "no_prefill_worker"),
     ("aggregated", "prefill_saturated"),
     ("aggregated", "prefill_failed"),
+    ("aggregated", "decode_sooner"),
 ];
 
 /// Why a request was routed by load alone.

@@ -16,7 +16,7 @@ use kvpick_ext_proc::trace::KeyValue;
 use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError, RequestTrace};
 use kvpick_runtime::{Clock, PendingRings, RingScheduler, SelectTiming, ShardedService, ThreadProducers};
 
-use crate::disagg::{DisaggConfig, PlanBooking};
+use crate::disagg::{DisaggConfig, Leg, PlanBooking};
 use crate::prefix_watch::{PrefixWatch, Verdict};
 use crate::reservation::{Release, Reservation, ReservationIds, TtftSample};
 use crate::sessions::Sessions;
@@ -282,7 +282,8 @@ impl KvPicker {
             .as_ref()
             .filter(|(picker, config)| config.may_split(prompt.isl_tokens) && picker.service().worker_count() > 0);
         let Some((prefill, config)) = prefill else {
-            if let Some((picker, config)) = &inner.prefill {
+            // A request with no prompt (headers only) is not a P/D decision.
+            if let Some((picker, config)) = inner.prefill.as_ref().filter(|_| prompt.isl_tokens > 0) {
                 inner.metrics.record_pd_route(if picker.service().worker_count() == 0 {
                     PdRoute::NoPrefillWorker
                 } else {
@@ -312,7 +313,7 @@ impl KvPicker {
             prefilled = &mut prefill_leg => (decode_leg.await?, prefilled),
         };
         let (selection, reservation) = decoded;
-        let route = config.decide(selection.prefill_tokens, prefilled.as_ref().map(drop).map_err(|why| *why));
+        let route = config.decide(Leg::of(&selection), prefilled.as_ref().map(|(p, _)| Leg::of(p)).map_err(|why| *why));
         inner.metrics.record_pd_route(route);
         trace.phase("select prefill", start, prefilled_at, || {
             let (label, reason) = ROUTE_CLASSES[route as usize];

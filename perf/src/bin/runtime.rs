@@ -297,9 +297,9 @@ fn selection_under_burst(
 /// the decode leg waits for its booking as `KvPicker` does, the prefill
 /// leg books at once or not at all, both polled concurrently from one task
 /// as the picker's `select!` does. The prefill selector runs as `kvpick
-/// serve` starts it: one shard on the decode shard's core, parking when
-/// idle (`prefill_spin` zero) unless asked otherwise. Returns (single,
-/// pair).
+/// serve` starts it: one shard on the decode shard's core, spinning as the
+/// decode shard does (`prefill_spin` = `SPIN`), or parking at once
+/// (zero). Returns (single, pair).
 fn pair_selection(
     kind: RuntimeKind,
     iters: u64,

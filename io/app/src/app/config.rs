@@ -75,8 +75,10 @@ pub struct DisaggSettings {
     /// The prefill selector's policy: the decode side's, with its own
     /// queue threshold (past it a request is not split).
     pub router: RouterConfig,
-    /// Its shards: on the decode shards' cores, parking when idle (two
-    /// spinning shards on one core would take turns).
+    /// Its shards: on the decode shards' cores, spinning while busy as
+    /// they do (the pair selection waits for the slower leg: a parked
+    /// prefill shard's wake-up made it 4× a single selection in
+    /// `kvpick-bench-runtime`, a spinning one 1.3×).
     pub runtime: RuntimeConfig,
 }
 
@@ -88,11 +90,14 @@ fn disagg(v: &Values, router: &RouterConfig, runtime: &RuntimeConfig) -> Result<
     if let Some(tokens) = v.whole::<u32>(var::PD_THRESHOLD_TOKENS, 0)? {
         decider.threshold_tokens = tokens;
     }
+    if let Some(compare) = v.boolean(var::PD_COMPARE_TTFT)? {
+        decider.compare_ttft = compare;
+    }
     let threshold = v.number(var::PREFILL_QUEUE_THRESHOLD, 0.0)?;
     let prefill_router =
         RouterConfig { queue_threshold: Some(threshold.unwrap_or(DEFAULT_PREFILL_QUEUE_THRESHOLD)), ..router.clone() };
     let shards = v.whole::<usize>(var::PREFILL_SHARDS, 1)?.unwrap_or(1);
-    let runtime = RuntimeConfig { shards, spin_before_park: Duration::ZERO, ..runtime.clone() };
+    let runtime = RuntimeConfig { shards, ..runtime.clone() };
     let batched_tokens = match &router.cost {
         CostModel::Latency(rates) => rates.batched_tokens,
         CostModel::Dynamo => EngineRates::default().batched_tokens,
@@ -622,12 +627,13 @@ mod tests {
         let d = c.disagg.unwrap_or_else(|| panic!("on by default"));
         assert_eq!(d.decider, DisaggConfig::default());
         assert_eq!(d.router.queue_threshold, Some(DEFAULT_PREFILL_QUEUE_THRESHOLD));
-        assert_eq!((d.runtime.shards, d.runtime.spin_before_park), (1, Duration::ZERO));
+        assert_eq!((d.runtime.shards, d.runtime.spin_before_park), (1, c.runtime.spin_before_park));
         assert_eq!(d.batched_tokens, 8192, "the latency cost's prior");
 
         let c = config(&[
             (var::WORKERS_FILE, "w"),
             (var::PD_THRESHOLD_TOKENS, "0"),
+            (var::PD_COMPARE_TTFT, "false"),
             (var::PREFILL_QUEUE_THRESHOLD, "1.5"),
             (var::PREFILL_SHARDS, "2"),
             (var::MAX_NUM_BATCHED_TOKENS, "2048"),
@@ -635,6 +641,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let d = c.disagg.unwrap_or_else(|| panic!("on"));
         assert_eq!((d.decider.threshold_tokens, d.router.queue_threshold, d.runtime.shards), (0, Some(1.5), 2));
+        assert!(!d.decider.compare_ttft);
         assert_eq!(d.batched_tokens, 2048);
         assert_eq!(c.router.queue_threshold, None, "the decode side's queue is its own");
 

@@ -45,6 +45,7 @@ pub const KV_EVENT_DRAIN_INTERVAL_MS: &str = "KVPICK_KV_EVENT_DRAIN_INTERVAL_MS"
 pub const DISAGGREGATION: &str = "KVPICK_DISAGGREGATION";
 pub const ROLE_LABELS: &str = "KVPICK_ROLE_LABELS";
 pub const PD_THRESHOLD_TOKENS: &str = "KVPICK_PD_THRESHOLD_TOKENS";
+pub const PD_COMPARE_TTFT: &str = "KVPICK_PD_COMPARE_TTFT";
 pub const PREFILL_SHARDS: &str = "KVPICK_PREFILL_SHARDS";
 pub const PREFILL_QUEUE_THRESHOLD: &str = "KVPICK_PREFILL_QUEUE_THRESHOLD";
 pub const KV_EVENT_REPLAY_PORT: &str = "DYN_EPP_KV_EVENT_REPLAY_PORT";
@@ -160,10 +161,16 @@ pub const SETTINGS: &[Setting] = &[
         "Disaggregation decider: split a request only when at least this many of its prompt tokens are uncached on the chosen decode worker (shorter: prefilled there); 0 splits every request",
     ),
     s(
+        PD_COMPARE_TTFT,
+        "pd-compare-ttft",
+        Some("true"),
+        "Disaggregation decider: also keep a request whole when its decode worker, prefilling it there, is predicted to give the first token sooner than the prefill worker (latency cost only): better TTFT, somewhat worse TPOT in the routing simulator",
+    ),
+    s(
         PREFILL_SHARDS,
         "prefill-shards",
         Some("1"),
-        "Disaggregation: shard threads of the prefill workers' selector (they share the decode shards' cores and park when idle)",
+        "Disaggregation: shard threads of the prefill workers' selector (on the decode shards' cores, spinning while busy as they do)",
     ),
     s(
         PREFILL_QUEUE_THRESHOLD,

@@ -5,6 +5,7 @@
 //! routing with their reasons, and the compensation of a failed plan.
 
 use crate::ext_proc_support::*;
+use kvpick_core::{CostModel, EngineRates, RouterConfig};
 use kvpick_ext_proc::headers::PREFILLER;
 use kvpick_ext_proc::metrics::{PdRoute, ROUTE_CLASSES};
 use kvpick_router::DisaggConfig;
@@ -13,7 +14,9 @@ use kvpick_router::DisaggConfig;
 const THRESHOLD: u32 = 16;
 
 fn disaggregated(prefill_workers: usize) -> Options {
-    Options { disagg: Some((prefill_workers, DisaggConfig { threshold_tokens: THRESHOLD })), ..Options::default() }
+    // The legs' predictions are compared in their own test.
+    let decider = DisaggConfig { threshold_tokens: THRESHOLD, compare_ttft: false };
+    Options { disagg: Some((prefill_workers, decider)), ..Options::default() }
 }
 
 fn routes(h: &Harness, route: PdRoute) -> u64 {
@@ -172,5 +175,30 @@ async fn a_failed_decode_leg_frees_the_prefill_leg_and_a_cancel_frees_both() {
     wait_for("the prefill leg freed with the stream", || async { h.prefill_requests_booked().await == 0 }).await;
     assert_eq!(ROUTE_CLASSES[PdRoute::Disaggregated as usize], ("disaggregated", ""));
     drop(client);
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_prefill_worker_loses_to_a_decode_worker_predicted_sooner() {
+    let decider = DisaggConfig { threshold_tokens: THRESHOLD, compare_ttft: true };
+    // Predictions come from the latency cost (kvpick serve's default).
+    let router = RouterConfig { cost: CostModel::Latency(EngineRates::default()), ..RouterConfig::default() };
+    let h = Harness::start(Options { disagg: Some((1, decider)), router, ..Options::default() }).await;
+    let mut client = h.client().await;
+    // Both sides idle: the same prediction, and a tie splits.
+    let mut first = Call::open(&mut client).await;
+    let answer = send(&mut first, &chat(&words("first", 200)), &[]).await;
+    assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()));
+    // The prefill worker still has the first prompt booked; an idle decode
+    // worker computing the second itself is predicted to answer sooner.
+    let mut second = Call::open(&mut client).await;
+    let answer = send(&mut second, &chat(&words("second", 40)), &[]).await;
+    assert_eq!(prefiller(&answer), None);
+    assert_eq!(routes(&h, PdRoute::DecodeSooner), 1);
+    finish_response(&mut first).await;
+    finish_response(&mut second).await;
+    h.wait_all_freed().await;
+    wait_for("the prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    drop((first, second, client));
     h.stop().await;
 }

@@ -346,7 +346,7 @@ async fn kvpick_serve_exports_its_spans_before_it_exits() {
 /// prefill endpoint on the request span and on its leg's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disaggregated_request_traces_both_legs() {
-    let decider = kvpick_router::DisaggConfig { threshold_tokens: 16 };
+    let decider = kvpick_router::DisaggConfig { threshold_tokens: 16, compare_ttft: false };
     let traced = Traced::with(1.0, Options { disagg: Some((1, decider)), ..Options::default() }).await;
     let mut client = traced.h.client().await;
     let mut call = Call::open(&mut client).await;

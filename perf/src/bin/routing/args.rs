@@ -31,6 +31,8 @@ pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
                         policies default to kvpick (aggregated, on all P+D engines), kvpick-pd, llm-d-pd
                         and random-pd
   --pd-threshold-tokens N  kvpick-pd's decider (kvpick serve --pd-threshold-tokens; default 256)
+  --pd-compare-ttft BOOL  kvpick-pd keeps a request whole when its decode worker is predicted to give the
+                        first token sooner than the prefill worker (kvpick serve's; default true)
   --prefill-queue-threshold F  kvpick-pd keeps requests whole while every prefill engine has more than
                         F × max_num_batched_tokens of prefill booked (kvpick serve's; default 2)
   --kv-transfer-ms F    a split request's KV transfer, fixed part (default 2)
@@ -195,6 +197,7 @@ pub struct Args {
     /// A disaggregated fleet's roles.
     pub pd: Option<super::pd::Roles>,
     pub pd_threshold_tokens: u32,
+    pub pd_compare_ttft: bool,
     pub prefill_queue_threshold: Option<f64>,
     pub kv_transfer_ms: f64,
     pub kv_transfer_us_per_block: f64,
@@ -225,6 +228,7 @@ impl Default for Args {
             event_delay_ms: 1.0,
             pd: None,
             pd_threshold_tokens: kvpick_router::DisaggConfig::default().threshold_tokens,
+            pd_compare_ttft: kvpick_router::DisaggConfig::default().compare_ttft,
             prefill_queue_threshold: Some(kvpick_router::DEFAULT_PREFILL_QUEUE_THRESHOLD),
             kv_transfer_ms: 2.0,
             kv_transfer_us_per_block: 80.0,
@@ -273,6 +277,14 @@ impl Args {
                         text.parse().map_err(|_| invalid(format!("{name}: {text:?} is not a whole number")))?;
                 }
                 "--kv-transfer-ms" => out.kv_transfer_ms = non_negative(name, &value()?)?,
+                "--pd-compare-ttft" => {
+                    let text = value()?;
+                    out.pd_compare_ttft = match text.as_str() {
+                        "true" | "on" => true,
+                        "false" | "off" => false,
+                        _ => return Err(invalid(format!("{name}: {text:?} is not true or false"))),
+                    };
+                }
                 "--prefill-queue-threshold" => out.prefill_queue_threshold = Some(non_negative(name, &value()?)?),
                 "--kv-transfer-us-per-block" => out.kv_transfer_us_per_block = non_negative(name, &value()?)?,
                 "--slow-engines" => {

@@ -165,7 +165,10 @@ pub fn policy(name: PolicyName, fleet: &FleetConfig, requests: usize, args: &Arg
                     let cfg =
                         kvpick_policy::router_config(prefill_load_scale, CostModel::Latency(rates), tpot_target, seed);
                     let prefill_cfg = RouterConfig { queue_threshold: args.prefill_queue_threshold, ..cfg.clone() };
-                    let decider = kvpick_router::DisaggConfig { threshold_tokens: args.pd_threshold_tokens };
+                    let decider = kvpick_router::DisaggConfig {
+                        threshold_tokens: args.pd_threshold_tokens,
+                        compare_ttft: args.pd_compare_ttft,
+                    };
                     Box::new(pd::KvpickPd::new(roles, &fleet.engine, (prefill_cfg, cfg), decider))
                 }
                 PolicyName::LlmdPd => Box::new(pd::LlmdPd::new(roles, &fleet.engine, pd::LLMD_NON_CACHED_TOKENS, seed)),
@@ -271,12 +274,13 @@ fn run(args: &Args) -> Result<(), String> {
     let header = match args.pd {
         Some(roles) => format!(
             "{header}- disaggregated: engines 0..{p} prefill, {p}..{n} decode (aggregated policies use all {n}); \
-             KV transfer {} ms + {} µs per block the decode engine lacks; kvpick-pd splits at {} uncached tokens, \
+             KV transfer {} ms + {} µs per block the decode engine lacks; kvpick-pd splits at {} uncached tokens{}, \
              and keeps requests whole while every prefill engine has more than {} × max_num_batched_tokens booked; \
              llm-d-pd splits at {} (nonCachedTokens)\n",
             args.kv_transfer_ms,
             args.kv_transfer_us_per_block,
             args.pd_threshold_tokens,
+            if args.pd_compare_ttft { " unless its decode worker is predicted to answer sooner" } else { "" },
             args.prefill_queue_threshold.map_or_else(|| "∞".to_owned(), |t| t.to_string()),
             pd::LLMD_NON_CACHED_TOKENS,
             p = roles.prefill,

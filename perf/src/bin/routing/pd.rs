@@ -25,7 +25,7 @@ use kvpick_core::{
 };
 use kvpick_ext_proc::metrics::{PdRoute, ROUTE_CLASSES};
 use kvpick_perf::sim::{CacheEvent, EngineConfig};
-use kvpick_router::DisaggConfig;
+use kvpick_router::{DisaggConfig, Leg};
 
 use super::approx_prefix::{Scraper, gaie_score};
 use super::fleet::{Arrival, FleetView, Policy, Route};
@@ -137,7 +137,7 @@ impl Policy for KvpickPd {
         } else {
             Err(PdRoute::ShortUncached)
         };
-        let route = self.decider.decide(decode.prefill_tokens, prefill.as_ref().map(drop).map_err(|why| *why));
+        let route = self.decider.decide(Leg::of(&decode), prefill.as_ref().map(Leg::of).map_err(|why| *why));
         self.counts.0[route as usize] += 1;
         let id = ReservationId(arrival.id as u64);
         match (route, prefill) {
