@@ -847,9 +847,9 @@ fn main() {
             table.row([
                 format!("kvpick {kind:?}"),
                 if prefill_spin.is_zero() {
-                    "no (kvpick serve's)".to_owned()
+                    "no".to_owned()
                 } else {
-                    format!("{} µs", prefill_spin.as_micros())
+                    format!("{} µs (kvpick serve's)", prefill_spin.as_micros())
                 },
                 ns(single.latency.p50),
                 ns(pair.latency.p50),
