@@ -79,23 +79,20 @@ impl PolicyName {
     pub const PD: [PolicyName; 4] =
         [PolicyName::Kvpick, PolicyName::KvpickPd, PolicyName::LlmdPd, PolicyName::RandomPd];
 
-    /// Every name `--policies` knows.
-    pub const ALL: [PolicyName; 14] = [
-        PolicyName::Random,
-        PolicyName::RoundRobin,
-        PolicyName::LeastLoaded,
-        PolicyName::ApproxPrefix,
-        PolicyName::LlmdPrecise,
-        PolicyName::SglangCacheAware,
-        PolicyName::Kvpick,
-        PolicyName::KvpickDynamo,
-        PolicyName::KvpickDynamoTuned,
-        PolicyName::KvpickSkewedPriors,
-        PolicyName::Oracle,
-        PolicyName::KvpickPd,
-        PolicyName::LlmdPd,
-        PolicyName::RandomPd,
-    ];
+    /// Every name `--policies` knows: the aggregated ones, then the
+    /// disaggregated fleets' own.
+    pub const ALL: [PolicyName; 14] = {
+        let mut all = [PolicyName::Random; 14];
+        let mut i = 0;
+        while i < Self::AGGREGATED.len() {
+            all[i] = Self::AGGREGATED[i];
+            i += 1;
+        }
+        all[11] = PolicyName::KvpickPd;
+        all[12] = PolicyName::LlmdPd;
+        all[13] = PolicyName::RandomPd;
+        all
+    };
 
     /// The policies of an aggregated fleet's run by default.
     pub const AGGREGATED: [PolicyName; 11] = [
