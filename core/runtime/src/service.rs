@@ -435,7 +435,23 @@ impl ShardedService {
         request: SelectRequest,
         now: Millis,
     ) -> Result<Admission, SelectError> {
-        self.admit(source, request, now, None, None).await
+        self.admit(source, request, now, Some(None), None).await
+    }
+
+    /// Picks and books, or, when every eligible worker is saturated,
+    /// nothing (`None`): the request is not queued, so nothing is left to
+    /// withdraw (a disaggregated plan's prefill leg, which goes elsewhere
+    /// rather than wait).
+    pub async fn reserve_unless_saturated(
+        &self,
+        source: &impl ProducerSource,
+        request: SelectRequest,
+        now: Millis,
+    ) -> Result<Option<Selection>, SelectError> {
+        Ok(match self.admit(source, request, now, None, None).await? {
+            Admission::Reserved(selection) => Some(selection),
+            Admission::Queued => None,
+        })
     }
 
     /// Like `select_and_reserve`, but a queued request is awaited: the
@@ -464,7 +480,7 @@ impl ShardedService {
     ) -> Result<Selection, SelectError> {
         let id = request.id;
         let (tx, rx) = oneshot::channel();
-        match self.admit(source, request, now, Some(tx), timing.as_deref_mut()).await? {
+        match self.admit(source, request, now, Some(Some(tx)), timing.as_deref_mut()).await? {
             Admission::Reserved(selection) => Ok(selection),
             Admission::Queued => {
                 let queued = timing.is_some().then(Instant::now);
@@ -484,12 +500,15 @@ impl ShardedService {
         }
     }
 
+    /// `queue`: what to do when every eligible worker is saturated: `None`
+    /// queues nothing (and answers `Queued` without queueing), `Some`
+    /// queues the request, with the waiter to tell when it is admitted.
     async fn admit(
         &self,
         source: &impl ProducerSource,
         request: SelectRequest,
         now: Millis,
-        waiter: Option<oneshot::Sender<AdmissionEvent>>,
+        queue: Option<Option<oneshot::Sender<AdmissionEvent>>>,
         mut timing: Option<&mut SelectTiming>,
     ) -> Result<Admission, SelectError> {
         lock(&self.admissions).ledger.check_new(request.id)?;
@@ -498,7 +517,7 @@ impl ShardedService {
             SelectTiming::shard_answered(&mut timing, 0, None);
             return match picked {
                 Picked::Booked(selection) => Ok(Admission::Reserved(selection)),
-                Picked::Saturated(request) => self.enqueue(request, now, waiter),
+                Picked::Saturated(request) => self.enqueue(request, now, queue),
                 Picked::Failed(error) => Err(error),
             };
         }
@@ -513,18 +532,20 @@ impl ShardedService {
                 SelectTiming::mark(&mut timing, |t| &mut t.booked);
                 booked.map(Admission::Reserved)
             }
-            Decision::Saturated => self.enqueue(request, now, waiter),
+            Decision::Saturated => self.enqueue(request, now, queue),
             Decision::NoEligible => Err(SelectError::NoEligibleWorkers),
         }
     }
 
-    /// Queues a request every eligible worker is too busy for.
+    /// Queues a request every eligible worker is too busy for (with
+    /// `queue` `Some`; see `admit`).
     fn enqueue(
         &self,
         request: SelectRequest,
         now: Millis,
-        waiter: Option<oneshot::Sender<AdmissionEvent>>,
+        queue: Option<Option<oneshot::Sender<AdmissionEvent>>>,
     ) -> Result<Admission, SelectError> {
+        let Some(waiter) = queue else { return Ok(Admission::Queued) };
         let id = request.id;
         let mut admissions = lock(&self.admissions);
         let admission = admissions.ledger.enqueue(request, now, self.cfg().queue_timeout)?;

@@ -114,6 +114,8 @@ impl Leg {
 pub struct PlanBooking<R: Release> {
     pub(crate) decode: Reservation<R>,
     pub(crate) prefill: Option<Reservation<R>>,
+    /// Prefilled elsewhere: the decode leg's first token is no prefill's end.
+    split: bool,
 }
 
 impl<R: Release> std::fmt::Debug for PlanBooking<R> {
@@ -124,14 +126,13 @@ impl<R: Release> std::fmt::Debug for PlanBooking<R> {
 
 impl<R: Release> PlanBooking<R> {
     pub(crate) fn aggregated(decode: Reservation<R>) -> Self {
-        PlanBooking { decode, prefill: None }
+        PlanBooking { decode, prefill: None, split: false }
     }
 
     /// Commits a split: the decode worker computes none of the prompt.
     pub(crate) fn disaggregated(mut decode: Reservation<R>, prefill: Reservation<R>) -> Self {
-        // Not a first token: no time-to-first-token sample.
-        decode.prefill_complete(false);
-        PlanBooking { decode, prefill: Some(prefill) }
+        decode.prefill_elsewhere();
+        PlanBooking { decode, prefill: Some(prefill), split: true }
     }
 
     /// Whether the prefill leg is still held.
@@ -148,7 +149,11 @@ impl<R: Release> Booking for PlanBooking<R> {
         if let Some(mut prefill) = self.prefill.take() {
             prefill.prefill_complete(streamed);
         }
-        self.decode.prefill_complete(streamed);
+        if self.split {
+            self.decode.first_token(streamed);
+        } else {
+            self.decode.prefill_complete(streamed);
+        }
     }
 
     fn response_finished(&mut self, output_tokens: u64) {
@@ -259,6 +264,7 @@ mod tests {
         assert!(!plan.holds_prefill());
         plan.prefill_complete(true);
         plan.response_progress();
+        plan.response_finished(8);
         drop(plan);
         assert_eq!(
             *events.lock().unwrap(),
@@ -266,9 +272,11 @@ mod tests {
                 ("decode", "prefill_complete"),
                 ("prefill", "prefill_complete+ttft"),
                 ("prefill", "free"),
+                ("decode", "decode_observed"),
                 ("decode", "free"),
             ],
-            "the prefill worker gets the first token's time and is freed at once; the decode booking once, at the end"
+            "the prefill worker gets the first token's time and is freed at once; the decode worker its decode \
+             time; the decode booking is freed once, at the end"
         );
     }
 

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvpick_core::{Admission, BookingError, HashSeed, Prompt, ReservationId, SelectError, SelectRequest, WorkerId};
+use kvpick_core::{BookingError, HashSeed, Prompt, ReservationId, SelectError, SelectRequest, WorkerId};
 use kvpick_ext_proc::metrics::{ExtProcMetrics, Fallback, PdRoute, Phase, ROUTE_CLASSES, SessionPick};
 use kvpick_ext_proc::trace::KeyValue;
 use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError, RequestTrace};
@@ -277,21 +277,23 @@ impl KvPicker {
         let (prompt, model, priority) = self.prepare(&input).await?;
         // The plan's id: the reservation's in each role's service.
         let id = inner.ids.next_id();
-        let prefill = inner
-            .prefill
-            .as_ref()
-            .filter(|(picker, config)| config.may_split(prompt.isl_tokens) && picker.service().worker_count() > 0);
+        // Why the prefill leg is not even tried, if it is not.
+        let skip = inner.prefill.as_ref().map(|(picker, config)| {
+            if picker.service().worker_count() == 0 {
+                Some(PdRoute::NoPrefillWorker)
+            } else if !config.may_split(prompt.isl_tokens) {
+                Some(PdRoute::ShortUncached)
+            } else {
+                None
+            }
+        });
+        let prefill = inner.prefill.as_ref().filter(|_| matches!(skip, Some(None)));
         let Some((prefill, config)) = prefill else {
             // A request with no prompt (headers only) is not a P/D decision.
-            if let Some((picker, config)) = inner.prefill.as_ref().filter(|_| prompt.isl_tokens > 0) {
-                inner.metrics.record_pd_route(if picker.service().worker_count() == 0 {
-                    PdRoute::NoPrefillWorker
-                } else {
-                    debug_assert!(!config.may_split(prompt.isl_tokens));
-                    PdRoute::ShortUncached
-                });
+            if let Some(Some(why)) = skip.filter(|_| prompt.isl_tokens > 0) {
+                inner.metrics.record_pd_route(why);
             }
-            let (selection, reservation) = self.decode_leg(id, prompt, model, priority, input).await?;
+            let (selection, reservation, _) = self.decode_leg(id, (prompt, model, priority), input, false).await?;
             return Ok(Pick {
                 endpoint: selection.endpoint,
                 fallbacks: selection.fallbacks,
@@ -306,13 +308,20 @@ impl KvPicker {
         let start = Instant::now();
         let prefill_leg = prefill.prefill_leg(id, prompt.clone(), model.clone(), priority);
         let prefill_leg = async move { (prefill_leg.await, Instant::now()) };
-        let decode_leg = self.decode_leg(id, prompt, model, priority, input);
+        let decode_leg = self.decode_leg(id, (prompt.clone(), model.clone(), priority), input, true);
         tokio::pin!(prefill_leg, decode_leg);
-        let (decoded, (prefilled, prefilled_at)) = tokio::select! {
+        let (decoded, (mut prefilled, mut prefilled_at)) = tokio::select! {
             decoded = &mut decode_leg => (decoded?, prefill_leg.await),
             prefilled = &mut prefill_leg => (decode_leg.await?, prefilled),
         };
-        let (selection, reservation) = decoded;
+        let (selection, reservation, queued) = decoded;
+        if queued {
+            // The decode leg waited in its queue: a prefill booking made
+            // before is stale (and held capacity meanwhile). Book anew.
+            drop(prefilled);
+            prefilled = prefill.prefill_leg(id, prompt, model, priority).await;
+            prefilled_at = Instant::now();
+        }
         let route = config.decide(Leg::of(&selection), prefilled.as_ref().map(|(p, _)| Leg::of(p)).map_err(|why| *why));
         inner.metrics.record_pd_route(route);
         trace.phase("select prefill", start, prefilled_at, || {
@@ -347,7 +356,7 @@ impl KvPicker {
     /// The prefill leg of plan `id` on this (the prefill) picker's
     /// service: booked at once or not at all. Every prefill worker past
     /// the queue threshold is a reason to prefill on the decode worker,
-    /// not to wait; the queued request is withdrawn as its guard drops.
+    /// not to wait: nothing is queued.
     async fn prefill_leg(
         &self,
         id: ReservationId,
@@ -360,12 +369,15 @@ impl KvPicker {
         // The gateway's subset names where it may send the request (the
         // decode side); the prefill worker is reached by the decode side.
         let request = SelectRequest { id, prompt, model, allowed: None, priority, sticky: None };
-        match self.service().select_and_reserve(&inner.producers, request, inner.clock.now()).await {
-            Ok(Admission::Reserved(selection)) => {
+        match self.service().reserve_unless_saturated(&inner.producers, request, inner.clock.now()).await {
+            Ok(Some(selection)) => {
                 reservation.booked(&selection);
                 Ok((selection, reservation))
             }
-            Ok(Admission::Queued) => Err(PdRoute::PrefillSaturated),
+            Ok(None) => {
+                reservation.disarm();
+                Err(PdRoute::PrefillSaturated)
+            }
             Err(error) => {
                 reservation.disarm();
                 tracing::debug!(plan = id.0, role = "prefill", %error, "no prefill leg");
@@ -383,15 +395,15 @@ impl KvPicker {
 
     /// The decode (or whole-request) leg: select and book, waiting in the
     /// queue if every worker is saturated; sessions and the prefix watch
-    /// learn from it.
+    /// learn from it. Also says whether it waited in the queue (known
+    /// when traced or `timed`).
     async fn decode_leg(
         &self,
         id: ReservationId,
-        prompt: Prompt,
-        model: Option<String>,
-        priority: i32,
+        (prompt, model, priority): (Prompt, Option<String>, i32),
         input: PickInput,
-    ) -> Result<(kvpick_core::Selection, KvReservation), RequestError> {
+        timed: bool,
+    ) -> Result<(kvpick_core::Selection, KvReservation, bool), RequestError> {
         let inner = &*self.0;
         let mut reservation = Reservation::new(id, self.clone(), self.service().lease());
         let (session, sticky) = self.session_of(input.session.as_deref());
@@ -399,14 +411,15 @@ impl KvPicker {
         let first_block = prompt.seq_hashes.first().copied();
         let request = SelectRequest { id, prompt, model, allowed: input.allowed, priority, sticky };
         let start = Instant::now();
-        let mut timing = input.trace.is_on().then(SelectTiming::default);
+        let mut timing = (timed || input.trace.is_on()).then(SelectTiming::default);
         let now = inner.clock.now();
         let result = self.service().select_and_wait_timed(&inner.producers, request, now, timing.as_mut()).await;
         let end = Instant::now();
         inner.metrics.record_select(end - start);
-        if let Some(timing) = &timing {
+        if let Some(timing) = timing.as_ref().filter(|_| input.trace.is_on()) {
             trace_select(&input.trace, start, end, timing, &result, (isl_tokens, tokens_known), sticky);
         }
+        let queued = timing.is_some_and(|t| t.queued.is_some());
         match result {
             Ok(selection) => {
                 if selection.isl_tokens > 0 {
@@ -428,7 +441,7 @@ impl KvPicker {
                         sessions.insert(key, selection.worker);
                     }
                 }
-                Ok((selection, reservation))
+                Ok((selection, reservation, queued))
             }
             Err(error) => {
                 reservation.disarm();

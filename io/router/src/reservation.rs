@@ -131,6 +131,23 @@ impl<R: Release> Reservation<R> {
     pub(crate) fn disarm(mut self) {
         self.disarmed = true;
     }
+
+    /// A disaggregated plan's decode leg: its worker computes none of the
+    /// prompt, so its prefill load goes now (posted; no time-to-first-token
+    /// sample: the first token's time is the prefill worker's).
+    pub(crate) fn prefill_elsewhere(&mut self) {
+        if !std::mem::replace(&mut self.prefill_completed, true) {
+            self.picker.prefill_complete(self.id, None);
+        }
+    }
+
+    /// The first token of a request whose prefill ran elsewhere: what
+    /// follows it times the decode.
+    pub(crate) fn first_token(&mut self, streamed: bool) {
+        if let Some(booked) = self.booked.as_mut().filter(|_| streamed) {
+            booked.first_token.get_or_insert_with(Instant::now);
+        }
+    }
 }
 
 impl<R: Release> Booking for Reservation<R> {

@@ -187,7 +187,7 @@ fn ext_proc(e: &mut Exposition, sources: &Sources) {
             if reason.is_empty() { &[("route", route)] } else { &[("route", route), ("reason", reason)] };
         e.counter(
             "kvpick_pd_routes_total",
-            "Picks while prefill workers are configured: disaggregated (prefill worker + decode worker), or aggregated on the decode worker and why.",
+            "Picks of requests with a prompt while disaggregation is on (--disaggregation auto): disaggregated (prefill worker + decode worker), or served whole by the decode worker and why (no_prefill_worker for every request of a fleet without prefill workers).",
             labels,
             count,
         );

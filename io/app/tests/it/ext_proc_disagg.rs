@@ -54,7 +54,11 @@ async fn a_long_uncached_prompt_is_split_and_each_leg_released_at_its_moment() {
 
     // Both legs booked until the hand-off; the decode leg books no prefill.
     assert_eq!((h.requests_booked().await, h.prefill_requests_booked().await), (1, 1));
-    assert_eq!(h.loads().await.iter().map(|l| l.prefill_tokens).sum::<u64>(), 0, "the decode worker prefills nothing");
+    // Posted at the commit: wait for the shard to apply it.
+    wait_for("the decode worker prefills nothing", || async {
+        h.loads().await.iter().map(|l| l.prefill_tokens).sum::<u64>() == 0
+    })
+    .await;
     call.send(response_headers("200", "text/event-stream", None, false));
     assert_eq!(kind(&call.recv().await), "response_headers");
     call.send(response_body(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", false));
@@ -122,7 +126,7 @@ async fn without_a_prefill_worker_requests_are_served_whole_and_counted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_saturated_prefill_side_sends_requests_whole_and_withdraws_the_queued_leg() {
+async fn a_saturated_prefill_side_sends_requests_whole_and_queues_no_leg() {
     // The prefill worker is saturated as soon as any prefill is booked.
     let options =
         Options { max_num_batched_tokens: Some(1_000), prefill_queue_threshold: Some(0.0), ..disaggregated(1) };
@@ -137,7 +141,8 @@ async fn a_saturated_prefill_side_sends_requests_whole_and_withdraws_the_queued_
     assert_eq!(prefiller(&answer), None);
     assert_eq!(routes(&h, PdRoute::PrefillSaturated), 1);
     let prefill = h.prefill.as_ref().expect("disaggregated");
-    wait_for("the queued prefill leg withdrawn", || async { prefill.service().queue_len() == 0 }).await;
+    let stats = prefill.service().stats();
+    assert_eq!((stats.selections, stats.queued), (1, 0), "the second leg neither booked nor queued");
     assert_eq!(h.prefill_requests_booked().await, 1, "only the first request's leg");
     finish_response(&mut first).await;
     finish_response(&mut second).await;
@@ -148,23 +153,23 @@ async fn a_saturated_prefill_side_sends_requests_whole_and_withdraws_the_queued_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_decode_leg_frees_the_prefill_leg_and_a_cancel_frees_both() {
+async fn a_failed_decode_leg_leaves_no_prefill_leg_and_a_cancel_frees_both() {
     // The gateway's subset names no decode worker: the decode leg fails
-    // (the subset does not bind the prefill leg, which books).
+    // (the subset does not bind the prefill leg). Whether the prefill leg
+    // had booked by then (freed) or not (cancelled), none is left.
     let h = Harness::start(disaggregated(1)).await;
     let mut client = h.client().await;
-    let mut call = Call::open(&mut client).await;
-    call.send(with_subset(chat_headers(), list(&["127.0.0.99:8000"])));
-    call.send(request_body(chat(&words("long", 40)).as_bytes(), true));
-    let (status, body, _) = immediate(&call.recv().await).expect("refused");
-    assert_eq!(status, 503, "{body}");
-    drop(call);
+    for i in 0..10 {
+        let mut call = Call::open(&mut client).await;
+        call.send(with_subset(chat_headers(), list(&["127.0.0.99:8000"])));
+        call.send(request_body(chat(&words(&format!("long{i}"), 40)).as_bytes(), true));
+        let (status, body, _) = immediate(&call.recv().await).expect("refused");
+        assert_eq!(status, 503, "{body}");
+    }
     let prefill = h.prefill.as_ref().expect("disaggregated");
     wait_for("no prefill leg left booked", || async { prefill.service().active_reservations() == 0 }).await;
     assert_eq!(h.prefill_requests_booked().await, 0);
-    // Whichever leg finished first, the prefill one was booked and freed,
-    // or cancelled before it booked: at most one selection, none held.
-    assert!(prefill.service().stats().selections <= 1);
+    assert_eq!(routes(&h, PdRoute::Disaggregated), 0, "no plan committed");
 
     // A split request cancelled before its first token frees both legs.
     let mut call = Call::open(&mut client).await;
@@ -196,6 +201,39 @@ async fn a_busy_prefill_worker_loses_to_a_decode_worker_predicted_sooner() {
     assert_eq!(prefiller(&answer), None);
     assert_eq!(routes(&h, PdRoute::DecodeSooner), 1);
     finish_response(&mut first).await;
+    finish_response(&mut second).await;
+    h.wait_all_freed().await;
+    wait_for("the prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    drop((first, second, client));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_leg_that_waited_in_the_queue_gets_a_fresh_prefill_leg() {
+    // One decode worker, saturated as soon as any prefill is booked on it.
+    let options = Options {
+        disagg: Some((1, DisaggConfig { threshold_tokens: THRESHOLD, compare_ttft: false })),
+        ..Options::queue_at_any_prefill()
+    };
+    let h = Harness::start(options).await;
+    let mut client = h.client().await;
+    let mut first = Call::open(&mut client).await;
+    let answer = send(&mut first, &chat(&words("short", 8)), &[]).await;
+    assert_eq!(prefiller(&answer), None, "short: whole, its prefill booked on the decode worker");
+    // The second request's decode leg queues behind it; its prefill leg books at once.
+    let mut second = Call::open(&mut client).await;
+    second.send(chat_headers());
+    second.send(request_body(chat(&words("long", 40)).as_bytes(), true));
+    let prefill = h.prefill.as_ref().expect("disaggregated");
+    wait_for("the second's decode leg queued", || async { h.service.queue_len() == 1 }).await;
+    wait_for("its first prefill leg booked", || async { prefill.service().stats().selections == 1 }).await;
+    // The first request answers: the queue admits the second, whose prefill leg is booked anew.
+    finish_response(&mut first).await;
+    let answer = second.recv().await;
+    assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()));
+    assert!(streamed(&second.recv().await).is_some(), "body echoed");
+    assert_eq!(prefill.service().stats().selections, 2, "the stale leg dropped, a fresh one booked");
+    assert_eq!(h.prefill_requests_booked().await, 1);
     finish_response(&mut second).await;
     h.wait_all_freed().await;
     wait_for("the prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;

@@ -129,7 +129,11 @@ impl Policy for KvpickPd {
         let prefill = if self.decider.may_split(isl) {
             match self.prefill.select_and_reserve(request, now) {
                 Ok(Admission::Reserved(selection)) => Ok(selection),
-                Ok(Admission::Queued) => Err(PdRoute::PrefillSaturated),
+                Ok(Admission::Queued) => {
+                    // As `kvpick serve`: a saturated prefill side queues nothing.
+                    let _ = self.prefill.free_reservation(ReservationId(arrival.id as u64), now);
+                    Err(PdRoute::PrefillSaturated)
+                }
                 Err(SelectError::NoWorkers | SelectError::NoEligibleWorkers) => Err(PdRoute::NoPrefillWorker),
                 Err(SelectError::QueueFull) => Err(PdRoute::PrefillSaturated),
                 Err(_) => Err(PdRoute::PrefillFailed),
