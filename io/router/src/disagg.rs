@@ -48,9 +48,10 @@ pub const DEFAULT_THRESHOLD_TOKENS: u32 = 256;
 
 /// Whether the decider compares the two legs' predicted times to first
 /// token by default. In the routing simulator's P/D runs at 120% load
-/// (perf/README.md, "Disaggregated fleets") it cut TTFT p90 by 14–30% on
-/// chat and agentic work and cost 1–2 ms of TPOT p90; goodput moved by
-/// at most 4%.
+/// (perf/results/2026-12-02-pd.md) it cut TTFT p90 by 14–30% on chat and
+/// agentic work for 1–2 ms of TPOT p90, and on shared-prefix raised
+/// goodput on 2+6 engines (16.4 → 19.5 requests/s) while costing 2% on
+/// 4+4 (17.0 → 16.7).
 pub const DEFAULT_COMPARE_TTFT: bool = true;
 
 /// The prefill side's default queue threshold: a request is not split
@@ -58,8 +59,9 @@ pub const DEFAULT_COMPARE_TTFT: bool = true;
 /// (× `max_num_batched_tokens`) of prefill booked; it is prefilled on its
 /// decode worker instead. Without it an undersized prefill side queues
 /// without bound: in the routing simulator's shared-prefix workload at
-/// 120% load on 2 prefill + 6 decode engines, TTFT p90 went from 126 s to
-/// 0.37 s with it (1, 2 and 4 measured alike; see perf/README.md).
+/// 120% load on 2 prefill + 6 decode engines, this rule alone took TTFT
+/// p90 from 126 s to 1.1 s and goodput from 0.3 to 16.4 requests/s
+/// (perf/results/2026-12-02-pd.md).
 pub const DEFAULT_PREFILL_QUEUE_THRESHOLD: f64 = 2.0;
 
 impl Default for DisaggConfig {
