@@ -77,7 +77,9 @@ impl KvEventSink for ShardSink {
 /// Two selection services side by side (a disaggregated fleet's decode and
 /// prefill selectors): each event goes to the one that has its worker. A
 /// worker the prefill side does not have goes to the decode side, which
-/// rejects it when it does not have it either, as one service would.
+/// rejects it when it does not have it either, as one service would. A
+/// clone is another producing lane into both services.
+#[derive(Clone)]
 pub struct RoleSink {
     decode: ShardSink,
     prefill: ShardSink,
@@ -86,13 +88,6 @@ pub struct RoleSink {
 impl RoleSink {
     pub fn new(decode: Arc<ShardedService>, prefill: Arc<ShardedService>) -> Self {
         RoleSink { decode: ShardSink::new(decode), prefill: ShardSink::new(prefill) }
-    }
-}
-
-/// Another producing lane into both services.
-impl Clone for RoleSink {
-    fn clone(&self) -> Self {
-        RoleSink { decode: self.decode.clone(), prefill: self.prefill.clone() }
     }
 }
 

@@ -8,8 +8,8 @@
 //! other; logs say which by role). Both legs are selected at once; the
 //! plan commits only when both are booked and the decider agrees, and
 //! otherwise the leg that is not needed is compensated (freed, or
-//! withdrawn from the prefill queue) and the request goes to the decode
-//! worker whole. Every leg is a lease-bounded reservation, so a leg
+//! dropped before it booked; the prefill leg never queues) and the request
+//! goes to the decode worker whole. Every leg is a lease-bounded reservation, so a leg
 //! orphaned by a crash between the two is freed by its lease.
 //!
 //! Lifecycle: the decode booking stops counting prefill the moment the
@@ -71,11 +71,12 @@ impl Default for DisaggConfig {
 }
 
 impl DisaggConfig {
-    /// Whether a prompt of `isl_tokens` could be split at all: with fewer
-    /// than the threshold, no decode worker can miss enough of it, so the
-    /// prefill leg is not even tried.
-    pub fn may_split(&self, isl_tokens: u32) -> bool {
-        isl_tokens >= self.threshold_tokens.max(1)
+    /// Whether `uncached` tokens are enough to split for. Also asked of a
+    /// whole prompt before any leg: with fewer than the threshold, no
+    /// decode worker can miss enough of it, so the prefill leg is not even
+    /// tried.
+    pub fn may_split(&self, uncached: u32) -> bool {
+        uncached >= self.threshold_tokens.max(1)
     }
 
     /// The decider, given what the decode leg found (how many prompt
@@ -85,7 +86,7 @@ impl DisaggConfig {
     pub fn decide(&self, decode: Leg, prefill: Result<Leg, PdRoute>) -> PdRoute {
         match prefill {
             Err(why) => why,
-            Ok(_) if decode.uncached < self.threshold_tokens.max(1) => PdRoute::ShortUncached,
+            Ok(_) if !self.may_split(decode.uncached) => PdRoute::ShortUncached,
             Ok(prefill) if self.compare_ttft && decode.sooner_than(&prefill) => PdRoute::DecodeSooner,
             Ok(_) => PdRoute::Disaggregated,
         }

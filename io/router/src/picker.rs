@@ -385,8 +385,6 @@ impl KvPicker {
                     SelectError::NoWorkers | SelectError::UnknownModel(_) | SelectError::NoEligibleWorkers => {
                         PdRoute::NoPrefillWorker
                     }
-                    // Saturated with no room to wait (queue capacity 0 or full).
-                    SelectError::QueueFull => PdRoute::PrefillSaturated,
                     _ => PdRoute::PrefillFailed,
                 })
             }

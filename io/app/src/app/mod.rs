@@ -309,11 +309,6 @@ impl App {
         &self.service
     }
 
-    /// The prefill workers' selector, when disaggregation is on.
-    pub fn prefill_service(&self) -> Option<&Arc<ShardedService>> {
-        self.prefill.as_ref()
-    }
-
     pub fn workers(&self) -> &WorkerNames {
         &self.workers
     }

@@ -123,8 +123,8 @@ pub fn policy(name: PolicyName, fleet: &FleetConfig, requests: usize, args: &Arg
     let n = fleet.engines;
     let (prefill_load_scale, seed) = (args.prefill_load_scale, args.seed);
     // kvpick's own settings: the TPOT guard applies to its latency cost.
+    let tpot_target = args.tpot_target_ms.map(|ms| Duration::from_secs_f64(ms / 1e3));
     let kvpick = |scale: f64, cost: CostModel| {
-        let tpot_target = args.tpot_target_ms.map(|ms| Duration::from_secs_f64(ms / 1e3));
         Box::new(kvpick_policy::Kvpick::new(n, &fleet.engine, scale, cost, tpot_target, seed))
     };
     match name {
@@ -161,7 +161,6 @@ pub fn policy(name: PolicyName, fleet: &FleetConfig, requests: usize, args: &Arg
             match name {
                 PolicyName::KvpickPd => {
                     let rates = latency_rates(fleet);
-                    let tpot_target = args.tpot_target_ms.map(|ms| Duration::from_secs_f64(ms / 1e3));
                     let cfg =
                         kvpick_policy::router_config(prefill_load_scale, CostModel::Latency(rates), tpot_target, seed);
                     let prefill_cfg = RouterConfig { queue_threshold: args.prefill_queue_threshold, ..cfg.clone() };

@@ -119,7 +119,7 @@ impl Policy for KvpickPd {
     }
 
     fn route_pd(&mut self, arrival: &Arrival<'_>, _: &FleetView<'_>) -> Route {
-        let now = millis(arrival.now_ns);
+        let (id, now) = (ReservationId(arrival.id as u64), millis(arrival.now_ns));
         let request = self.request(arrival);
         let isl = request.prompt.isl_tokens;
         let decode = match self.decode.select_and_reserve(request.clone(), now) {
@@ -131,7 +131,7 @@ impl Policy for KvpickPd {
                 Ok(Admission::Reserved(selection)) => Ok(selection),
                 Ok(Admission::Queued) => {
                     // As `kvpick serve`: a saturated prefill side queues nothing.
-                    let _ = self.prefill.free_reservation(ReservationId(arrival.id as u64), now);
+                    let _ = self.prefill.free_reservation(id, now);
                     Err(PdRoute::PrefillSaturated)
                 }
                 Err(SelectError::NoWorkers | SelectError::NoEligibleWorkers) => Err(PdRoute::NoPrefillWorker),
@@ -143,7 +143,6 @@ impl Policy for KvpickPd {
         };
         let route = self.decider.decide(Leg::of(&decode), prefill.as_ref().map(Leg::of).map_err(|why| *why));
         self.counts.0[route as usize] += 1;
-        let id = ReservationId(arrival.id as u64);
         match (route, prefill) {
             (PdRoute::Disaggregated, Ok(prefill)) => {
                 // The decode engine computes none of the prompt.
