@@ -4,9 +4,11 @@
 //! pins and parks threads; the decisions it makes are kvpick-core's
 //! (`PickPolicy`), so it never decides differently from the facade.
 //!
-//! A shard runs either on a plain pinned thread (`shard_loop`: drain the
-//! rings, spin briefly, park on a futex), the default because it measures
-//! faster, or as a glommio executor pinned to its core doing executor work
+//! A shard runs inline, on whichever thread pushes to it, one thread at a
+//! time (`ShardShared::combine`, flat combining over the same rings: the
+//! default because it measures faster); or on a plain pinned thread
+//! (`shard_loop`: drain the rings, spin briefly, park on a futex); or as a
+//! glommio executor pinned to its core doing executor work
 //! (`glommio_shard`: prioritised task queues, timers, glommio's own
 //! cross-thread wake-up), which needs io_uring (Docker's and containerd's
 //! default seccomp profiles block it). The choice is made once at start-up,
@@ -41,14 +43,23 @@ pub use timing::{SelectTiming, ShardAnswer};
 pub enum RuntimeKind {
     Glommio,
     StdThreads,
+    /// No shard threads: a shard runs on whichever thread pushes to it,
+    /// one at a time (flat combining, `ShardShared::combine`). A pick
+    /// costs its own few µs on the caller's thread instead of a hand-off,
+    /// a wake-up and a core given to spinning.
+    Inline,
 }
 
 /// How to choose the executor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RuntimeChoice {
-    /// The executor that measured faster in the same run
-    /// (`kvpick-bench-runtime` and `kvpick-bench-extproc`, both kinds side by
-    /// side): today pinned std threads. A glommio shard's sleep and
+    /// The executor that measured faster in the same run: today inline
+    /// shards. In `kvpick-bench-extproc` (both kinds side by side) the
+    /// select phase fell from 148 to 3 µs at p50 and from 2.6 ms to 8 µs
+    /// at p99, and in open-loop runs (`perf/open-loop/run.sh`) a shard
+    /// thread that sleeps between requests added 615 µs at p50 at 500
+    /// requests/s where the inline shard adds 62. Between the threaded
+    /// kinds, std threads beat glommio: a glommio shard's sleep and
     /// cross-thread wake-up (io_uring, eventfd, a process-wide memory
     /// barrier) cost a selection several times the CPU of a futex park.
     #[default]
@@ -116,16 +127,17 @@ pub fn probe_glommio(cpu: Option<usize>) -> Result<(), String> {
 pub(crate) fn choose_kind(config: &RuntimeConfig) -> Result<(RuntimeKind, String), RuntimeError> {
     let cpu = config.cpus.first().copied();
     match config.choice {
-        RuntimeChoice::Force(RuntimeKind::StdThreads) => {
-            Ok((RuntimeKind::StdThreads, "forced by configuration".into()))
+        RuntimeChoice::Force(kind @ (RuntimeKind::StdThreads | RuntimeKind::Inline)) => {
+            Ok((kind, "forced by configuration".into()))
         }
         RuntimeChoice::Force(RuntimeKind::Glommio) => match probe_glommio(cpu) {
             Ok(()) => Ok((RuntimeKind::Glommio, "forced by configuration".into())),
             Err(why) => Err(RuntimeError::GlommioUnavailable(why)),
         },
-        RuntimeChoice::Auto => {
-            Ok((RuntimeKind::StdThreads, "the default: std-thread shards measure faster than glommio executors".into()))
-        }
+        RuntimeChoice::Auto => Ok((
+            RuntimeKind::Inline,
+            "the default: inline shards measure faster than shard threads (no hand-off, no wake-up)".into(),
+        )),
     }
 }
 

@@ -87,6 +87,12 @@ impl Producer {
             return Err(PushFail::Gone);
         }
         match self.rings[shard].push(command) {
+            Ok(()) if target.is_inline() => {
+                // Run here and now: nothing sleeps, nothing is deferred,
+                // and the answer is in its slot before the caller looks.
+                target.combine();
+                if target.exited() { Err(PushFail::Gone) } else { Ok(true) }
+            }
             Ok(()) => {
                 // `ring` fences, so the `exited` load is ordered after the push.
                 let woken = match wake {

@@ -177,6 +177,10 @@ impl ShardedService {
                     })
                     .map(ShardThread::Std)
                     .map_err(|source| RuntimeError::Spawn { shard: i, source }),
+                RuntimeKind::Inline => {
+                    shared.run_inline(shard_loop);
+                    continue;
+                }
             };
             match thread {
                 Ok(thread) => threads.push(thread),

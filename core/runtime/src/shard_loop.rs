@@ -3,7 +3,7 @@
 //! to do.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
@@ -47,6 +47,15 @@ pub(crate) struct ShardShared {
     /// Passes of a glommio shard's selection task (at least one every
     /// re-check period while it runs): the watchdog's sign of life.
     heartbeat: CachePadded<AtomicU64>,
+    /// An inline shard's loop (`RuntimeKind::Inline`): no thread of its
+    /// own; whoever pushes runs it (`combine`). Taken out when it stops,
+    /// which also breaks the loop's reference back to this.
+    inline: Mutex<Option<ShardLoop>>,
+    is_inline: AtomicBool,
+    /// Set by every push into an inline shard: the thread that holds the
+    /// loop looks again after letting go, so a push that found it held is
+    /// never left unrun.
+    combine_pending: CachePadded<AtomicBool>,
 }
 
 impl ShardShared {
@@ -59,6 +68,49 @@ impl ShardShared {
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
         self.doorbell.ring();
+        if self.is_inline() {
+            let stopped = super::lock(&self.inline).take();
+            if let Some(mut shard_loop) = stopped {
+                shard_loop.finish();
+            }
+        }
+    }
+
+    /// Makes this an inline shard run by `shard_loop`.
+    pub(crate) fn run_inline(&self, shard_loop: ShardLoop) {
+        *super::lock(&self.inline) = Some(shard_loop);
+        self.is_inline.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn is_inline(&self) -> bool {
+        self.is_inline.load(Ordering::Acquire)
+    }
+
+    /// An inline shard's turn, after a push (flat combining): the pushing
+    /// thread runs every ring until they are empty, unless another thread
+    /// is running the loop; that one then sees `combine_pending` when it
+    /// lets go and runs again, so the push is never stranded. The state is
+    /// still touched by one thread at a time, through the same rings in
+    /// the same order, so every answer is the threaded shard's.
+    pub(crate) fn combine(&self) {
+        self.combine_pending.store(true, Ordering::SeqCst);
+        loop {
+            let mut held = match self.inline.try_lock() {
+                Ok(held) => held,
+                Err(TryLockError::WouldBlock) => return,
+                // A pass that panicked left the state as consistent as a
+                // threaded shard's would be; keep serving.
+                Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            };
+            let Some(shard_loop) = held.as_mut() else { return };
+            self.combine_pending.store(false, Ordering::SeqCst);
+            while shard_loop.pass() > 0 {}
+            shard_loop.expire_due();
+            drop(held);
+            if !self.combine_pending.load(Ordering::SeqCst) {
+                return;
+            }
+        }
     }
 
     pub(crate) fn stopping(&self) -> bool {

@@ -1,6 +1,7 @@
 //! The thread-per-core runtime against the single-threaded facade: same
 //! seed, same operations from one producer → the same answers, for 1, 2
-//! and 4 shards (more than this machine's cores) on both executors; and
+//! and 4 shards (more than this machine's cores) on both executors and
+//! inline (no shard threads); and
 //! under several concurrent producers, every booking accounted for.
 
 use std::cell::RefCell;
@@ -216,6 +217,17 @@ fn std_threads_answer_exactly_like_the_facade() {
 }
 
 #[test]
+fn inline_shards_answer_exactly_like_the_facade() {
+    let _turn = serial();
+    for shards in [1, 2, 4] {
+        for (seed, cfg) in configs().into_iter().enumerate() {
+            equivalent(seed as u64 + 20, shards, RuntimeKind::Inline, cfg);
+        }
+    }
+    assert_eq!(live_shard_threads(), 0, "inline shards start no thread");
+}
+
+#[test]
 fn glommio_executors_answer_exactly_like_the_facade() {
     let _turn = serial();
     // This workplace's machines allow io_uring; a machine that does not
@@ -248,7 +260,7 @@ fn numbered_request(id: ReservationId, i: u64, blocks: u32, alphabet: u32) -> Se
 #[test]
 fn concurrent_producers_leave_every_booking_accounted_for() {
     let _turn = serial();
-    for kind in [RuntimeKind::StdThreads, RuntimeKind::Glommio] {
+    for kind in [RuntimeKind::StdThreads, RuntimeKind::Glommio, RuntimeKind::Inline] {
         let cfg = RouterConfig { lease: Duration::from_secs(600), ..RouterConfig::default() };
         let service =
             Arc::new(ShardedService::start(cfg.clone(), BS, runtime(2, kind), Clock::system()).expect("starts"));
@@ -400,7 +412,7 @@ fn a_queued_request_is_awaited_until_capacity_frees() {
 #[test]
 fn posted_booking_changes_from_different_rings_leave_nothing_behind() {
     let _turn = serial();
-    for kind in [RuntimeKind::StdThreads, RuntimeKind::Glommio] {
+    for kind in [RuntimeKind::StdThreads, RuntimeKind::Glommio, RuntimeKind::Inline] {
         let cfg = RouterConfig { lease: Duration::from_secs(600), ..RouterConfig::default() };
         let service = ShardedService::start(cfg, BS, runtime(1, kind), Clock::system()).expect("starts");
         // Registered first, so the shard drains the free's ring before the
@@ -437,7 +449,7 @@ fn posted_booking_changes_from_different_rings_leave_nothing_behind() {
 #[test]
 fn a_query_through_another_ring_sees_frees_that_did_not_ring() {
     let _turn = serial();
-    for kind in [RuntimeKind::StdThreads, RuntimeKind::Glommio] {
+    for kind in [RuntimeKind::StdThreads, RuntimeKind::Glommio, RuntimeKind::Inline] {
         // No spin: the shard parks as soon as its rings are empty, so
         // the frees below wait unrung in their ring.
         let runtime = RuntimeConfig { spin_before_park: Duration::ZERO, ..runtime(1, kind) };

@@ -400,9 +400,10 @@ fn runtime(v: &Values) -> Result<RuntimeConfig, ConfigError> {
             })?;
         }
     }
-    runtime.choice = match v.one_of(var::RUNTIME, &["auto", "glommio", "threads"])? {
+    runtime.choice = match v.one_of(var::RUNTIME, &["auto", "glommio", "threads", "inline"])? {
         Some("glommio") => RuntimeChoice::Force(RuntimeKind::Glommio),
         Some("threads") => RuntimeChoice::Force(RuntimeKind::StdThreads),
+        Some("inline") => RuntimeChoice::Force(RuntimeKind::Inline),
         _ => RuntimeChoice::Auto,
     };
     Ok(runtime)
@@ -584,7 +585,7 @@ mod tests {
         let e = config(&[(var::WORKERS_FILE, "w"), (var::RUNTIME, "fibers")]).err();
         assert_eq!(
             e.map(|e| e.to_string()).as_deref(),
-            Some("KVPICK_RUNTIME=\"fibers\" is not valid: expected one of auto, glommio, threads")
+            Some("KVPICK_RUNTIME=\"fibers\" is not valid: expected one of auto, glommio, threads, inline")
         );
         let e = config(&[(var::WORKERS_FILE, "w"), ("DYN_EPP_TOKENIZER_SERVICE_URL", "ftp://x")]).err();
         assert!(matches!(e, Some(ConfigError::Setting(ref s)) if s.name == "DYN_EPP_TOKENIZER_SERVICE_URL"));

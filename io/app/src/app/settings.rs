@@ -389,7 +389,7 @@ pub const SETTINGS: &[Setting] = &[
         RUNTIME,
         "runtime",
         Some("auto"),
-        "Shard executor: `auto` (the faster in kvpick's benchmarks: pinned threads today), `glommio` (io_uring executors with prioritised task queues) or `threads`",
+        "Shard executor: `auto` (the faster in kvpick's benchmarks: `inline` today), `inline` (no shard threads: the thread that picks or ingests runs the shard, one at a time), `threads` (pinned shard threads) or `glommio` (io_uring executors with prioritised task queues)",
     ),
     s(
         IO_THREADS,

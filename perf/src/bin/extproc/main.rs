@@ -77,9 +77,13 @@ const LAST_CHUNK: &[u8] =
 /// A round trip slower than this counts as failed (a stuck shard, say).
 const ROUND_TRIP_TIMEOUT: Duration = Duration::from_secs(5);
 
-const TARGET_RPS: f64 = 10_000.0;
-const TARGET_P99_MICROS: f64 = 2_000.0;
-const TARGET_CPU_RATIO: f64 = 1.3;
+/// Issue #24's targets for a co-located client: kvpick's server CPU per
+/// request and requests/s against the "null picker + tokenize" server's,
+/// and the `select` phase (hand-off, pick, booking, reply).
+const TARGET_CPU_RATIO: f64 = 1.05;
+const TARGET_RPS_RATIO: f64 = 0.97;
+const TARGET_SELECT_P50_MICROS: f64 = 20.0;
+const TARGET_SELECT_P99_MICROS: f64 = 200.0;
 
 type Budget = TimeBudget;
 
@@ -207,6 +211,9 @@ struct Bench {
     server_rt: tokio::runtime::Runtime,
     client_rt: tokio::runtime::Runtime,
     service: Arc<ShardedService>,
+    /// The same shard run inline (no shard thread: the I/O thread that
+    /// picks runs it), measured beside `service` in the same run.
+    inline: Arc<ShardedService>,
     bodies: Vec<Bytes>,
     /// Shard runtime, spin before park.
     kind: RuntimeKind,
@@ -218,7 +225,16 @@ struct Bench {
 
 impl Bench {
     fn kv_picker(&self, metrics: Arc<ExtProcMetrics>) -> KvPicker {
-        KvPicker::new(self.service.clone(), self.clock.clone(), self.tokenizer.clone(), &self.picker, metrics)
+        self.kv_picker_on(&self.service, metrics)
+    }
+
+    fn kv_picker_on(&self, service: &Arc<ShardedService>, metrics: Arc<ExtProcMetrics>) -> KvPicker {
+        KvPicker::new(service.clone(), self.clock.clone(), self.tokenizer.clone(), &self.picker, metrics)
+    }
+
+    fn shutdown(&self) {
+        self.service.shutdown();
+        self.inline.shutdown();
     }
 
     fn server_config() -> ExtProcConfig {
@@ -254,28 +270,34 @@ fn setup() -> Result<Bench, String> {
         shards.spin_before_park = Duration::from_micros(micros);
     }
     let spin = shards.spin_before_park;
-    let service = Arc::new(
-        ShardedService::start(RouterConfig::default(), BLOCK_SIZE, shards, clock.clone())
-            .map_err(|e| format!("shards: {e}"))?,
-    );
+    let inline_shards = RuntimeConfig { choice: RuntimeChoice::Force(RuntimeKind::Inline), ..shards.clone() };
+    let start = |runtime| {
+        ShardedService::start(RouterConfig::default(), BLOCK_SIZE, runtime, clock.clone())
+            .map(Arc::new)
+            .map_err(|e| format!("shards: {e}"))
+    };
+    let (service, inline) = (start(shards)?, start(inline_shards)?);
     let kind = service.kind();
     let (bodies, systems) = workload();
     server_rt.block_on(populate(&service, &clock, &systems))?;
+    server_rt.block_on(populate(&inline, &clock, &systems))?;
     // `KVPICK_BENCH_RING_PER_PUSH=1`: every pick rings its shard (what
     // ringing once per batch saves).
     let ring_per_batch = std::env::var_os("KVPICK_BENCH_RING_PER_PUSH").is_none();
     let picker = PickerConfig { ring_per_batch, ..PickerConfig::default() };
     let tokenizer: Arc<dyn Tokenizer> = Arc::new(WordTokenizer);
-    Ok(Bench { server_rt, client_rt, service, bodies, kind, spin, tokenizer, picker, clock })
+    Ok(Bench { server_rt, client_rt, service, inline, bodies, kind, spin, tokenizer, picker, clock })
 }
 
 fn run(budget: &Budget) -> Result<String, String> {
     let load_before = report::load_average();
     let bench = setup()?;
-    let Bench { server_rt, client_rt, service, bodies, tokenizer, .. } = &bench;
+    let Bench { server_rt, client_rt, bodies, tokenizer, .. } = &bench;
     let config = Bench::server_config();
     let kv_metrics = Arc::new(ExtProcMetrics::new());
     let kv = Picker::Kv(bench.kv_picker(kv_metrics.clone()));
+    let inline_metrics = Arc::new(ExtProcMetrics::new());
+    let inline = Picker::Kv(bench.kv_picker_on(&bench.inline, inline_metrics.clone()));
     let null = NullPicker::new((0..WORKERS).map(endpoint).collect::<Vec<_>>());
     let null_tokenizing = Picker::Null(null.clone().tokenizing(tokenizer.clone()));
     let null = Picker::Null(null);
@@ -284,10 +306,12 @@ fn run(budget: &Budget) -> Result<String, String> {
         let null = spawn(null, Arc::new(ExtProcMetrics::new())).await;
         let tokenizing = spawn(null_tokenizing, Arc::new(ExtProcMetrics::new())).await;
         let kv = spawn(kv, kv_metrics.clone()).await;
-        [null, tokenizing, kv].map(|s| s.map_err(|e| format!("server: {e}")))
+        let inline = spawn(inline, inline_metrics.clone()).await;
+        [null, tokenizing, kv, inline].map(|s| s.map_err(|e| format!("server: {e}")))
     });
-    let [null_server, tokenizing_server, kv_server] = servers;
-    let (null_server, tokenizing_server, kv_server) = (null_server?, tokenizing_server?, kv_server?);
+    let [null_server, tokenizing_server, kv_server, inline_server] = servers;
+    let (null_server, tokenizing_server, kv_server, inline_server) =
+        (null_server?, tokenizing_server?, kv_server?, inline_server?);
 
     let mut table = Table::new(
         format!(
@@ -306,7 +330,7 @@ fn run(budget: &Budget) -> Result<String, String> {
             "failed",
         ],
     );
-    // For profiling one side alone: `KVPICK_BENCH_PICKER=null|null+tokenize|kvpick`,
+    // For profiling one side alone: `KVPICK_BENCH_PICKER=null|null+tokenize|kvpick|kvpick-inline`,
     // `KVPICK_BENCH_CONCURRENCY=16` (ratios need all pickers).
     let only_picker = std::env::var("KVPICK_BENCH_PICKER").ok();
     let only_concurrency: Option<usize> = std::env::var("KVPICK_BENCH_CONCURRENCY").ok().and_then(|v| v.parse().ok());
@@ -317,6 +341,7 @@ fn run(budget: &Budget) -> Result<String, String> {
             ("null picker (baseline)", "null", &null_server),
             ("null picker + tokenize", "null+tokenize", &tokenizing_server),
             ("kvpick", "kvpick", &kv_server),
+            ("kvpick, inline shard", "kvpick-inline", &inline_server),
         ];
         for (name, _, server) in pickers.into_iter().filter(|p| only_picker.as_deref().is_none_or(|o| o == p.1)) {
             kvpick_perf::progress!(BIN, "concurrency {concurrency}: {name}");
@@ -338,43 +363,34 @@ fn run(budget: &Budget) -> Result<String, String> {
     }
     let load_after = report::load_average();
 
-    let snapshot = kv_metrics.snapshot();
     for (concurrency, runs) in ratios.iter() {
-        let [null, tokenizing, ours] = &runs[..] else { continue };
-        let cpu = |m: &Measured| m.cpu_micros_per_request().max(f64::MIN_POSITIVE);
-        let cpu_ratio = ours.cpu_micros_per_request() / cpu(null);
+        let [null, tokenizing, threaded, inline] = &runs[..] else { continue };
+        for (name, ours) in [("kvpick", threaded), ("kvpick, inline shard", inline)] {
+            table.note(ratio_note(*concurrency, name, ours, null, tokenizing));
+        }
+    }
+    for (name, metrics) in [("kvpick", &kv_metrics), ("kvpick, inline shard", &inline_metrics)] {
+        let snapshot = metrics.snapshot();
+        let (tokenize, select) = (&snapshot.tokenize_micros, &snapshot.select_micros);
+        let (p50, p99) = (select.value_at_quantile(0.5), select.value_at_quantile(0.99));
         table.note(format!(
-            "- concurrency {concurrency}: kvpick / null = {:.2}× server CPU per request ({}; {:.2}× null + tokenize), \
-             {:.2}× requests/s, +{:.1} µs at p50; kvpick {} requests/s ({}), p99 {} µs ({})",
-            cpu_ratio,
-            at_most(cpu_ratio, TARGET_CPU_RATIO),
-            ours.cpu_micros_per_request() / cpu(tokenizing),
-            ours.per_sec() / null.per_sec().max(f64::MIN_POSITIVE),
-            (ours.latency.p50 as f64 - null.latency.p50 as f64) / 1e3,
-            thousands(ours.per_sec() as u64),
-            at_least(ours.per_sec(), TARGET_RPS),
-            micros(ours.latency.p99),
-            at_most(ours.latency.p99 as f64 / 1e3, TARGET_P99_MICROS),
+            "- inside {name}'s pick, all concurrencies: tokenize p50 {} µs / p99 {} µs, select p50 {p50} µs ({}) / \
+             p99 {p99} µs ({})",
+            tokenize.value_at_quantile(0.5),
+            tokenize.value_at_quantile(0.99),
+            at_most(p50 as f64, TARGET_SELECT_P50_MICROS),
+            at_most(p99 as f64, TARGET_SELECT_P99_MICROS),
         ));
     }
-    let tokenize = &snapshot.tokenize_micros;
-    let select = &snapshot.select_micros;
-    table.note(format!(
-        "- inside kvpick's pick, all concurrencies: tokenize p50 {} µs / p99 {} µs, select p50 {} µs / p99 {} µs",
-        tokenize.value_at_quantile(0.5),
-        tokenize.value_at_quantile(0.99),
-        select.value_at_quantile(0.5),
-        select.value_at_quantile(0.99),
-    ));
     table.note(bench.setup_note());
     table.note(machine_note(&load_before, &load_after));
 
     server_rt.block_on(async {
-        for server in [kv_server, tokenizing_server, null_server] {
+        for server in [inline_server, kv_server, tokenizing_server, null_server] {
             let _ = server.shutdown().await;
         }
     });
-    service.shutdown();
+    bench.shutdown();
     Ok(table.to_string())
 }
 
@@ -398,6 +414,22 @@ async fn populate(service: &Arc<ShardedService>, clock: &Clock, systems: &[Strin
     // only after them.
     let _ = producers.service().loads(&std::sync::Mutex::new(producer)).await;
     Ok(())
+}
+
+/// One kvpick row against the two baselines of its concurrency.
+fn ratio_note(concurrency: usize, name: &str, ours: &Measured, null: &Measured, tokenizing: &Measured) -> String {
+    let cpu = |m: &Measured| m.cpu_micros_per_request().max(f64::MIN_POSITIVE);
+    let rate = |m: &Measured| m.per_sec().max(f64::MIN_POSITIVE);
+    let (cpu_ratio, rps_ratio) = (cpu(ours) / cpu(tokenizing), ours.per_sec() / rate(tokenizing));
+    format!(
+        "- concurrency {concurrency}: {name} / null + tokenize = {cpu_ratio:.2}× server CPU per request ({}), \
+         {rps_ratio:.2}× requests/s ({}); / null = {:.2}× CPU, {:.2}× requests/s, +{:.1} µs at p50",
+        at_most(cpu_ratio, TARGET_CPU_RATIO),
+        at_least(rps_ratio, TARGET_RPS_RATIO),
+        cpu(ours) / cpu(null),
+        ours.per_sec() / rate(null),
+        (ours.latency.p50 as f64 - null.latency.p50 as f64) / 1e3,
+    )
 }
 
 /// The report's last line: the machine, its load around the run, the date.

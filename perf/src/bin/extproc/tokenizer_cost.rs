@@ -159,6 +159,6 @@ pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
         }
     });
     engine_rt.block_on(fleet.shutdown());
-    bench.service.shutdown();
+    bench.shutdown();
     Ok(table.to_string())
 }

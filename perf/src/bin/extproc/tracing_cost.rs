@@ -148,6 +148,6 @@ pub(super) fn run(budget: &Budget, rounds: usize) -> Result<String, String> {
         sampled_out_export.shutdown().await;
     });
     collector_rt.block_on(collector.shutdown());
-    bench.service.shutdown();
+    bench.shutdown();
     Ok(table.to_string())
 }

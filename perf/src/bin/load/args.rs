@@ -18,6 +18,9 @@ pub enum SpawnKind {
     /// kvpick's ext_proc server with the real `KvPicker` over a sharded
     /// service and the in-process word tokenizer.
     Kv,
+    /// `Kv` with its shard run inline (`RuntimeKind::Inline`): no shard
+    /// thread, the server's I/O thread runs each pick.
+    KvInline,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,15 +135,17 @@ pub const OPEN_LOOP_CONCURRENCY: usize = 4_096;
 pub const DEFAULT_TOTAL: u64 = 200;
 
 pub const USAGE: &str = "\
-usage: kvpick-load (--addr HOST:PORT | --spawn null|kv) [options]
+usage: kvpick-load (--addr HOST:PORT | --spawn null|kv|kv-inline) [options]
 
 Drives Envoy's ext_proc ExternalProcessor/Process bidi stream the way a
 gateway does (GAIE Endpoint Picker Protocol) and reports like ghz.
 
 server:
   --addr HOST:PORT        any ext_proc server (plaintext HTTP/2)
-  --spawn null|kv         start kvpick's server in-process on 127.0.0.1:0
-                          (null picker, or KvPicker + word tokenizer)
+  --spawn null|kv|kv-inline
+                          start kvpick's server in-process on 127.0.0.1:0
+                          (null picker, or KvPicker + word tokenizer over a
+                          shard thread, or over an inline shard)
   --workers N             workers behind --spawn (default 8)
   --serve-for DURATION    with --spawn: only serve that long and print the
                           address (for h2load or ghz), then the server's counts
@@ -193,7 +198,8 @@ impl Options {
                     out.spawn = Some(match value()?.as_str() {
                         "null" => SpawnKind::Null,
                         "kv" => SpawnKind::Kv,
-                        other => return Err(invalid(name, other, "null or kv")),
+                        "kv-inline" => SpawnKind::KvInline,
+                        other => return Err(invalid(name, other, "null, kv or kv-inline")),
                     })
                 }
                 "--serve-for" => out.serve_for = Some(duration(name, &value()?)?),

@@ -6,7 +6,8 @@
 //! hash or selection): the protocol's own cost. `kv`: the real `KvPicker`
 //! over a one-shard `ShardedService` with the in-process word tokenizer;
 //! each system prompt of the workload is cached on two workers, so picks
-//! follow the KV cache.
+//! follow the KV cache. `kv-inline`: the same with the shard run inline
+//! by the server's I/O thread (no shard thread).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use kvpick_ext_proc::{ExtProcConfig, ExtProcMetrics, ExtProcServer};
 use kvpick_grpc::ServerHandle;
 use kvpick_router::tokenizer::Tokenizer;
 use kvpick_router::{KvPicker, NullPicker, Picker, PickerConfig};
-use kvpick_runtime::{Clock, RuntimeConfig, ShardedService, ThreadProducers};
+use kvpick_runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
 use kvpick_test_support::WordTokenizer;
 
 use crate::args::{Options, SpawnKind};
@@ -50,9 +51,13 @@ impl Spawned {
         let metrics = Arc::new(ExtProcMetrics::new());
         let (picker, service) = match kind {
             SpawnKind::Null => (Picker::Null(NullPicker::new((0..workers).map(endpoint).collect::<Vec<_>>())), None),
-            SpawnKind::Kv => {
+            SpawnKind::Kv | SpawnKind::KvInline => {
                 let clock = Clock::system();
-                let shards = RuntimeConfig { shards: 1, cpus: Vec::new(), ..RuntimeConfig::default() };
+                let choice = match kind {
+                    SpawnKind::KvInline => RuntimeChoice::Force(RuntimeKind::Inline),
+                    _ => RuntimeChoice::Auto,
+                };
+                let shards = RuntimeConfig { shards: 1, cpus: Vec::new(), choice, ..RuntimeConfig::default() };
                 let service = Arc::new(
                     ShardedService::start(RouterConfig::default(), BLOCK_SIZE, shards, clock.clone())
                         .map_err(|e| format!("cannot start the shards: {e}"))?,

@@ -155,11 +155,12 @@ pub struct Harness {
 impl Harness {
     pub async fn start(options: Options) -> Harness {
         let clock = Clock::system();
-        // Plain threads keep the tests light; `KVPICK_TEST_SHARDS=glommio`
-        // runs them on glommio executors instead.
+        // The default's inline shards; `KVPICK_TEST_SHARDS=threads|glommio`
+        // runs the same tests on shard threads or glommio executors.
         let kind = match std::env::var("KVPICK_TEST_SHARDS").as_deref() {
             Ok("glommio") => RuntimeKind::Glommio,
-            _ => RuntimeKind::StdThreads,
+            Ok("threads") => RuntimeKind::StdThreads,
+            _ => RuntimeKind::Inline,
         };
         let runtime = RuntimeConfig {
             shards: 2,
