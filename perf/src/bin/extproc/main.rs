@@ -21,10 +21,15 @@
 //! hashing, selection and the hand-off to the shard cost on top of the
 //! tokenizer.
 //!
-//! Threads: the server's tokio runtime (1 thread, `kvpick-io`), one shard
-//! thread (`kvpick-shard-0`, unpinned), the load generator's runtime
-//! (1 thread, `bench-client`): on a 2-core machine they share both cores
-//! with anything else running (the load average is printed).
+//! kvpick runs twice, on the default shard kind and on the other one
+//! (inline shards and a shard thread), in the same run: what decides
+//! `RuntimeChoice::Auto`.
+//!
+//! Threads: the server's tokio runtime (1 thread, `kvpick-io`, which also
+//! runs an inline shard), a shard thread for the threaded kind
+//! (`kvpick-shard-0`, unpinned), the load generator's runtime (1 thread,
+//! `bench-client`): on a 2-core machine they share both cores with
+//! anything else running (the load average is printed).
 //!
 //! `KVPICK_BENCH_TRACING=1` measures request tracing instead (see
 //! `tracing_cost.rs`), `KVPICK_BENCH_TOKENIZER=1` the in-process tokenizer
@@ -202,6 +207,31 @@ impl Measured {
     fn cpu_micros_per_request(&self) -> f64 {
         self.per_request(self.io_cpu + self.shard_cpu)
     }
+
+    /// Interleaved rounds of one server as one: counts, time and CPU
+    /// summed, each latency quantile the median round's (a round that ran
+    /// while the machine was busy moves it least).
+    fn merge(rounds: &[Measured]) -> Measured {
+        let quantile = |of: fn(&LatencySummary) -> u64| {
+            rounds::Sum::median(&rounds.iter().map(|m| of(&m.latency)).collect::<Vec<_>>())
+        };
+        Measured {
+            round_trips: rounds.iter().map(|m| m.round_trips).sum(),
+            failures: rounds.iter().map(|m| m.failures).sum(),
+            elapsed: rounds.iter().map(|m| m.elapsed).sum(),
+            latency: LatencySummary {
+                count: rounds.iter().map(|m| m.latency.count).sum(),
+                p50: quantile(|l| l.p50),
+                p99: quantile(|l| l.p99),
+                p999: quantile(|l| l.p999),
+                mean: rounds.iter().map(|m| m.latency.mean).sum::<f64>() / rounds.len().max(1) as f64,
+                max: rounds.iter().map(|m| m.latency.max).max().unwrap_or(0),
+            },
+            io_cpu: rounds.iter().map(|m| m.io_cpu).sum(),
+            shard_cpu: rounds.iter().map(|m| m.shard_cpu).sum(),
+            exporter_cpu: rounds.iter().map(|m| m.exporter_cpu).sum(),
+        }
+    }
 }
 
 /// What every run of this benchmark starts from: the runtimes, one shard
@@ -211,9 +241,10 @@ struct Bench {
     server_rt: tokio::runtime::Runtime,
     client_rt: tokio::runtime::Runtime,
     service: Arc<ShardedService>,
-    /// The same shard run inline (no shard thread: the I/O thread that
-    /// picks runs it), measured beside `service` in the same run.
-    inline: Arc<ShardedService>,
+    /// The same shard on the other kind (a shard thread when the default
+    /// is inline, inline otherwise), measured beside `service` in the same
+    /// run: what decides the default.
+    other: Arc<ShardedService>,
     bodies: Vec<Bytes>,
     /// Shard runtime, spin before park.
     kind: RuntimeKind,
@@ -234,7 +265,7 @@ impl Bench {
 
     fn shutdown(&self) {
         self.service.shutdown();
-        self.inline.shutdown();
+        self.other.shutdown();
     }
 
     fn server_config() -> ExtProcConfig {
@@ -257,8 +288,10 @@ fn setup() -> Result<Bench, String> {
     let server_rt = runtime("kvpick-io")?;
     let client_rt = runtime("bench-client")?;
     let clock = Clock::system();
-    // `KVPICK_SHARD_RUNTIME=std|glommio` forces the shard executor (default: auto).
+    // `KVPICK_SHARD_RUNTIME=inline|std|glommio` forces the first kvpick's
+    // shard kind (default: auto).
     let choice = match std::env::var("KVPICK_SHARD_RUNTIME").as_deref() {
+        Ok("inline") => RuntimeChoice::Force(RuntimeKind::Inline),
         Ok("std") => RuntimeChoice::Force(RuntimeKind::StdThreads),
         Ok("glommio") => RuntimeChoice::Force(RuntimeKind::Glommio),
         _ => RuntimeChoice::Auto,
@@ -270,23 +303,24 @@ fn setup() -> Result<Bench, String> {
         shards.spin_before_park = Duration::from_micros(micros);
     }
     let spin = shards.spin_before_park;
-    let inline_shards = RuntimeConfig { choice: RuntimeChoice::Force(RuntimeKind::Inline), ..shards.clone() };
     let start = |runtime| {
         ShardedService::start(RouterConfig::default(), BLOCK_SIZE, runtime, clock.clone())
             .map(Arc::new)
             .map_err(|e| format!("shards: {e}"))
     };
-    let (service, inline) = (start(shards)?, start(inline_shards)?);
+    let service = start(shards.clone())?;
     let kind = service.kind();
+    let other_kind = if kind == RuntimeKind::Inline { RuntimeKind::StdThreads } else { RuntimeKind::Inline };
+    let other = start(RuntimeConfig { choice: RuntimeChoice::Force(other_kind), ..shards })?;
     let (bodies, systems) = workload();
     server_rt.block_on(populate(&service, &clock, &systems))?;
-    server_rt.block_on(populate(&inline, &clock, &systems))?;
+    server_rt.block_on(populate(&other, &clock, &systems))?;
     // `KVPICK_BENCH_RING_PER_PUSH=1`: every pick rings its shard (what
     // ringing once per batch saves).
     let ring_per_batch = std::env::var_os("KVPICK_BENCH_RING_PER_PUSH").is_none();
     let picker = PickerConfig { ring_per_batch, ..PickerConfig::default() };
     let tokenizer: Arc<dyn Tokenizer> = Arc::new(WordTokenizer);
-    Ok(Bench { server_rt, client_rt, service, inline, bodies, kind, spin, tokenizer, picker, clock })
+    Ok(Bench { server_rt, client_rt, service, other, bodies, kind, spin, tokenizer, picker, clock })
 }
 
 fn run(budget: &Budget) -> Result<String, String> {
@@ -296,8 +330,9 @@ fn run(budget: &Budget) -> Result<String, String> {
     let config = Bench::server_config();
     let kv_metrics = Arc::new(ExtProcMetrics::new());
     let kv = Picker::Kv(bench.kv_picker(kv_metrics.clone()));
-    let inline_metrics = Arc::new(ExtProcMetrics::new());
-    let inline = Picker::Kv(bench.kv_picker_on(&bench.inline, inline_metrics.clone()));
+    let other_metrics = Arc::new(ExtProcMetrics::new());
+    let other = Picker::Kv(bench.kv_picker_on(&bench.other, other_metrics.clone()));
+    let names = [kvpick_name(bench.service.kind()), kvpick_name(bench.other.kind())];
     let null = NullPicker::new((0..WORKERS).map(endpoint).collect::<Vec<_>>());
     let null_tokenizing = Picker::Null(null.clone().tokenizing(tokenizer.clone()));
     let null = Picker::Null(null);
@@ -306,12 +341,12 @@ fn run(budget: &Budget) -> Result<String, String> {
         let null = spawn(null, Arc::new(ExtProcMetrics::new())).await;
         let tokenizing = spawn(null_tokenizing, Arc::new(ExtProcMetrics::new())).await;
         let kv = spawn(kv, kv_metrics.clone()).await;
-        let inline = spawn(inline, inline_metrics.clone()).await;
-        [null, tokenizing, kv, inline].map(|s| s.map_err(|e| format!("server: {e}")))
+        let other = spawn(other, other_metrics.clone()).await;
+        [null, tokenizing, kv, other].map(|s| s.map_err(|e| format!("server: {e}")))
     });
-    let [null_server, tokenizing_server, kv_server, inline_server] = servers;
-    let (null_server, tokenizing_server, kv_server, inline_server) =
-        (null_server?, tokenizing_server?, kv_server?, inline_server?);
+    let [null_server, tokenizing_server, kv_server, other_server] = servers;
+    let (null_server, tokenizing_server, kv_server, other_server) =
+        (null_server?, tokenizing_server?, kv_server?, other_server?);
 
     let mut table = Table::new(
         format!(
@@ -330,22 +365,32 @@ fn run(budget: &Budget) -> Result<String, String> {
             "failed",
         ],
     );
-    // For profiling one side alone: `KVPICK_BENCH_PICKER=null|null+tokenize|kvpick|kvpick-inline`,
+    // For profiling one side alone: `KVPICK_BENCH_PICKER=null|null+tokenize|kvpick|kvpick-other`,
     // `KVPICK_BENCH_CONCURRENCY=16` (ratios need all pickers).
     let only_picker = std::env::var("KVPICK_BENCH_PICKER").ok();
     let only_concurrency: Option<usize> = std::env::var("KVPICK_BENCH_CONCURRENCY").ok().and_then(|v| v.parse().ok());
+    // `KVPICK_BENCH_ROUNDS=n` (default 3): interleaved rounds per point.
+    let rounds: usize = std::env::var("KVPICK_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3).max(1);
     let mut ratios = Vec::new();
     for concurrency in CONCURRENCY.into_iter().filter(|c| only_concurrency.is_none_or(|o| o == *c)) {
         let mut runs = Vec::new();
         let pickers = [
             ("null picker (baseline)", "null", &null_server),
             ("null picker + tokenize", "null+tokenize", &tokenizing_server),
-            ("kvpick", "kvpick", &kv_server),
-            ("kvpick, inline shard", "kvpick-inline", &inline_server),
+            (names[0], "kvpick", &kv_server),
+            (names[1], "kvpick-other", &other_server),
         ];
-        for (name, _, server) in pickers.into_iter().filter(|p| only_picker.as_deref().is_none_or(|o| o == p.1)) {
-            kvpick_perf::progress!(BIN, "concurrency {concurrency}: {name}");
-            let measured = client_rt.block_on(measure(server.local_addr(), concurrency, budget, bodies))?;
+        let pickers: Vec<_> =
+            pickers.into_iter().filter(|p| only_picker.as_deref().is_none_or(|o| o == p.1)).collect();
+        let mut measured: Vec<Vec<Measured>> = pickers.iter().map(|_| Vec::new()).collect();
+        for round in 1..=rounds {
+            for ((name, _, server), runs) in pickers.iter().zip(measured.iter_mut()) {
+                kvpick_perf::progress!(BIN, "concurrency {concurrency}, round {round}/{rounds}: {name}");
+                runs.push(client_rt.block_on(measure(server.local_addr(), concurrency, budget, bodies))?);
+            }
+        }
+        for ((name, _, _), rounds) in pickers.iter().zip(measured) {
+            let measured = Measured::merge(&rounds);
             table.row([
                 name.to_string(),
                 concurrency.to_string(),
@@ -364,12 +409,12 @@ fn run(budget: &Budget) -> Result<String, String> {
     let load_after = report::load_average();
 
     for (concurrency, runs) in ratios.iter() {
-        let [null, tokenizing, threaded, inline] = &runs[..] else { continue };
-        for (name, ours) in [("kvpick", threaded), ("kvpick, inline shard", inline)] {
+        let [null, tokenizing, default, other] = &runs[..] else { continue };
+        for (name, ours) in names.into_iter().zip([default, other]) {
             table.note(ratio_note(*concurrency, name, ours, null, tokenizing));
         }
     }
-    for (name, metrics) in [("kvpick", &kv_metrics), ("kvpick, inline shard", &inline_metrics)] {
+    for (name, metrics) in names.into_iter().zip([&kv_metrics, &other_metrics]) {
         let snapshot = metrics.snapshot();
         let (tokenize, select) = (&snapshot.tokenize_micros, &snapshot.select_micros);
         let (p50, p99) = (select.value_at_quantile(0.5), select.value_at_quantile(0.99));
@@ -382,11 +427,15 @@ fn run(budget: &Budget) -> Result<String, String> {
             at_most(p99 as f64, TARGET_SELECT_P99_MICROS),
         ));
     }
+    table.note(format!(
+        "- {rounds} interleaved rounds of {} ms per point: counts and CPU summed, latencies the median round's",
+        budget.time.as_millis()
+    ));
     table.note(bench.setup_note());
     table.note(machine_note(&load_before, &load_after));
 
     server_rt.block_on(async {
-        for server in [inline_server, kv_server, tokenizing_server, null_server] {
+        for server in [other_server, kv_server, tokenizing_server, null_server] {
             let _ = server.shutdown().await;
         }
     });
@@ -414,6 +463,15 @@ async fn populate(service: &Arc<ShardedService>, clock: &Clock, systems: &[Strin
     // only after them.
     let _ = producers.service().loads(&std::sync::Mutex::new(producer)).await;
     Ok(())
+}
+
+/// A kvpick row's name: its shard kind.
+fn kvpick_name(kind: RuntimeKind) -> &'static str {
+    match kind {
+        RuntimeKind::Inline => "kvpick, inline shard",
+        RuntimeKind::StdThreads => "kvpick, shard thread",
+        RuntimeKind::Glommio => "kvpick, glommio shard",
+    }
 }
 
 /// One kvpick row against the two baselines of its concurrency.
