@@ -91,8 +91,7 @@ struct KnownTokens(HashMap<Bytes, Vec<u32>>);
 
 impl Tokenizer for KnownTokens {
     fn tokenize(&self, request: TokenizeRequest) -> TokenizeFuture<'_> {
-        let tokens =
-            self.0.get(&request.body).cloned().ok_or_else(|| TokenizeError::Unsupported("unknown body".into()));
+        let tokens = self.0.get(&request.body).cloned().ok_or(TokenizeError::Unsupported("unknown body"));
         Box::pin(std::future::ready(tokens))
     }
 }

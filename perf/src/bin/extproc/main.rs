@@ -380,8 +380,7 @@ fn run(budget: &Budget) -> Result<String, String> {
             (names[0], "kvpick", &kv_server),
             (names[1], "kvpick-other", &other_server),
         ];
-        let pickers: Vec<_> =
-            pickers.into_iter().filter(|p| only_picker.as_deref().is_none_or(|o| o == p.1)).collect();
+        let pickers: Vec<_> = pickers.into_iter().filter(|p| only_picker.as_deref().is_none_or(|o| o == p.1)).collect();
         let mut measured: Vec<Vec<Measured>> = pickers.iter().map(|_| Vec::new()).collect();
         for round in 1..=rounds {
             for ((name, _, server), runs) in pickers.iter().zip(measured.iter_mut()) {
