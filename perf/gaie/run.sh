@@ -68,7 +68,8 @@ quantile() { # file percent → µs
     if (u == "ms") v *= 1000; else if (u == "s") v *= 1000000; else if (u == "ns") v /= 1000
     print v; exit}' "$1"
 }
-failed() { awk '/^Status code distribution/ {s=1; next} s && /^\s*\[/ && !/\[OK\]/ {n += $2} /^$/ {s=0} END {print n+0}' "$1"; }
+# Status lines are "  [name]<TAB>N responses"; names may hold spaces.
+failed() { awk -F'\t' '/^Status code distribution/ {s=1; next} /^$/ {s=0} s && /^[ \t]*\[/ && !/\[OK\]/ {n += $2 + 0} END {print n + 0}' "$1"; }
 median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 
 echo "| concurrency | server | requests/s | p50 µs | p99 µs | not OK | requests/s ÷ GAIE EPP |"

@@ -50,6 +50,9 @@ pub enum RuntimeKind {
     Inline,
 }
 
+/// What `RuntimeChoice::Auto` runs (see there for why).
+const AUTO_KIND: RuntimeKind = RuntimeKind::Inline;
+
 /// How to choose the executor.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RuntimeChoice {
@@ -135,9 +138,17 @@ pub(crate) fn choose_kind(config: &RuntimeConfig) -> Result<(RuntimeKind, String
             Err(why) => Err(RuntimeError::GlommioUnavailable(why)),
         },
         RuntimeChoice::Auto => Ok((
-            RuntimeKind::Inline,
+            AUTO_KIND,
             "the default: inline shards measure faster than shard threads (no hand-off, no wake-up)".into(),
         )),
+    }
+}
+
+impl RuntimeConfig {
+    /// Whether the shards will run inline (forced, or `Auto`'s choice).
+    pub fn inline(&self) -> bool {
+        matches!(self.choice, RuntimeChoice::Auto if AUTO_KIND == RuntimeKind::Inline)
+            || self.choice == RuntimeChoice::Force(RuntimeKind::Inline)
     }
 }
 

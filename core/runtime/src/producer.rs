@@ -86,11 +86,12 @@ impl Producer {
         if target.exited() {
             return Err(PushFail::Gone);
         }
+        let is_event = command.is_event();
         match self.rings[shard].push(command) {
             Ok(()) if target.is_inline() => {
                 // Run here and now: nothing sleeps, nothing is deferred,
                 // and the answer is in its slot before the caller looks.
-                target.combine();
+                target.combine(is_event);
                 if target.exited() { Err(PushFail::Gone) } else { Ok(true) }
             }
             Ok(()) => {

@@ -2,7 +2,7 @@
 //! rings, expire due leases, sleep on the doorbell when there is nothing
 //! to do.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
@@ -87,15 +87,28 @@ impl ShardShared {
     }
 
     /// An inline shard's turn, after a push (flat combining): the pushing
-    /// thread runs every ring until they are empty, unless another thread
+    /// thread runs the rings until they are empty, unless another thread
     /// is running the loop; that one then sees `combine_pending` when it
-    /// lets go and runs again, so the push is never stranded. The state is
+    /// lets go and runs again, so no push is left unrun. The state is
     /// still touched by one thread at a time, through the same rings in
     /// the same order, so every answer is the threaded shard's.
-    pub(crate) fn combine(&self) {
+    ///
+    /// KV events are throughput work and come in bursts (a worker's
+    /// restart, an eviction storm): the thread that pushed one waits for
+    /// the loop and applies them itself. Any other push runs everything
+    /// but events, as a glommio shard's selection pass does, so an I/O
+    /// thread is never kept applying another thread's burst while its
+    /// streams wait.
+    pub(crate) fn combine(&self, pushed_event: bool) {
         self.combine_pending.store(true, Ordering::SeqCst);
+        // Orders the flag before the lock's state is read, so either this
+        // thread takes the loop or its holder sees the flag.
+        fence(Ordering::SeqCst);
+        let mut wait = pushed_event;
         loop {
-            let mut held = match self.inline.try_lock() {
+            let acquired = if wait { Ok(super::lock(&self.inline)) } else { self.inline.try_lock() };
+            wait = false;
+            let mut held = match acquired {
                 Ok(held) => held,
                 Err(TryLockError::WouldBlock) => return,
                 // A pass that panicked left the state as consistent as a
@@ -104,9 +117,14 @@ impl ShardShared {
             };
             let Some(shard_loop) = held.as_mut() else { return };
             self.combine_pending.store(false, Ordering::SeqCst);
-            while shard_loop.pass() > 0 {}
+            if pushed_event {
+                while shard_loop.pass() > 0 {}
+            } else {
+                while shard_loop.pass_selections() > 0 {}
+            }
             shard_loop.expire_due();
             drop(held);
+            fence(Ordering::SeqCst);
             if !self.combine_pending.load(Ordering::SeqCst) {
                 return;
             }

@@ -382,7 +382,19 @@ fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfi
 }
 
 fn runtime(v: &Values) -> Result<RuntimeConfig, ConfigError> {
-    let mut runtime = RuntimeConfig::default();
+    let choice = match v.one_of(var::RUNTIME, &["auto", "glommio", "threads", "inline"])? {
+        Some("glommio") => RuntimeChoice::Force(RuntimeKind::Glommio),
+        Some("threads") => RuntimeChoice::Force(RuntimeKind::StdThreads),
+        Some("inline") => RuntimeChoice::Force(RuntimeKind::Inline),
+        _ => RuntimeChoice::Auto,
+    };
+    let mut runtime = RuntimeConfig { choice, ..RuntimeConfig::default() };
+    if runtime.inline() {
+        // Inline shards add no parallelism (they run on the threads that
+        // use them), and more than one turns every pick into a
+        // scatter-gather: one, unless asked.
+        runtime.shards = 1;
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if let Some(shards) = v.whole::<usize>(var::SHARDS, 1)? {
         runtime.shards = shards;
@@ -400,12 +412,6 @@ fn runtime(v: &Values) -> Result<RuntimeConfig, ConfigError> {
             })?;
         }
     }
-    runtime.choice = match v.one_of(var::RUNTIME, &["auto", "glommio", "threads", "inline"])? {
-        Some("glommio") => RuntimeChoice::Force(RuntimeKind::Glommio),
-        Some("threads") => RuntimeChoice::Force(RuntimeKind::StdThreads),
-        Some("inline") => RuntimeChoice::Force(RuntimeKind::Inline),
-        _ => RuntimeChoice::Auto,
-    };
     Ok(runtime)
 }
 
@@ -492,6 +498,19 @@ mod tests {
         assert_eq!(c.runtime.shards, 3);
         assert_eq!(c.runtime.cpus.len(), 3);
         assert_eq!(c.ext_proc.listen.port(), 9002);
+    }
+
+    #[test]
+    fn inline_shards_default_to_one_and_threads_to_the_cores_left() {
+        let c = config(&[(var::WORKERS_FILE, "w.yaml")]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.runtime.choice, RuntimeChoice::Auto);
+        assert_eq!(c.runtime.shards, 1, "inline shards add no parallelism");
+        let c = config(&[(var::WORKERS_FILE, "w.yaml"), (var::RUNTIME, "threads")]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.runtime.choice, RuntimeChoice::Force(RuntimeKind::StdThreads));
+        assert_eq!(c.runtime.shards, RuntimeConfig::default().shards);
+        let c = config(&[(var::WORKERS_FILE, "w.yaml"), (var::RUNTIME, "inline"), (var::SHARDS, "2")])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((c.runtime.choice, c.runtime.shards), (RuntimeChoice::Force(RuntimeKind::Inline), 2));
     }
 
     #[test]

@@ -252,9 +252,10 @@ impl App {
         // Departures from now on also leave the picker's per-worker state.
         applier.picker = Some(picker.clone());
         tasks.push(tokio::spawn(applier.run(updates_rx)));
-        // Leases expire on the shards' own timers; queue deadlines and the
-        // admissions they unblock need a clock tick from here, and readiness
-        // the count of workers whose events carry another block size.
+        // Threaded shards expire leases on their own timers, inline ones
+        // whenever they run and at this tick; queue deadlines and the
+        // admissions they unblock need the tick too, and readiness the
+        // count of workers whose events carry another block size.
         let tickers: Vec<ThreadProducers> = std::iter::once(producers.clone()).chain(prefill_producers).collect();
         let readiness = health.readiness();
         tasks.push(tokio::spawn(async move {

@@ -378,7 +378,12 @@ pub const SETTINGS: &[Setting] = &[
         Some("false"),
         "Put the fallback list in the x-gateway-destination-endpoint header too (agentgateway answers 503 to a list there: keep false for it)",
     ),
-    s(SHARDS, "shards", None, "Shard threads (default: all cores but the I/O threads', at least 1)"),
+    s(
+        SHARDS,
+        "shards",
+        None,
+        "Shards (default: 1 when inline, the default; with `threads` or `glommio` all cores but the I/O threads', at least 1)",
+    ),
     s(
         SHARD_CPUS,
         "shard-cpus",

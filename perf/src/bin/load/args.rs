@@ -15,8 +15,8 @@ use kvpick_perf::args::Flags;
 pub enum SpawnKind {
     /// kvpick's ext_proc server with the null picker (first endpoint).
     Null,
-    /// kvpick's ext_proc server with the real `KvPicker` over a sharded
-    /// service and the in-process word tokenizer.
+    /// kvpick's ext_proc server with the real `KvPicker` over a shard
+    /// thread and the in-process word tokenizer.
     Kv,
     /// `Kv` with its shard run inline (`RuntimeKind::Inline`): no shard
     /// thread, the server's I/O thread runs each pick.

@@ -6,7 +6,7 @@
 //! hash or selection): the protocol's own cost. `kv`: the real `KvPicker`
 //! over a one-shard `ShardedService` with the in-process word tokenizer;
 //! each system prompt of the workload is cached on two workers, so picks
-//! follow the KV cache. `kv-inline`: the same with the shard run inline
+//! follow the KV cache; its shard runs on a thread of its own. `kv-inline`: the same with the shard run inline
 //! by the server's I/O thread (no shard thread).
 
 use std::net::SocketAddr;
@@ -53,10 +53,10 @@ impl Spawned {
             SpawnKind::Null => (Picker::Null(NullPicker::new((0..workers).map(endpoint).collect::<Vec<_>>())), None),
             SpawnKind::Kv | SpawnKind::KvInline => {
                 let clock = Clock::system();
-                let choice = match kind {
-                    SpawnKind::KvInline => RuntimeChoice::Force(RuntimeKind::Inline),
-                    _ => RuntimeChoice::Auto,
-                };
+                let choice = RuntimeChoice::Force(match kind {
+                    SpawnKind::KvInline => RuntimeKind::Inline,
+                    _ => RuntimeKind::StdThreads,
+                });
                 let shards = RuntimeConfig { shards: 1, cpus: Vec::new(), choice, ..RuntimeConfig::default() };
                 let service = Arc::new(
                     ShardedService::start(RouterConfig::default(), BLOCK_SIZE, shards, clock.clone())
