@@ -4,8 +4,9 @@
 #   gaie      the GAIE EPP (standalone mode: --endpoint-selector), its 8
 #             endpoints stand-in vLLM servers whose /metrics it scrapes
 #   null      kvpick's server with the null picker (in-process, --spawn)
-#   kv        kvpick's KvPicker (in-process, --spawn: word tokenizer, inline
-#             shard, 8 workers, each system prompt cached on 2)
+#   kv        kvpick's KvPicker (in-process, --spawn kv-inline: word
+#             tokenizer, an inline shard as kvpick serve runs by default,
+#             8 workers, each system prompt cached on 2)
 # The stand-ins and the fake API server run through every round, so each
 # server shares the machine with the same background.
 #
@@ -55,6 +56,7 @@ sleep 2
 run() { # kind concurrency round
   local args=(--spawn "$1")
   [ "$1" = gaie ] && args=(--addr "127.0.0.1:$grpc_port")
+  [ "$1" = kv ] && args=(--spawn kv-inline)
   "$load" "${args[@]}" -c "$2" -z "$duration" > "$out/$1-$2-$3.txt" 2>&1
   if ! grep -q "ended: timeout" "$out/$1-$2-$3.txt"; then
     echo "kvpick-load against $1 at $2 did not run its time:" >&2
