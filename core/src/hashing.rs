@@ -6,6 +6,8 @@
 //! of its tokens; the *sequence* hash of block `i` names the whole prefix
 //! `0..=i` by chaining the previous sequence hash with the local one.
 
+use std::sync::Arc;
+
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Seed of every chain step and, without LoRA or salt, of local block hashes.
@@ -46,15 +48,14 @@ impl HashSeed {
 }
 
 /// Local hash of one block: xxh3-64 over its tokens as little-endian u32.
+///
+/// On a little-endian CPU those bytes are the block's own memory, so the hash
+/// reads the tokens in place: no copy, no zeroed scratch buffer (which cost
+/// more than the hash itself for a 16-token block).
+#[inline]
 pub fn local_block_hash(block: &[u32], seed: HashSeed) -> LocalBlockHash {
-    // 128 tokens cover every common block size without touching the heap.
-    let mut stack = [0u8; 512];
-    let len = block.len() * 4;
-    if len <= stack.len() {
-        for (dst, token) in stack.chunks_exact_mut(4).zip(block) {
-            dst.copy_from_slice(&token.to_le_bytes());
-        }
-        xxh3_64_with_seed(&stack[..len], seed.0)
+    if cfg!(target_endian = "little") {
+        xxh3_64_with_seed(bytemuck::cast_slice(block), seed.0)
     } else {
         let bytes: Vec<u8> = block.iter().flat_map(|t| t.to_le_bytes()).collect();
         xxh3_64_with_seed(&bytes, seed.0)
@@ -63,6 +64,7 @@ pub fn local_block_hash(block: &[u32], seed: HashSeed) -> LocalBlockHash {
 
 /// Next link of the chain: xxh3-64 (seed 1337) over `[parent, local]` as
 /// 16 little-endian bytes. The chain seed never varies; only local hashes do.
+#[inline]
 pub fn next_sequence_hash(parent: SequenceHash, local: LocalBlockHash) -> SequenceHash {
     let mut bytes = [0u8; 16];
     bytes[..8].copy_from_slice(&parent.0.to_le_bytes());
@@ -71,6 +73,7 @@ pub fn next_sequence_hash(parent: SequenceHash, local: LocalBlockHash) -> Sequen
 }
 
 /// Sequence hash of a block given its parent's (none for the first block).
+#[inline]
 pub fn chain(parent: Option<SequenceHash>, local: LocalBlockHash) -> SequenceHash {
     match parent {
         Some(parent) => next_sequence_hash(parent, local),
@@ -88,17 +91,27 @@ pub fn local_block_hashes(tokens: &[u32], block_size: u32, seed: HashSeed) -> Ve
 
 /// Sequence hashes of every full block of `tokens`, first block first.
 pub fn sequence_hashes(tokens: &[u32], block_size: u32, seed: HashSeed) -> Vec<SequenceHash> {
-    if block_size == 0 {
-        return Vec::new();
-    }
-    let mut out = Vec::with_capacity(tokens.len() / block_size as usize);
+    sequence_hash_chain(tokens, block_size, seed).collect()
+}
+
+/// The same hashes as one shared slice, written in place in one pass: the
+/// chunks have an exact length, so `collect` allocates the `Arc` once and
+/// nothing is allocated per block.
+pub fn shared_sequence_hashes(tokens: &[u32], block_size: u32, seed: HashSeed) -> Arc<[SequenceHash]> {
+    sequence_hash_chain(tokens, block_size, seed).collect()
+}
+
+/// Each block's local hash is independent of the chain, so the CPU overlaps
+/// the next block's hash with the current chain step.
+fn sequence_hash_chain(tokens: &[u32], block_size: u32, seed: HashSeed) -> impl Iterator<Item = SequenceHash> + '_ {
+    // A zero block size hashes nothing; `max(1)` only keeps `chunks_exact` from panicking.
+    let blocks = if block_size == 0 { &[][..] } else { tokens };
     let mut parent = None;
-    for block in tokens.chunks_exact(block_size as usize) {
+    blocks.chunks_exact(block_size.max(1) as usize).map(move |block| {
         let seq = chain(parent, local_block_hash(block, seed));
-        out.push(seq);
         parent = Some(seq);
-    }
-    out
+        seq
+    })
 }
 
 #[cfg(test)]

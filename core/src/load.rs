@@ -1,21 +1,30 @@
 //! A worker's slot table: the load booked on it by active reservations.
+//!
+//! Every booking books a whole chain of sequence hashes from the prompt's
+//! first block, so the worker's active blocks are the union of a few chains
+//! from their roots: a tree. It is kept compressed, one node per run of
+//! blocks that the same bookings share (`Segment`), so booking, freeing and
+//! "how much of this prompt is active here" cost one step per branch or
+//! booking end along the prompt's path, not one per block (a 512-block
+//! prompt used to touch 512 reference counts to book and 512 to free).
+//!
+//! A sequence hash names its whole prefix, so two chains that agree at depth
+//! `d` agree at every depth before it: where a prompt leaves a segment is
+//! found by bisection over the segment's own blocks.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rustc_hash::FxBuildHasher;
+use smallvec::SmallVec;
 
 use crate::hashing::SequenceHash;
 
 /// Prefill tokens still to compute and KV blocks held by active requests.
-///
-/// Every booking books a whole chain of sequence hashes from the prompt's
-/// first block, so the set of active blocks is closed under "parent of" and
-/// the active part of a prompt is always a prefix: found by bisection.
 #[derive(Debug, Default)]
 pub struct WorkerLoad {
     prefill_tokens: u64,
-    /// Reference counts of prompt blocks shared between active requests.
-    blocks: HashMap<SequenceHash, u32, FxBuildHasher>,
+    tree: BookedTree,
     /// Blocks with no sequence hash: trailing partial blocks and prompts
     /// booked without tokens. Never shared.
     unhashed_blocks: u64,
@@ -28,7 +37,7 @@ impl WorkerLoad {
     }
 
     pub fn active_blocks(&self) -> u64 {
-        self.blocks.len() as u64 + self.unhashed_blocks
+        self.tree.blocks + self.unhashed_blocks
     }
 
     pub fn requests(&self) -> u32 {
@@ -41,16 +50,11 @@ impl WorkerLoad {
 
     /// How many leading blocks of `seq` are already active here.
     pub fn active_prefix(&self, seq: &[SequenceHash]) -> usize {
-        if self.blocks.is_empty() {
-            return 0;
-        }
-        seq.partition_point(|s| self.blocks.contains_key(s))
+        self.tree.walk(seq, |_| {}).depth
     }
 
-    pub fn book(&mut self, seq: &[SequenceHash], unhashed_blocks: u32, prefill_tokens: u32) {
-        for s in seq {
-            *self.blocks.entry(*s).or_default() += 1;
-        }
+    pub fn book(&mut self, seq: &Arc<[SequenceHash]>, unhashed_blocks: u32, prefill_tokens: u32) {
+        self.tree.book(seq);
         self.unhashed_blocks += u64::from(unhashed_blocks);
         self.prefill_tokens += u64::from(prefill_tokens);
         self.requests += 1;
@@ -63,44 +67,241 @@ impl WorkerLoad {
     /// Undoes `book`; `prefill_tokens` is what is still booked as prefill
     /// (zero once prefill completed).
     pub fn release(&mut self, seq: &[SequenceHash], unhashed_blocks: u32, prefill_tokens: u32) {
-        for s in seq {
-            if let Some(refs) = self.blocks.get_mut(s) {
-                *refs -= 1;
-                if *refs == 0 {
-                    self.blocks.remove(s);
-                }
-            }
-        }
+        self.tree.release(seq);
         self.unhashed_blocks -= u64::from(unhashed_blocks);
         self.prefill_tokens -= u64::from(prefill_tokens);
         self.requests -= 1;
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+type SegmentId = u32;
 
-    fn seqs(n: u64) -> Vec<SequenceHash> {
-        (1..=n).map(SequenceHash).collect()
-    }
+/// Blocks `chain[start..end]`, booked by `refs` bookings, each of which
+/// books all of them (a booking that ends inside a run splits it there).
+#[derive(Debug)]
+struct Segment {
+    /// Any chain through this segment; only `..end` of it is read, which every
+    /// chain through it shares. Shared with the booking, not copied.
+    chain: Arc<[SequenceHash]>,
+    start: u32,
+    end: u32,
+    refs: u32,
+    /// Segments continuing this one, by their first block (kept here so
+    /// choosing a child reads no other segment). Two stay inline: a run is
+    /// mostly continued by one or two others.
+    children: SmallVec<[(SequenceHash, SegmentId); 2]>,
+}
 
-    #[test]
-    fn shared_prefix_blocks_are_counted_once() {
-        let mut load = WorkerLoad::default();
-        let a = seqs(4);
-        let b = [&a[..2], &[SequenceHash(100)]].concat();
-        load.book(&a, 1, 70);
-        load.book(&b, 0, 10);
-        assert_eq!(load.active_blocks(), 4 + 1 + 1);
-        assert_eq!(load.active_prefix(&b), 3);
-        assert_eq!(load.active_prefix(&[SequenceHash(1), SequenceHash(7)]), 1);
-        assert_eq!(load.prefill_tokens(), 80);
-        load.complete_prefill(70);
-        load.release(&a, 1, 0);
-        assert_eq!(load.active_blocks(), 3);
-        assert_eq!(load.requests(), 1);
-        load.release(&b, 0, 10);
-        assert!(load.is_idle());
+impl Segment {
+    fn len(&self) -> u64 {
+        u64::from(self.end - self.start)
     }
 }
+
+/// Where a walk along a prompt stopped.
+struct Walk {
+    /// Leading blocks of the prompt that are booked.
+    depth: usize,
+    /// The segment holding the last of them, if any.
+    last: Option<SegmentId>,
+}
+
+#[derive(Debug, Default)]
+struct BookedTree {
+    /// Slab of segments; `free` lists the vacant ones.
+    segments: Vec<Segment>,
+    free: Vec<SegmentId>,
+    /// Segments starting at depth 0, by their first block.
+    roots: HashMap<SequenceHash, SegmentId, FxBuildHasher>,
+    /// Distinct booked blocks: the sum of the segments' lengths.
+    blocks: u64,
+    /// The walk's segments, kept between calls so booking and freeing do not
+    /// allocate.
+    path: Vec<SegmentId>,
+    /// Put in vacant segments so they keep no prompt alive.
+    vacant_chain: Arc<[SequenceHash]>,
+}
+
+impl BookedTree {
+    /// Follows `seq` down the tree, calling `visit` with every segment it
+    /// enters, including one it leaves part-way.
+    fn walk(&self, seq: &[SequenceHash], mut visit: impl FnMut(SegmentId)) -> Walk {
+        let mut walk = Walk { depth: 0, last: None };
+        let Some(first) = seq.first() else { return walk };
+        let Some(mut id) = self.roots.get(first).copied() else { return walk };
+        loop {
+            visit(id);
+            walk.last = Some(id);
+            let segment = &self.segments[id as usize];
+            let (start, end) = (segment.start as usize, segment.end as usize);
+            let shared = seq.len().min(end);
+            // The segment's first block is known to match (that is how it was
+            // chosen); usually its last does too, which one comparison tells.
+            if seq[shared - 1] != segment.chain[shared - 1] {
+                walk.depth = first_disagreement(seq, &segment.chain, start + 1, shared - 1);
+                return walk;
+            }
+            walk.depth = shared;
+            if shared == seq.len() {
+                return walk;
+            }
+            let next = seq[end];
+            match segment.children.iter().find(|(first, _)| *first == next) {
+                Some(&(_, child)) => id = child,
+                None => return walk,
+            }
+        }
+    }
+
+    /// Books the whole of `seq`: every segment along it gains a booking, a
+    /// segment the prompt leaves or ends inside is cut there, and what is not
+    /// booked yet becomes a new segment holding `seq` itself.
+    fn book(&mut self, seq: &Arc<[SequenceHash]>) {
+        if seq.is_empty() {
+            return;
+        }
+        let mut path = std::mem::take(&mut self.path);
+        path.clear();
+        let walk = self.walk(seq, |id| path.push(id));
+        if let Some(last) = walk.last
+            && walk.depth < self.segments[last as usize].end as usize
+        {
+            self.split(last, walk.depth as u32);
+        }
+        for &id in &path {
+            self.segments[id as usize].refs += 1;
+        }
+        self.path = path;
+        if walk.depth == seq.len() {
+            return;
+        }
+        let new = self.alloc(Segment {
+            chain: Arc::clone(seq),
+            start: walk.depth as u32,
+            end: seq.len() as u32,
+            refs: 1,
+            children: SmallVec::new(),
+        });
+        self.blocks += (seq.len() - walk.depth) as u64;
+        let first = seq[walk.depth];
+        match walk.last {
+            Some(parent) => self.segments[parent as usize].children.push((first, new)),
+            None => {
+                self.roots.insert(first, new);
+            }
+        }
+    }
+
+    /// Undoes `book(seq)`. Segments left with no booking go (they are the
+    /// tail of the path: a segment has at least its children's bookings); the
+    /// deepest one left is joined to its only child when no booking ends
+    /// between them, so the tree does not fray into short runs over time.
+    fn release(&mut self, seq: &[SequenceHash]) {
+        if seq.is_empty() {
+            return;
+        }
+        let mut path = std::mem::take(&mut self.path);
+        path.clear();
+        let walk = self.walk(seq, |id| path.push(id));
+        let booked = walk.depth == seq.len()
+            && walk.last.is_some_and(|last| self.segments[last as usize].end as usize == seq.len());
+        debug_assert!(booked, "released a chain that was not booked");
+        if booked {
+            for &id in &path {
+                self.segments[id as usize].refs -= 1;
+            }
+            let kept = path.iter().take_while(|&&id| self.segments[id as usize].refs > 0).count();
+            for depth in (kept..path.len()).rev() {
+                let id = path[depth];
+                let first = self.segments[id as usize].chain[self.segments[id as usize].start as usize];
+                match depth.checked_sub(1).map(|d| path[d]) {
+                    Some(parent) => self.segments[parent as usize].children.retain(|(_, child)| *child != id),
+                    None => {
+                        self.roots.remove(&first);
+                    }
+                }
+                self.blocks -= self.segments[id as usize].len();
+                self.vacate(id);
+            }
+            if let Some(&deepest) = kept.checked_sub(1).and_then(|d| path.get(d)) {
+                self.join_only_child(deepest);
+            }
+        }
+        self.path = path;
+    }
+
+    /// Cuts segment `id` before depth `at`; the tail keeps its bookings and
+    /// children.
+    fn split(&mut self, id: SegmentId, at: u32) {
+        let segment = &mut self.segments[id as usize];
+        debug_assert!(segment.start < at && at < segment.end);
+        let tail = Segment {
+            chain: Arc::clone(&segment.chain),
+            start: at,
+            end: segment.end,
+            refs: segment.refs,
+            children: std::mem::take(&mut segment.children),
+        };
+        segment.end = at;
+        let first = tail.chain[at as usize];
+        let tail = self.alloc(tail);
+        self.segments[id as usize].children.push((first, tail));
+    }
+
+    /// Joins `id` and its only child when every booking of one is a booking
+    /// of the other (no booking ends at `id`'s end).
+    fn join_only_child(&mut self, id: SegmentId) {
+        let segment = &self.segments[id as usize];
+        let [(_, child)] = segment.children[..] else { return };
+        if self.segments[child as usize].refs != segment.refs {
+            return;
+        }
+        let child_segment = &mut self.segments[child as usize];
+        let chain = std::mem::replace(&mut child_segment.chain, Arc::clone(&self.vacant_chain));
+        let children = std::mem::take(&mut child_segment.children);
+        let end = child_segment.end;
+        let segment = &mut self.segments[id as usize];
+        segment.chain = chain;
+        segment.end = end;
+        segment.children = children;
+        self.free.push(child);
+    }
+
+    fn alloc(&mut self, segment: Segment) -> SegmentId {
+        match self.free.pop() {
+            Some(id) => {
+                self.segments[id as usize] = segment;
+                id
+            }
+            None => {
+                self.segments.push(segment);
+                (self.segments.len() - 1) as SegmentId
+            }
+        }
+    }
+
+    fn vacate(&mut self, id: SegmentId) {
+        let segment = &mut self.segments[id as usize];
+        segment.chain = Arc::clone(&self.vacant_chain);
+        segment.children.clear();
+        self.free.push(id);
+    }
+}
+
+/// The first depth in `lo..=hi` where `seq` and `chain` differ, given that
+/// they agree before `lo` and differ at `hi`. Agreement is a prefix (a
+/// sequence hash names its whole prefix), so bisection finds it.
+fn first_disagreement(seq: &[SequenceHash], chain: &[SequenceHash], mut lo: usize, mut hi: usize) -> usize {
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if seq[mid] == chain[mid] {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+#[cfg(test)]
+mod tests;

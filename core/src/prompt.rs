@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::hashing::{HashSeed, SequenceHash, sequence_hashes};
+use crate::hashing::{HashSeed, SequenceHash, shared_sequence_hashes};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Prompt {
@@ -16,7 +16,7 @@ pub struct Prompt {
 impl Prompt {
     pub fn from_tokens(tokens: &[u32], block_size: u32, seed: HashSeed) -> Self {
         Prompt {
-            seq_hashes: sequence_hashes(tokens, block_size, seed).into(),
+            seq_hashes: shared_sequence_hashes(tokens, block_size, seed),
             isl_tokens: u32::try_from(tokens.len()).unwrap_or(u32::MAX),
             tokens_known: true,
         }
