@@ -50,7 +50,7 @@ impl WorkerLoad {
 
     /// How many leading blocks of `seq` are already active here.
     pub fn active_prefix(&self, seq: &[SequenceHash]) -> usize {
-        self.tree.walk(seq, |_| {}).depth
+        self.tree.walk(seq, Compare::Ends, |_| {}).depth
     }
 
     pub fn book(&mut self, seq: &Arc<[SequenceHash]>, unhashed_blocks: u32, prefill_tokens: u32) {
@@ -98,6 +98,15 @@ impl Segment {
     }
 }
 
+/// How a walk tells where a prompt leaves a segment.
+#[derive(Clone, Copy)]
+enum Compare {
+    /// The segment's last block, then bisection.
+    Ends,
+    /// Every block.
+    Every,
+}
+
 /// Where a walk along a prompt stopped.
 struct Walk {
     /// Leading blocks of the prompt that are booked.
@@ -125,7 +134,13 @@ struct BookedTree {
 impl BookedTree {
     /// Follows `seq` down the tree, calling `visit` with every segment it
     /// enters, including one it leaves part-way.
-    fn walk(&self, seq: &[SequenceHash], mut visit: impl FnMut(SegmentId)) -> Walk {
+    ///
+    /// `Compare::Ends` trusts that a sequence hash names its whole prefix
+    /// (true of every chain `Prompt` hashes); `Compare::Every` checks every
+    /// block, so a forged collision cannot graft one prompt onto another's
+    /// run: booking uses it, and the tree's paths are then exactly the
+    /// booked chains, which the cheaper walks may rely on.
+    fn walk(&self, seq: &[SequenceHash], compare: Compare, mut visit: impl FnMut(SegmentId)) -> Walk {
         let mut walk = Walk { depth: 0, last: None };
         let Some(first) = seq.first() else { return walk };
         let Some(mut id) = self.roots.get(first).copied() else { return walk };
@@ -137,8 +152,16 @@ impl BookedTree {
             let shared = seq.len().min(end);
             // The segment's first block is known to match (that is how it was
             // chosen); usually its last does too, which one comparison tells.
-            if seq[shared - 1] != segment.chain[shared - 1] {
-                walk.depth = first_disagreement(seq, &segment.chain, start + 1, shared - 1);
+            let differs_at = match compare {
+                Compare::Ends if seq[shared - 1] != segment.chain[shared - 1] => {
+                    Some(first_disagreement(seq, &segment.chain, start + 1, shared - 1))
+                }
+                Compare::Ends => None,
+                Compare::Every if std::ptr::eq(seq.as_ptr(), segment.chain.as_ptr()) => None,
+                Compare::Every => (start + 1..shared).find(|&d| seq[d] != segment.chain[d]),
+            };
+            if let Some(depth) = differs_at {
+                walk.depth = depth;
                 return walk;
             }
             walk.depth = shared;
@@ -162,11 +185,11 @@ impl BookedTree {
         }
         let mut path = std::mem::take(&mut self.path);
         path.clear();
-        let walk = self.walk(seq, |id| path.push(id));
-        if let Some(last) = walk.last
-            && walk.depth < self.segments[last as usize].end as usize
-        {
-            self.split(last, walk.depth as u32);
+        let walk = self.walk(seq, Compare::Every, |id| path.push(id));
+        if let Some(last) = walk.last {
+            if walk.depth < self.segments[last as usize].end as usize {
+                self.split(last, walk.depth as u32);
+            }
         }
         for &id in &path {
             self.segments[id as usize].refs += 1;
@@ -202,9 +225,10 @@ impl BookedTree {
         }
         let mut path = std::mem::take(&mut self.path);
         path.clear();
-        let walk = self.walk(seq, |id| path.push(id));
+        let walk = self.walk(seq, Compare::Ends, |id| path.push(id));
         let booked = walk.depth == seq.len()
             && walk.last.is_some_and(|last| self.segments[last as usize].end as usize == seq.len());
+        // Always true: `release` gets the very chain `book` put in the tree.
         debug_assert!(booked, "released a chain that was not booked");
         if booked {
             for &id in &path {
@@ -225,6 +249,19 @@ impl BookedTree {
             }
             if let Some(&deepest) = kept.checked_sub(1).and_then(|d| path.get(d)) {
                 self.join_only_child(deepest);
+            }
+            // A segment left holding the freed prompt would keep all of it
+            // alive (up to 8,192 blocks for a one-block run): it takes a child's
+            // chain instead, which runs through it too. Deepest first, so each
+            // takes a chain its child no longer shares with the freed prompt.
+            for &id in path[..kept].iter().rev() {
+                let segment = &self.segments[id as usize];
+                if std::ptr::eq(segment.chain.as_ptr(), seq.as_ptr()) {
+                    if let Some(&(_, child)) = segment.children.first() {
+                        let chain = Arc::clone(&self.segments[child as usize].chain);
+                        self.segments[id as usize].chain = chain;
+                    }
+                }
             }
         }
         self.path = path;

@@ -649,7 +649,7 @@ fn selection_table(rows: &[SelectionResult], find: Option<LatencySummary>) -> Ta
         ]);
     }
     t.note("Each timed call selects for a probe prompt (hashed beforehand) and frees the reservation made 64 calls earlier,");
-    t.note("so every worker carries booked load. Booking and freeing touch each of the prompt's 512 blocks in the worker's load table.");
+    t.note("so every worker carries booked load. Booking and freeing walk the worker's booked-prefix tree: a step per branch or booking end on the prompt's path, not per block.");
     if let Some(find) = find {
         let share = rows.first().map_or(0.0, |r| find.p50 as f64 / r.pair.p50.max(1) as f64);
         t.note(format!("find_matches alone is {:.0}% of the 1-shard p50.", share * 100.0));
