@@ -28,6 +28,8 @@ pub mod buckets;
 pub mod config;
 pub mod endpoints;
 pub mod error;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod headers;
 pub mod inflight;
 pub mod metadata;

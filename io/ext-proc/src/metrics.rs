@@ -238,6 +238,7 @@ pub struct ExtProcMetrics {
     frees_not_found: AtomicU64,
     served_mismatches: AtomicU64,
     served_missing: AtomicU64,
+    out_of_order: AtomicU64,
     stream_errors: AtomicU64,
     usage_responses: AtomicU64,
     prompt_tokens: AtomicU64,
@@ -266,6 +267,7 @@ impl Default for ExtProcMetrics {
             frees_not_found: AtomicU64::new(0),
             served_mismatches: AtomicU64::new(0),
             served_missing: AtomicU64::new(0),
+            out_of_order: AtomicU64::new(0),
             stream_errors: AtomicU64::new(0),
             usage_responses: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
@@ -352,6 +354,11 @@ impl ExtProcMetrics {
 
     pub(crate) fn record_served_missing(&self) {
         self.served_missing.fetch_add(1, Relaxed);
+    }
+
+    /// A message the stream's state forbids (headers sent twice): ignored.
+    pub(crate) fn record_out_of_order(&self) {
+        self.out_of_order.fetch_add(1, Relaxed);
     }
 
     /// The gateway's stream failed (transport error or undecodable message).
@@ -453,6 +460,7 @@ impl ExtProcMetrics {
             frees_not_found: self.frees_not_found.load(Relaxed),
             served_mismatches: self.served_mismatches.load(Relaxed),
             served_missing: self.served_missing.load(Relaxed),
+            out_of_order: self.out_of_order.load(Relaxed),
             stream_errors: self.stream_errors.load(Relaxed),
             usage_responses: self.usage_responses.load(Relaxed),
             prompt_tokens: self.prompt_tokens.load(Relaxed),
@@ -493,6 +501,8 @@ pub struct ExtProcMetricsSnapshot {
     pub served_mismatches: u64,
     /// Responses without served-endpoint metadata.
     pub served_missing: u64,
+    /// Gateway messages ignored because the stream's state forbids them.
+    pub out_of_order: u64,
     pub stream_errors: u64,
     /// Responses that carried a `usage` object.
     pub usage_responses: u64,

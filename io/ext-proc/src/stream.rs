@@ -87,6 +87,7 @@ pub(crate) struct ExtProcStream<P: Picks> {
     picked: Option<Pick<P::Booking>>,
     usage: Option<UsageParser>,
     first_response_chunk_seen: bool,
+    response_headers_seen: bool,
     /// The response is a 200 event stream (`text/event-stream`) from the
     /// picked endpoint: its chunks time the picked worker.
     response_streamed: bool,
@@ -120,6 +121,7 @@ impl<P: Picks> ExtProcStream<P> {
             picked: None,
             usage: None,
             first_response_chunk_seen: false,
+            response_headers_seen: false,
             response_streamed: false,
             response_finished: false,
             started: None,
@@ -181,6 +183,7 @@ impl<P: Picks> ExtProcStream<P> {
     async fn on_request_headers(&mut self, message: HttpHeaders, metadata: Option<&Metadata>) {
         if self.stage != Stage::Headers {
             tracing::debug!(stage = ?self.stage, "ignoring request headers sent twice");
+            self.shared.metrics.record_out_of_order();
             return;
         }
         self.note_subset(metadata);
@@ -417,6 +420,13 @@ impl<P: Picks> ExtProcStream<P> {
 
     fn on_response_headers(&mut self, message: HttpHeaders, metadata: Option<&Metadata>) {
         if self.stage == Stage::Refused {
+            return;
+        }
+        if std::mem::replace(&mut self.response_headers_seen, true) {
+            // Envoy sends them once; a second set would tell `served_by`
+            // again and restart the usage count of a response under way.
+            tracing::debug!(stage = ?self.stage, "ignoring response headers sent twice");
+            self.shared.metrics.record_out_of_order();
             return;
         }
         let headers = ResponseHeaders::read(message.headers.as_ref());

@@ -210,6 +210,12 @@ fn ext_proc(e: &mut Exposition, sources: &Sources) {
         m.served_missing,
     );
     e.counter(
+        "kvpick_ext_proc_messages_out_of_order_total",
+        "ext_proc messages ignored because the stream had already had them (request or response headers sent twice).",
+        &[],
+        m.out_of_order,
+    );
+    e.counter(
         "kvpick_ext_proc_stream_errors_total",
         "ext_proc streams that ended with a transport error.",
         &[],

@@ -269,6 +269,29 @@ async fn the_booking_moves_to_the_endpoint_that_served() {
     h.stop().await;
 }
 
+/// Found by the `ext_proc_stream` fuzz target: a second set of response
+/// headers told the booking where it was served a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_headers_sent_twice_are_ignored_and_counted() {
+    let h = Harness::start(Options::default()).await;
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    let picked = pick(&mut call, &chat("headers twice")).await;
+    let picked_index = (0..3).find(|i| endpoint(*i).to_string() == picked).expect("a harness endpoint");
+    let (first, second) = (endpoint((picked_index + 1) % 3), endpoint((picked_index + 2) % 3));
+    call.send(response_headers("200", "text/event-stream", Some(&first.to_string()), false));
+    call.recv().await;
+    call.send(response_headers("200", "text/event-stream", Some(&second.to_string()), false));
+    wait_for("counted", || async { h.metrics.snapshot().out_of_order == 1 }).await;
+    call.send(response_body(b"data: [DONE]\n\n", true));
+    call.recv().await;
+    h.wait_all_freed().await;
+    let m = h.metrics.snapshot();
+    assert_eq!((m.bookings_moved, m.frees, m.frees_not_found), (1, 1, 0), "moved once, to the first served endpoint");
+    drop((call, client));
+    h.stop().await;
+}
+
 /// TTFT samples calibration has taken, over every worker.
 fn ttft_samples(h: &Harness) -> u64 {
     h.service.calibration().0.iter().map(|c| c.samples).sum()
