@@ -59,7 +59,12 @@ impl SglangTokenizer {
         let body = serde_json::to_vec(&TokenizeBody { model: &request.model, prompt })
             .map_err(|e| TokenizeError::Upstream(format!("encoding the tokenize request: {e}")))?;
         let answer = self.http.post_json(&self.tokenize, Bytes::from(body), &self.metrics).await?;
-        let tokens: Tokens = serde_json::from_slice(&answer)
+        Self::decode_tokens(&answer)
+    }
+
+    /// The token ids out of a `/tokenize` answer (public for the fuzz target).
+    pub fn decode_tokens(answer: &[u8]) -> Result<Vec<u32>, TokenizeError> {
+        let tokens: Tokens = serde_json::from_slice(answer)
             .map_err(|e| TokenizeError::Upstream(format!("malformed tokenize answer: {e}")))?;
         Ok(tokens.tokens)
     }
