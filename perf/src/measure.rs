@@ -146,6 +146,32 @@ pub fn time_each<R>(budget: &Budget, mut op: impl FnMut(u64) -> R) -> LatencySum
     latencies.summary()
 }
 
+/// Times each call of `op` like [`time_each`], with `before` run untimed
+/// ahead of every call (warm-up ones too): what a call costs when other work
+/// has just churned the caches.
+pub fn time_each_after<R>(
+    budget: &Budget,
+    mut before: impl FnMut(u64),
+    mut op: impl FnMut(u64) -> R,
+) -> LatencySummary {
+    let mut latencies = Latencies::default();
+    for round in budget.rounds() {
+        match round {
+            Round::Warmup(i) => {
+                before(i);
+                black_box(op(i));
+            }
+            Round::Timed(i) => {
+                before(i);
+                let start = Instant::now();
+                black_box(op(i));
+                latencies.record(start.elapsed());
+            }
+        }
+    }
+    latencies.summary()
+}
+
 /// What timing one empty call costs (two clock reads), as a floor under
 /// every latency printed.
 pub fn timer_overhead() -> LatencySummary {

@@ -26,7 +26,7 @@ use kvpick_perf::args::{Args, ArgsError, usage};
 use kvpick_perf::baseline::{HolderTable, HoldsScan};
 use kvpick_perf::measure::{
     Budget, CpuTimes, Latencies, LatencySummary, Memory, MemoryDelta, Neighbours, Round, Throughput, memory_latency_ns,
-    run_queue_wait, time_each, timed, timer_overhead,
+    run_queue_wait, time_each, time_each_after, timed, timer_overhead,
 };
 use kvpick_perf::report::{self, Table, at_least, at_most, bytes, millions, ns, ratio, speedup, thousands};
 use kvpick_perf::setup;
@@ -40,6 +40,9 @@ const PROBES: usize = 16;
 const PROMPT_BLOCKS: usize = 512;
 /// Blocks per fresh conversation turn in the store benchmarks.
 const TURN_BLOCKS: usize = 64;
+/// Cold probes: new conversations of `TURN_BLOCKS` stored and removed again
+/// (in events of 16) before each probe, 512 block events in all.
+const COLD_TURNS: usize = 4;
 /// Reservations outstanding during the selection benchmark.
 const IN_FLIGHT: usize = 64;
 /// Dynamo's jump for `PositionalIndexer`, the same as kvpick's `JUMP`.
@@ -267,9 +270,12 @@ fn run(cfg: &Config) -> Report {
     // After the builds: the probe's 136 MiB must not count in their peak RSS.
     let memory_at_start = memory_latency_ns(MEMORY_PROBE_BYTES, MEMORY_PROBE_LOADS, 1);
     kvpick_perf::progress!(BIN, "find_matches latency");
-    let find = bench_find_matches(cfg, &mut kvpick.index, &holders, &probes);
+    let mut find = bench_find_matches(cfg, &mut kvpick.index, &holders, &probes);
+    find.push(cold_find_matches(cfg, &population, &mut kvpick.index, &probes));
     #[cfg(feature = "dynamo")]
-    let find_dynamo = dynamo.bench_find_matches(cfg, &probes);
+    let mut find_dynamo = dynamo.bench_find_matches(cfg, &probes);
+    #[cfg(feature = "dynamo")]
+    find_dynamo.push(dynamo.cold_find_matches(cfg, &population, &probes));
     #[cfg(not(feature = "dynamo"))]
     let find_dynamo = Vec::new();
     drop(holders);
@@ -515,6 +521,46 @@ fn bench_find_matches(cfg: &Config, shard: &mut Shard, holders: &HolderTable, pr
     rows
 }
 
+/// The churn before each cold probe: the same events, in the same order,
+/// for every index (one seed), leaving each as it found it.
+fn cold_churn(population: &Population) -> impl FnMut() -> Vec<BlockEvent> + '_ {
+    let mut fresh = FreshConversations::new(population, 0xc01d);
+    move || {
+        let (mut events, removals) = fresh.round(COLD_TURNS, TURN_BLOCKS, 16);
+        events.extend(removals);
+        events
+    }
+}
+
+fn cold_name(index: &str) -> String {
+    format!("{index}, cold: {COLD_TURNS} new {TURN_BLOCKS}-block turns stored and removed before each probe")
+}
+
+/// `find_matches` between event rounds, as a live router runs it.
+fn cold_find_matches(cfg: &Config, population: &Population, shard: &mut Shard, probes: &[Probe]) -> FindRow {
+    let mut churn = cold_churn(population);
+    let mut out = Vec::with_capacity(256);
+    let shard = std::cell::RefCell::new(shard);
+    let latency = time_each_after(
+        &cfg.latency.scaled_down(COLD_SCALE),
+        |_| {
+            for event in churn() {
+                apply_kvpick(&mut shard.borrow_mut(), event);
+            }
+        },
+        |i| {
+            out.clear();
+            shard.borrow().index().find_matches(&probes[i as usize % probes.len()].prompt.seq_hashes, &mut out);
+            out.len()
+        },
+    );
+    FindRow { name: cold_name("KvIndex::find_matches (jump 32)"), latency }
+}
+
+/// Cold probes make fewer calls than warm ones: each carries 512 untimed
+/// block events.
+const COLD_SCALE: u64 = 25;
+
 fn find_table(rows: &[FindRow], dynamo: &[FindRow]) -> Table {
     let mut t = Table::new(
         format!(
@@ -528,15 +574,33 @@ fn find_table(rows: &[FindRow], dynamo: &[FindRow]) -> Table {
         let context = row.name.starts_with("context");
         let (s50, s99) = if i == 0 {
             ("reference".to_string(), "reference".to_string())
-        } else if context || row.name.starts_with("Shard") {
+        } else if context || row.name.starts_with("Shard") || row.name.contains("cold") {
             (String::new(), String::new())
         } else {
             (speedup(reference.p50, l.p50), speedup(reference.p99, l.p99))
         };
         t.row([row.name.clone(), ns(l.p50), ns(l.p99), ns(l.p999), ns(l.mean as u64), thousands(l.count), s50, s99]);
     }
-    t.note("Probes rotate over 16 different prompts, back to back: their index entries stay cache-resident, so these are best cases for a");
-    t.note("router whose caches are also churned by events. kvpick is queried with the prompt's sequence hashes, hashed once per request (`context` row);");
+    t.note("Probes rotate over 16 different prompts, back to back: their index entries stay cache-resident, so these are best cases. The `cold` rows");
+    t.note("apply a round of events (untimed) before each probe, so the index is churned as a live router's is; the same events for every index.");
+    let cold_row = |name: &str| {
+        rows.iter().chain(dynamo).find(|r| r.name.contains(name) && r.name.contains("cold")).map(|r| r.latency)
+    };
+    if let Some(cold) = cold_row("KvIndex") {
+        t.note(format!(
+            "kvpick cold ÷ warm: p50 {:.2}×, p99 {:.2}× (#21's target: p99 at most 2× warm).",
+            cold.p50 as f64 / reference.p50.max(1) as f64,
+            cold.p99 as f64 / reference.p99.max(1) as f64
+        ));
+        if let Some(radix) = cold_row("RadixTree") {
+            t.note(format!(
+                "Cold, kvpick speedup over RadixTree: p50 {}, p99 {}.",
+                speedup(cold.p50, radix.p50),
+                speedup(cold.p99, radix.p99)
+            ));
+        }
+    }
+    t.note("kvpick is queried with the prompt's sequence hashes, hashed once per request (`context` row);");
     t.note("Dynamo with local block hashes (its `compute_block_hash_for_seq` row). `Shard::candidates` adds the per-worker load and cost inputs.");
     if dynamo.is_empty() {
         t.note("Dynamo rows: build with `--features dynamo`.");
@@ -1024,6 +1088,27 @@ impl Dynamo {
                 latency: time_each(&cfg.latency, |i| kvpick_perf::dynamo::local_hashes(&probe(i).tokens).len()),
             },
         ]
+    }
+
+    /// RadixTree's `find_matches` between the same event rounds as kvpick's
+    /// cold row (applied to the RadixTree only).
+    fn cold_find_matches(&mut self, cfg: &Config, population: &Population, probes: &[Probe]) -> FindRow {
+        use kvpick_perf::dynamo::router_event;
+        let mut churn = cold_churn(population);
+        let this = std::cell::RefCell::new(self);
+        let latency = time_each_after(
+            &cfg.latency.scaled_down(COLD_SCALE),
+            |_| {
+                let mut this = this.borrow_mut();
+                for event in churn() {
+                    this.next_id += 1;
+                    let event = router_event(&event, this.next_id);
+                    this.refused += u64::from(!this.radix.index.apply(event));
+                }
+            },
+            |i| this.borrow().radix.index.find_matches(&probes[i as usize % probes.len()].locals).scores.len(),
+        );
+        FindRow { name: cold_name("Dynamo RadixTree::find_matches"), latency }
     }
 
     /// Applies events to both Dynamo indexes, the same way as `apply_to_shard`.
