@@ -6,17 +6,19 @@
 //!
 //! What must hold: no panic; a booking is freed exactly once, whatever the
 //! order, and only after the stream is gone or the response ended; nothing
-//! is answered after an `ImmediateResponse` or to a message sent in
-//! observability mode; the response path is answered only once the gateway
-//! sent something of it.
+//! is answered after an `ImmediateResponse` (in the same batch or later) or
+//! to a message sent in observability mode; a message is answered on its own
+//! path only (request messages with request answers, response messages with
+//! response answers), or refused; `served_by` is told at most once.
 //!
 //! The input is a small byte format (below) rather than `Arbitrary`, so the
 //! seed corpus can spell real exchanges (`fuzz/seeds/ext_proc_stream.py`).
 //! Byte 0: the picker (0-1 book, 2 no booking, 3 refuse); byte 1: bit 7
 //! set sends a `protocol_config` on the first message with request mode
-//! `b & 7` and response mode `(b >> 3) & 7` (Envoy's `BodySendMode`, 5-7
-//! invalid); bit 6 lowers the body limit to 256 bytes. Then operations, one
-//! tag byte each (`tag % 8`), see `Op::read`.
+//! `b & 7` and response mode `(b >> 3) & 7` (Envoy's `BodySendMode`: kvpick
+//! takes request modes 2 and 4 only and ends the stream for the others; 5-7
+//! are not modes at all); bit 6 lowers the body limit to 256 bytes. Then
+//! messages, a tag byte (`tag % 8`) and a flags byte each, see `next_message`.
 #![no_main]
 
 use std::net::SocketAddr;
@@ -103,15 +105,16 @@ impl Bytes<'_> {
     }
 }
 
-const PATHS: [&str; 8] = [
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/models",
-    "/health",
-    "/v1/embeddings",
-    "/v1/chat/completions?x=1",
-    "",
-    "/\u{0}\u{ff}",
+const PATHS: [&[u8]; 8] = [
+    b"/v1/chat/completions",
+    b"/v1/completions",
+    b"/v1/models",
+    b"/health",
+    b"/v1/embeddings",
+    b"/v1/chat/completions?x=1",
+    b"",
+    // Not UTF-8: Envoy passes raw header bytes through.
+    b"/\x00\xff",
 ];
 const STATUSES: [&str; 4] = ["200", "500", "429", "x"];
 
@@ -132,9 +135,10 @@ fn metadata(namespace: &str, key: &str, value: &str) -> Metadata {
     Metadata { filter_metadata: [(namespace.to_owned(), fields)].into_iter().collect(), ..Default::default() }
 }
 
-/// One gateway message, or `None` for the end of the input. Each tag's
-/// next byte is flags: bit 0 `end_of_stream`, bit 1 observability mode.
-fn next_message(input: &mut Bytes<'_>) -> Option<(ProcessingRequest, Side)> {
+/// One gateway message, or `None` for the end of the input, with its path
+/// and whether it ends the response. Each tag's next byte is flags: bit 0
+/// `end_of_stream`, bit 1 observability mode.
+fn next_message(input: &mut Bytes<'_>) -> Option<(ProcessingRequest, Side, bool)> {
     if input.0.is_empty() {
         return None;
     }
@@ -146,7 +150,7 @@ fn next_message(input: &mut Bytes<'_>) -> Option<(ProcessingRequest, Side)> {
         // Request headers: bits 3-5 the path, bit 6 client headers kvpick
         // must not trust, bit 7 a subset hint (bit 2: one naming no pod).
         0 => {
-            let path = PATHS[usize::from(flags >> 3) & 7].as_bytes();
+            let path = PATHS[usize::from(flags >> 3) & 7];
             let mut pairs: Vec<(&str, &[u8])> =
                 vec![(":method", b"POST"), (":path", path), ("content-type", b"application/json")];
             if flags & 0x40 != 0 {
@@ -204,7 +208,8 @@ fn next_message(input: &mut Bytes<'_>) -> Option<(ProcessingRequest, Side)> {
         // Flow control only: no request at all.
         _ => Side::Neither,
     };
-    Some((message, side))
+    let ends_response = side == Side::Response && (end_of_stream || tag == 5);
+    Some((message, side, ends_response))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -237,8 +242,8 @@ fuzz_target!(|data: &[u8]| {
     let mut stream = StreamUnderTest::new(config, Picker { plan, ledger: ledger.clone() });
     let mut first = true;
     let mut refused = false;
-    let mut response_path_seen = false;
-    while let Some((mut message, side)) = next_message(&mut input) {
+    let mut response_ended = false;
+    while let Some((mut message, side, ends_response)) = next_message(&mut input) {
         if std::mem::take(&mut first) && modes & 0x80 != 0 {
             message.protocol_config = Some(ProtocolConfiguration {
                 request_body_mode: i32::from(modes & 7),
@@ -247,7 +252,6 @@ fuzz_target!(|data: &[u8]| {
             });
         }
         let observed = message.observability_mode;
-        response_path_seen |= side == Side::Response;
         let Ok(answers) = runtime.block_on(stream.send(message)) else {
             // The gRPC stream ends: the server drops the stream here.
             break;
@@ -255,17 +259,18 @@ fuzz_target!(|data: &[u8]| {
         assert!(!(observed && !answers.is_empty()), "answered a message sent in observability mode");
         assert!(!(refused && !answers.is_empty()), "answered after an ImmediateResponse");
         for answer in &answers {
+            assert!(!refused, "answered after an ImmediateResponse");
             if matches!(answer.response, Some(Response::ImmediateResponse(_))) {
                 refused = true;
+            } else {
+                assert!(side_of(&answer.response) == side, "a message answered on the other path");
             }
-            assert!(
-                side_of(&answer.response) != Side::Response || response_path_seen,
-                "answered the response path before the gateway sent any of it"
-            );
         }
+        response_ended |= ends_response;
         let (booked, freed) = (ledger.booked.load(Ordering::SeqCst), ledger.freed.load(Ordering::SeqCst));
         assert!(booked <= 1, "one stream picked {booked} times");
         assert!(freed <= booked, "freed {freed} bookings of {booked}");
+        assert!(freed == 0 || response_ended, "a booking freed while its stream and response went on");
     }
     assert!(ledger.served_by.load(Ordering::SeqCst) <= 1, "served_by told more than once");
     drop(stream);

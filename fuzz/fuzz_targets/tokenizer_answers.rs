@@ -2,10 +2,13 @@
 //! `GenerateRequest`), its completions render (a list of them, or one) and
 //! SGLang's `/tokenize`. Byte 0 picks the decoder; the rest is the answer.
 //!
-//! What must hold: no panic, an error rather than a guess for anything that
-//! is not the documented shape, at least one prompt counted whenever the
-//! completions decoder answers, and the chat and completions decoders
-//! agreeing on a single rendered prompt.
+//! What must hold: no panic, and (regression guards: neither can fail with
+//! today's decoders) at least one prompt counted whenever the completions
+//! decoder answers, and the chat and completions decoders agreeing on a
+//! single rendered prompt. Shapes other than the documented ones are not
+//! all refused: serde reads a struct written as a JSON array too, so
+//! `[[1,2]]` decodes as tokens `[1, 2]`; no engine answers that, and a wrong
+//! prompt costs a worse pick, not a wrong answer to the client.
 #![no_main]
 
 use kvpick_router::tokenizer::{SglangTokenizer, VllmRenderTokenizer};

@@ -23,8 +23,15 @@ impl Budget {
         Rounds { budget: *self, next: 0, start: None }
     }
 
-    /// The same budget with its time and iteration caps divided by `by`
-    /// (for baselines far slower than what they are compared with).
+    /// The same budget with its iteration counts divided by `by` (for
+    /// baselines far slower than what they are compared with); the time
+    /// stays, so a slow op may stop on time before `max_iters`.
+    /// Exactly `calls` timed calls after the warm-up, however long they
+    /// take: for comparisons that must see the same inputs on both sides.
+    pub fn exactly(&self, calls: u64) -> Budget {
+        Budget { warmup: self.warmup.min(calls), min_iters: calls, max_iters: calls, time: Duration::MAX }
+    }
+
     pub fn scaled_down(&self, by: u64) -> Budget {
         let by = by.max(1);
         Budget {

@@ -356,7 +356,8 @@ impl ExtProcMetrics {
         self.served_missing.fetch_add(1, Relaxed);
     }
 
-    /// A message the stream's state forbids (headers sent twice): ignored.
+    /// Headers sent twice on one stream: answered or ignored, never acted
+    /// on twice.
     pub(crate) fn record_out_of_order(&self) {
         self.out_of_order.fetch_add(1, Relaxed);
     }
@@ -501,7 +502,7 @@ pub struct ExtProcMetricsSnapshot {
     pub served_mismatches: u64,
     /// Responses without served-endpoint metadata.
     pub served_missing: u64,
-    /// Gateway messages ignored because the stream's state forbids them.
+    /// Request or response headers sent twice on one stream.
     pub out_of_order: u64,
     pub stream_errors: u64,
     /// Responses that carried a `usage` object.

@@ -182,8 +182,12 @@ impl<P: Picks> ExtProcStream<P> {
 
     async fn on_request_headers(&mut self, message: HttpHeaders, metadata: Option<&Metadata>) {
         if self.stage != Stage::Headers {
-            tracing::debug!(stage = ?self.stage, "ignoring request headers sent twice");
-            self.shared.metrics.record_out_of_order();
+            // After a refusal nothing is answered or counted (the gateway
+            // has stopped waiting); otherwise they came twice.
+            if self.stage != Stage::Refused {
+                tracing::debug!(stage = ?self.stage, "ignoring request headers sent twice");
+                self.shared.metrics.record_out_of_order();
+            }
             return;
         }
         self.note_subset(metadata);
@@ -423,10 +427,16 @@ impl<P: Picks> ExtProcStream<P> {
             return;
         }
         if std::mem::replace(&mut self.response_headers_seen, true) {
-            // Envoy sends them once; a second set would tell `served_by`
-            // again and restart the usage count of a response under way.
-            tracing::debug!(stage = ?self.stage, "ignoring response headers sent twice");
+            // Envoy sends them once. A second set must not tell `served_by`
+            // again or restart the usage count of a response under way, but
+            // it is still answered (the gateway may be waiting for that
+            // answer) and may still end the response.
+            tracing::debug!(stage = ?self.stage, "response headers sent twice: answered, otherwise ignored");
             self.shared.metrics.record_out_of_order();
+            self.out.push_back(responses::headers(Path::Response, None, false, None));
+            if message.end_of_stream {
+                self.finish_response();
+            }
             return;
         }
         let headers = ResponseHeaders::read(message.headers.as_ref());

@@ -271,11 +271,11 @@ fn run(cfg: &Config) -> Report {
     let memory_at_start = memory_latency_ns(MEMORY_PROBE_BYTES, MEMORY_PROBE_LOADS, 1);
     kvpick_perf::progress!(BIN, "find_matches latency");
     let mut find = bench_find_matches(cfg, &mut kvpick.index, &holders, &probes);
-    find.push(cold_find_matches(cfg, &population, &mut kvpick.index, &probes));
+    find.push(cold_find_matches(cfg, &population, &mut kvpick.index, &probes, &mut report.problems));
     #[cfg(feature = "dynamo")]
     let mut find_dynamo = dynamo.bench_find_matches(cfg, &probes);
     #[cfg(feature = "dynamo")]
-    find_dynamo.push(dynamo.cold_find_matches(cfg, &population, &probes));
+    find_dynamo.push(dynamo.cold_find_matches(cfg, &population, &probes, &mut report.problems));
     #[cfg(not(feature = "dynamo"))]
     let find_dynamo = Vec::new();
     drop(holders);
@@ -365,7 +365,7 @@ fn run(cfg: &Config) -> Report {
     report.header.push(conditions);
     report.header.push(format!(
         "- memory latency (dependent random load in 128 MiB, TLB misses included): {memory_at_start:.0} ns before the timed benchmarks, {:.0} ns after; \
-         the event-apply rows scale with it, find_matches (cache-resident) does not",
+         the event-apply and cold rows scale with it, the warm find_matches rows (cache-resident) do not",
         memory_latency_ns(MEMORY_PROBE_BYTES, MEMORY_PROBE_LOADS, 2)
     ));
     report
@@ -536,16 +536,29 @@ fn cold_name(index: &str) -> String {
     format!("{index}, cold: {COLD_TURNS} new {TURN_BLOCKS}-block turns stored and removed before each probe")
 }
 
+/// Timed cold probes per index: a fixed count, so every index sees the same
+/// churn (a time budget would stop the slower one earlier).
+fn cold_budget(cfg: &Config) -> Budget {
+    cfg.latency.exactly((cfg.latency.max_iters / COLD_SCALE).max(100))
+}
+
 /// `find_matches` between event rounds, as a live router runs it.
-fn cold_find_matches(cfg: &Config, population: &Population, shard: &mut Shard, probes: &[Probe]) -> FindRow {
+fn cold_find_matches(
+    cfg: &Config,
+    population: &Population,
+    shard: &mut Shard,
+    probes: &[Probe],
+    problems: &mut Vec<String>,
+) -> FindRow {
     let mut churn = cold_churn(population);
     let mut out = Vec::with_capacity(256);
+    let mut refused = 0;
     let shard = std::cell::RefCell::new(shard);
     let latency = time_each_after(
-        &cfg.latency.scaled_down(COLD_SCALE),
+        &cold_budget(cfg),
         |_| {
             for event in churn() {
-                apply_kvpick(&mut shard.borrow_mut(), event);
+                refused += u64::from(!apply_kvpick(&mut shard.borrow_mut(), event));
             }
         },
         |i| {
@@ -554,12 +567,16 @@ fn cold_find_matches(cfg: &Config, population: &Population, shard: &mut Shard, p
             out.len()
         },
     );
+    let entries = shard.borrow().index().entries();
+    if refused > 0 || entries != population.entries() {
+        problems.push(format!("cold probes: kvpick refused {refused} churn events and holds {entries} entries after"));
+    }
     FindRow { name: cold_name("KvIndex::find_matches (jump 32)"), latency }
 }
 
-/// Cold probes make fewer calls than warm ones: each carries 512 untimed
-/// block events.
-const COLD_SCALE: u64 = 25;
+/// Cold probes make fewer calls than warm ones (10,000 at full size): each
+/// carries 512 untimed block events.
+const COLD_SCALE: u64 = 50;
 
 fn find_table(rows: &[FindRow], dynamo: &[FindRow]) -> Table {
     let mut t = Table::new(
@@ -1092,12 +1109,18 @@ impl Dynamo {
 
     /// RadixTree's `find_matches` between the same event rounds as kvpick's
     /// cold row (applied to the RadixTree only).
-    fn cold_find_matches(&mut self, cfg: &Config, population: &Population, probes: &[Probe]) -> FindRow {
+    fn cold_find_matches(
+        &mut self,
+        cfg: &Config,
+        population: &Population,
+        probes: &[Probe],
+        problems: &mut Vec<String>,
+    ) -> FindRow {
         use kvpick_perf::dynamo::router_event;
         let mut churn = cold_churn(population);
         let this = std::cell::RefCell::new(self);
         let latency = time_each_after(
-            &cfg.latency.scaled_down(COLD_SCALE),
+            &cold_budget(cfg),
             |_| {
                 let mut this = this.borrow_mut();
                 for event in churn() {
@@ -1108,6 +1131,10 @@ impl Dynamo {
             },
             |i| this.borrow().radix.index.find_matches(&probes[i as usize % probes.len()].locals).scores.len(),
         );
+        let this = this.into_inner();
+        if this.radix.index.entries() as u64 != population.entries() {
+            problems.push(format!("cold probes: RadixTree holds {} entries after", this.radix.index.entries()));
+        }
         FindRow { name: cold_name("Dynamo RadixTree::find_matches"), latency }
     }
 

@@ -211,7 +211,7 @@ fn ext_proc(e: &mut Exposition, sources: &Sources) {
     );
     e.counter(
         "kvpick_ext_proc_messages_out_of_order_total",
-        "ext_proc messages ignored because the stream had already had them (request or response headers sent twice).",
+        "ext_proc request or response headers sent twice on one stream (the second set is not acted on).",
         &[],
         m.out_of_order,
     );

@@ -9,6 +9,7 @@ use crate::ext_proc_support::h2_client::RawConnection;
 use crate::ext_proc_support::*;
 use kvpick_core::{CostModel, EngineRates, RouterConfig};
 use kvpick_proto::ext_proc::external_processor_client::ExternalProcessorClient;
+use kvpick_proto::ext_proc::processing_response::Response;
 use tonic::transport::Channel;
 
 async fn prefill_tokens(h: &Harness) -> u64 {
@@ -270,24 +271,32 @@ async fn the_booking_moves_to_the_endpoint_that_served() {
 }
 
 /// Found by the `ext_proc_stream` fuzz target: a second set of response
-/// headers told the booking where it was served a second time.
+/// headers told the booking where it was served a second time. Now it is
+/// answered (the gateway may wait for that answer) and counted, and the
+/// booking stays where the first set moved it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn response_headers_sent_twice_are_ignored_and_counted() {
+async fn response_headers_sent_twice_are_answered_counted_and_not_acted_on() {
     let h = Harness::start(Options::default()).await;
+    let booked_at = |loads: Vec<kvpick_core::LoadSnapshot>| {
+        loads.iter().filter(|l| l.requests > 0).map(|l| (l.worker.0 - 1) as usize).collect::<Vec<_>>()
+    };
     let mut client = h.client().await;
     let mut call = Call::open(&mut client).await;
     let picked = pick(&mut call, &chat("headers twice")).await;
     let picked_index = (0..3).find(|i| endpoint(*i).to_string() == picked).expect("a harness endpoint");
-    let (first, second) = (endpoint((picked_index + 1) % 3), endpoint((picked_index + 2) % 3));
-    call.send(response_headers("200", "text/event-stream", Some(&first.to_string()), false));
-    call.recv().await;
-    call.send(response_headers("200", "text/event-stream", Some(&second.to_string()), false));
-    wait_for("counted", || async { h.metrics.snapshot().out_of_order == 1 }).await;
+    let (first, second) = ((picked_index + 1) % 3, (picked_index + 2) % 3);
+    call.send(response_headers("200", "text/event-stream", Some(&endpoint(first).to_string()), false));
+    assert!(matches!(call.recv().await.response, Some(Response::ResponseHeaders(_))));
+    wait_for("the booking moved", || async { booked_at(h.loads().await) == vec![first] }).await;
+    call.send(response_headers("200", "text/event-stream", Some(&endpoint(second).to_string()), false));
+    assert!(matches!(call.recv().await.response, Some(Response::ResponseHeaders(_))), "the second set is answered");
+    assert_eq!(h.metrics.snapshot().out_of_order, 1);
+    assert_eq!(booked_at(h.loads().await), vec![first], "the second set moves nothing");
     call.send(response_body(b"data: [DONE]\n\n", true));
     call.recv().await;
     h.wait_all_freed().await;
     let m = h.metrics.snapshot();
-    assert_eq!((m.bookings_moved, m.frees, m.frees_not_found), (1, 1, 0), "moved once, to the first served endpoint");
+    assert_eq!((m.bookings_moved, m.frees, m.frees_not_found), (1, 1, 0));
     drop((call, client));
     h.stop().await;
 }
