@@ -176,6 +176,15 @@ impl BookedTree {
         }
     }
 
+    /// `walk`, keeping the segments it entered in the tree's scratch path,
+    /// taken out for the caller to hand back (`self.path = path`).
+    fn walk_path(&mut self, seq: &[SequenceHash], compare: Compare) -> (Walk, Vec<SegmentId>) {
+        let mut path = std::mem::take(&mut self.path);
+        path.clear();
+        let walk = self.walk(seq, compare, |id| path.push(id));
+        (walk, path)
+    }
+
     /// Books the whole of `seq`: every segment along it gains a booking, a
     /// segment the prompt leaves or ends inside is cut there, and what is not
     /// booked yet becomes a new segment holding `seq` itself.
@@ -183,9 +192,7 @@ impl BookedTree {
         if seq.is_empty() {
             return;
         }
-        let mut path = std::mem::take(&mut self.path);
-        path.clear();
-        let walk = self.walk(seq, Compare::Every, |id| path.push(id));
+        let (walk, path) = self.walk_path(seq, Compare::Every);
         if let Some(last) = walk.last {
             if walk.depth < self.segments[last as usize].end as usize {
                 self.split(last, walk.depth as u32);
@@ -223,9 +230,7 @@ impl BookedTree {
         if seq.is_empty() {
             return;
         }
-        let mut path = std::mem::take(&mut self.path);
-        path.clear();
-        let walk = self.walk(seq, Compare::Ends, |id| path.push(id));
+        let (walk, path) = self.walk_path(seq, Compare::Ends);
         let booked = walk.depth == seq.len()
             && walk.last.is_some_and(|last| self.segments[last as usize].end as usize == seq.len());
         // Always true: `release` gets the very chain `book` put in the tree.
@@ -237,11 +242,11 @@ impl BookedTree {
             let kept = path.iter().take_while(|&&id| self.segments[id as usize].refs > 0).count();
             for depth in (kept..path.len()).rev() {
                 let id = path[depth];
-                let first = self.segments[id as usize].chain[self.segments[id as usize].start as usize];
                 match depth.checked_sub(1).map(|d| path[d]) {
                     Some(parent) => self.segments[parent as usize].children.retain(|(_, child)| *child != id),
+                    // The path's first segment is the root keyed by the prompt's first block.
                     None => {
-                        self.roots.remove(&first);
+                        self.roots.remove(&seq[0]);
                     }
                 }
                 self.blocks -= self.segments[id as usize].len();
@@ -294,14 +299,13 @@ impl BookedTree {
             return;
         }
         let child_segment = &mut self.segments[child as usize];
-        let chain = std::mem::replace(&mut child_segment.chain, Arc::clone(&self.vacant_chain));
-        let children = std::mem::take(&mut child_segment.children);
-        let end = child_segment.end;
+        let (chain, children, end) =
+            (Arc::clone(&child_segment.chain), std::mem::take(&mut child_segment.children), child_segment.end);
         let segment = &mut self.segments[id as usize];
         segment.chain = chain;
         segment.end = end;
         segment.children = children;
-        self.free.push(child);
+        self.vacate(child);
     }
 
     fn alloc(&mut self, segment: Segment) -> SegmentId {

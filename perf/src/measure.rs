@@ -23,15 +23,15 @@ impl Budget {
         Rounds { budget: *self, next: 0, start: None }
     }
 
-    /// The same budget with its iteration counts divided by `by` (for
-    /// baselines far slower than what they are compared with); the time
-    /// stays, so a slow op may stop on time before `max_iters`.
     /// Exactly `calls` timed calls after the warm-up, however long they
     /// take: for comparisons that must see the same inputs on both sides.
     pub fn exactly(&self, calls: u64) -> Budget {
         Budget { warmup: self.warmup.min(calls), min_iters: calls, max_iters: calls, time: Duration::MAX }
     }
 
+    /// The same budget with its iteration counts divided by `by` (for
+    /// baselines far slower than what they are compared with); the time
+    /// stays, so a slow op may stop on time before `max_iters`.
     pub fn scaled_down(&self, by: u64) -> Budget {
         let by = by.max(1);
         Budget {
@@ -136,21 +136,8 @@ pub struct LatencySummary {
 }
 
 /// Times each call of `op` (given the round number) within `budget`.
-pub fn time_each<R>(budget: &Budget, mut op: impl FnMut(u64) -> R) -> LatencySummary {
-    let mut latencies = Latencies::default();
-    for round in budget.rounds() {
-        match round {
-            Round::Warmup(i) => {
-                black_box(op(i));
-            }
-            Round::Timed(i) => {
-                let start = Instant::now();
-                black_box(op(i));
-                latencies.record(start.elapsed());
-            }
-        }
-    }
-    latencies.summary()
+pub fn time_each<R>(budget: &Budget, op: impl FnMut(u64) -> R) -> LatencySummary {
+    time_each_after(budget, |_| {}, op)
 }
 
 /// Times each call of `op` like [`time_each`], with `before` run untimed

@@ -16,15 +16,14 @@ use crate::stream::{ExtProcStream, Shared};
 /// A stream as the server runs it, minus the transport.
 pub struct StreamUnderTest<P: Picks> {
     stream: ExtProcStream<P>,
-    metrics: Arc<ExtProcMetrics>,
 }
 
 impl<P: Picks> StreamUnderTest<P> {
     pub fn new(config: ExtProcConfig, picker: P) -> Self {
         let metrics = Arc::new(ExtProcMetrics::new());
         let inflight = InflightLimiter::new(config.max_inflight_requests, metrics.clone());
-        let shared = Arc::new(Shared { config, picker, metrics: metrics.clone(), inflight, tracing: None });
-        StreamUnderTest { stream: ExtProcStream::new(shared, None), metrics }
+        let shared = Arc::new(Shared { config, picker, metrics, inflight, tracing: None });
+        StreamUnderTest { stream: ExtProcStream::new(shared, None) }
     }
 
     /// Hands one gateway message to the stream and returns every answer it
@@ -32,10 +31,5 @@ impl<P: Picks> StreamUnderTest<P> {
     pub async fn send(&mut self, message: ProcessingRequest) -> Result<Vec<ProcessingResponse>, tonic::Status> {
         self.stream.on_message(message).await?;
         Ok(std::iter::from_fn(|| self.stream.next_out()).collect())
-    }
-
-    /// The server's counters, shared by every stream it made.
-    pub fn metrics(&self) -> &ExtProcMetrics {
-        &self.metrics
     }
 }
