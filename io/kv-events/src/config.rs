@@ -93,7 +93,9 @@ pub struct IngestConfig {
     /// connection is dropped and redialled (`ZMQ_HEARTBEAT_TIMEOUT`; also
     /// sent to the publisher as its `ZMQ_HEARTBEAT_TTL` for us).
     pub heartbeat_timeout: Duration,
-    /// A replay that sends nothing for this long is given up.
+    /// A replay that sends nothing for this long (once it has answered
+    /// something: at most 250 ms) ends; it is asked again from where it
+    /// stopped if it made progress, else given up.
     pub replay_idle_timeout: Duration,
     /// Most live batches buffered per publisher during a replay; one more
     /// gives the replay up.

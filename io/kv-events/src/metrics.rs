@@ -60,8 +60,11 @@ counters! {
     gaps,
     /// Replays requested (gap or catch-up).
     replays_started,
-    /// Replays given up (timeout, socket error, buffer full).
+    /// Replays given up (timeout with no progress, socket error, buffer full).
     replays_failed,
+    /// Replays that went quiet after progress (an answer cut short) and
+    /// were asked again from the first batch still missing.
+    replays_resumed,
     /// Batches applied from replays.
     replayed_batches,
     /// Batches known to be missed and never applied.

@@ -124,8 +124,9 @@ impl<S: KvEventSink> PollLoop<S> {
         let worker = publisher.worker.0;
         let endpoint = publisher.endpoint.clone();
         match Subscription::open(&self.ctx, &self.cfg, publisher, &self.metrics) {
-            Ok(subscription) => {
+            Ok(mut subscription) => {
                 tracing::info!(worker, endpoint, "subscribed to KV events");
+                subscription.catch_up(&mut Outlet { sink: &mut self.sink, metrics: &self.metrics });
                 self.subscriptions.push(subscription);
             }
             Err(error) => {

@@ -3,11 +3,19 @@
 //! A fresh socket per replay, closed when it ends, so replies of a replay
 //! that was given up can never be mistaken for those of the next one. The
 //! idle deadline moves with every reply: a large replay that keeps
-//! streaming is never cut off, a silent one is.
+//! streaming is never cut off, a silent one is. Before the first reply the
+//! engine gets the whole idle timeout to start answering; once it has
+//! started, an answer streams from its buffer in one go, so a shorter
+//! silence ([`MID_ANSWER_SILENCE`]) already means the answer was cut short
+//! (see `Sequencer::resume_replay`), and the replay is asked again sooner.
 
 use std::time::{Duration, Instant};
 
 use crate::wire::frames::replay_request;
+
+/// Silence after a reply that ends a replay's answer early. An early end
+/// costs one more request (replies already applied are not asked again).
+pub(crate) const MID_ANSWER_SILENCE: Duration = Duration::from_millis(250);
 
 pub(crate) struct ReplaySession {
     socket: zmq::Socket,
@@ -44,11 +52,12 @@ impl ReplaySession {
         self.deadline
     }
 
-    /// The next reply, if one is waiting; any reply extends the deadline.
+    /// The next reply, if one is waiting; any reply extends the deadline
+    /// (by [`MID_ANSWER_SILENCE`] at most).
     pub(crate) fn try_recv(&mut self) -> Result<Option<Vec<Vec<u8>>>, zmq::Error> {
         match self.socket.recv_multipart(zmq::DONTWAIT) {
             Ok(frames) => {
-                self.deadline = Instant::now() + self.idle_timeout;
+                self.deadline = Instant::now() + self.idle_timeout.min(MID_ANSWER_SILENCE);
                 Ok(Some(frames))
             }
             Err(zmq::Error::EAGAIN) => Ok(None),

@@ -16,6 +16,9 @@ pub(crate) struct Subscription {
     cfg: Arc<IngestConfig>,
     socket: zmq::Socket,
     replay: Option<ReplaySession>,
+    /// The last batch applied when the replay in flight was asked for: a
+    /// silent replay that moved past it made progress and is asked again.
+    replay_mark: Option<u64>,
     sequencer: Sequencer<Vec<u8>>,
     applier: BatchApplier,
     gauges: Arc<WorkerMetrics>,
@@ -58,6 +61,7 @@ impl Subscription {
             cfg: Arc::clone(cfg),
             socket,
             replay: None,
+            replay_mark: None,
             steps: Vec::new(),
             warned: false,
         })
@@ -81,6 +85,12 @@ impl Subscription {
 
     pub(crate) fn replay_deadline(&self) -> Option<Instant> {
         self.replay.as_ref().map(ReplaySession::deadline)
+    }
+
+    /// Asks the engine for its history at once (see [`Sequencer::catch_up`]).
+    pub(crate) fn catch_up(&mut self, out: &mut Outlet<'_>) {
+        self.sequencer.catch_up(&mut self.steps);
+        self.run_steps(out);
     }
 
     /// Handles up to `messages_per_turn` live messages waiting on the socket.
@@ -126,11 +136,22 @@ impl Subscription {
         }
     }
 
-    /// Gives the replay up if it has been silent past its deadline.
+    /// A replay silent past its deadline is asked again from where it
+    /// stopped if it applied batches since it was (last) asked for (an
+    /// answer cut short, see [`Sequencer::resume_replay`]), and given up
+    /// if it applied none: each retry must make progress, so they end.
     pub(crate) fn expire_replay(&mut self, now: Instant, out: &mut Outlet<'_>) {
-        if self.replay_deadline().is_some_and(|deadline| deadline <= now) {
-            self.fail_replay(out, "timed out");
+        if self.replay_deadline().is_none_or(|deadline| deadline > now) {
+            return;
         }
+        if self.sequencer.last() == self.replay_mark {
+            return self.fail_replay(out, "timed out");
+        }
+        self.replay = None;
+        add(&out.metrics.counters.replays_resumed, 1);
+        tracing::debug!(worker = self.worker(), last_seq = ?self.sequencer.last(), "KV event replay cut short: asking again");
+        self.sequencer.resume_replay(&mut self.steps);
+        self.run_steps(out);
     }
 
     fn fail_replay(&mut self, out: &mut Outlet<'_>, why: &str) {
@@ -202,7 +223,10 @@ impl Subscription {
             return self.fail_replay(out, "has no endpoint");
         };
         match ReplaySession::start(&self.ctx, endpoint, from, self.cfg.replay_idle_timeout, self.cfg.max_frame_bytes) {
-            Ok(session) => self.replay = Some(session),
+            Ok(session) => {
+                self.replay = Some(session);
+                self.replay_mark = self.sequencer.last();
+            }
             Err(error) => {
                 add(&out.metrics.counters.socket_errors, 1);
                 self.fail_replay(out, &format!("could not start: {error}"));

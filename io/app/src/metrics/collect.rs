@@ -296,7 +296,7 @@ fn tokenizer_families(e: &mut Exposition, tokenizer: &TokenizerMetrics) {
 
 fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerNames) {
     let c = ingest.snapshot();
-    let counters: [(&str, &str, u64); 16] = [
+    let counters: [(&str, &str, u64); 17] = [
         (
             "kvpick_kv_event_batches_applied_total",
             "KV-event batches decoded and applied, live or replayed.",
@@ -319,6 +319,11 @@ fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerN
         ("kvpick_kv_event_gaps_total", "Sequence gaps seen on live streams.", c.gaps),
         ("kvpick_kv_event_replays_total", "Replays requested (gap or catch-up).", c.replays_started),
         ("kvpick_kv_event_replays_failed_total", "Replays given up.", c.replays_failed),
+        (
+            "kvpick_kv_event_replays_resumed_total",
+            "Replays cut short (an engine's send high-water mark) and asked again from where they stopped.",
+            c.replays_resumed,
+        ),
         ("kvpick_kv_event_batches_lost_total", "Batches known missed and never applied.", c.lost_batches),
         (
             "kvpick_kv_event_engine_restarts_total",

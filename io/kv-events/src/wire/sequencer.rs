@@ -16,8 +16,9 @@
 //!   buffered during a replay, only the live stream going back counts: one
 //!   at or below `last` because the replay already applied it is a
 //!   duplicate.
-//! - First batch (after connecting, or a restart) with `seq > 0`: a catch-up
-//!   replay from 0 relearns what the engine's replay buffer still holds.
+//! - On subscribing, and on a first batch (after connecting, or a restart)
+//!   with `seq > 0`: a catch-up replay from 0 relearns what the engine's
+//!   replay buffer still holds.
 //!   What predates the buffer was never ours to lose, so a catch-up never
 //!   reports loss; a gap replay reports whatever it could not heal.
 
@@ -74,9 +75,14 @@ pub enum ReplayKind {
 struct Pending<P> {
     kind: ReplayKind,
     from: u64,
-    /// Live batches received meanwhile, in arrival order; never empty (the
-    /// first is the batch that triggered the replay).
+    /// Live batches received meanwhile, in arrival order; the first is the
+    /// batch that triggered the replay, except for a catch-up asked on
+    /// subscribing ([`Sequencer::catch_up`]), which starts empty.
     buffered: VecDeque<(u64, P)>,
+    /// Whether the current answer (since the last request) has applied a
+    /// batch: a jump after that is a hole dropped on the way, not the
+    /// start of what the engine still holds.
+    answered: bool,
 }
 
 #[derive(Debug)]
@@ -141,23 +147,81 @@ impl<P> Sequencer<P> {
     }
 
     /// A batch from the replay in flight (ignored when none is).
+    ///
+    /// An answer streams the engine's buffer in order, so only its first
+    /// batch may start past `expected` (what the engine no longer holds: a
+    /// loss for a gap, history before the buffer for a catch-up). A jump
+    /// later in the answer is a hole: batches dropped on the way (vLLM's
+    /// replay ROUTER drops what overflows its send high-water mark). The
+    /// engine still holds them, so the replay is asked again from the hole
+    /// and this batch waits for the new answer.
     pub fn replayed(&mut self, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
-        let Some(pending) = &self.pending else { return };
+        let Some(pending) = &mut self.pending else { return };
         let expected = self.last.map_or(pending.from, |last| last + 1);
         if seq < expected {
             out.push(Step::Duplicate { seq });
             return;
         }
-        if seq > expected && pending.kind == ReplayKind::Gap {
-            out.push(Step::Lost { from: expected, to: seq - 1, cause: LossCause::NotInReplayBuffer });
+        if seq > expected {
+            if pending.answered {
+                pending.answered = false;
+                out.push(Step::Replay { from: expected, kind: pending.kind });
+                return;
+            }
+            if pending.kind == ReplayKind::Gap {
+                out.push(Step::Lost { from: expected, to: seq - 1, cause: LossCause::NotInReplayBuffer });
+            }
         }
+        pending.answered = true;
         self.apply(seq, payload, true, out);
+    }
+
+    /// On subscribing: relearn what the engine's replay buffer holds now,
+    /// without waiting for a live batch. A worker nobody routes to (after
+    /// kvpick or the worker's entry restarts, its cache looks empty to the
+    /// index, so the picker does not favour it) may publish nothing for a
+    /// long time, its cache unknown meanwhile. Nothing happens without a
+    /// replay endpoint, or once a batch or a replay is under way.
+    pub fn catch_up(&mut self, out: &mut Vec<Step<P>>) {
+        if self.can_replay && self.last.is_none() && self.pending.is_none() {
+            out.push(Step::Replay { from: 0, kind: ReplayKind::CatchUp });
+            self.pending =
+                Some(Pending { kind: ReplayKind::CatchUp, from: 0, buffered: VecDeque::new(), answered: false });
+        }
+    }
+
+    /// The replay in flight went quiet after applying batches: its answer
+    /// was cut short, as vLLM's can be (its replay ROUTER keeps ZMQ's
+    /// default send high-water mark of 1,000 messages and silently drops
+    /// what overflows it, end marker included). Asks again from the first
+    /// batch still missing; the live batches buffered meanwhile stay.
+    /// Nothing happens with no replay in flight.
+    pub fn resume_replay(&mut self, out: &mut Vec<Step<P>>) {
+        if let Some(pending) = &mut self.pending {
+            let from = self.last.map_or(pending.from, |last| last + 1);
+            pending.answered = false;
+            out.push(Step::Replay { from, kind: pending.kind });
+        }
     }
 
     /// The replay in flight ended. Whatever it did not heal before the
     /// first buffered batch is lost; buffered batches are then handled as
     /// live, except those the replay already applied (duplicates).
+    ///
+    /// A completed answer that applied batches but stops short of the first
+    /// buffered live batch lost its tail on the way (the end marker got
+    /// through, the batches before it did not: the engine served the replay
+    /// after publishing everything before that live batch). It is asked
+    /// again from the first batch missing instead of ending.
     pub fn end_replay(&mut self, end: ReplayEnd, out: &mut Vec<Step<P>>) {
+        if let (ReplayEnd::Completed, Some(pending), Some(last)) = (end, &mut self.pending, self.last) {
+            let short = pending.buffered.front().is_some_and(|&(first, _)| first > last + 1);
+            if pending.answered && short {
+                pending.answered = false;
+                out.push(Step::Replay { from: last + 1, kind: pending.kind });
+                return;
+            }
+        }
         let Some(pending) = self.pending.take() else { return };
         let cause = match end {
             ReplayEnd::Completed => LossCause::NotInReplayBuffer,
@@ -191,7 +255,7 @@ impl<P> Sequencer<P> {
 
     fn start_replay(&mut self, kind: ReplayKind, from: u64, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
         out.push(Step::Replay { from, kind });
-        self.pending = Some(Pending { kind, from, buffered: VecDeque::from([(seq, payload)]) });
+        self.pending = Some(Pending { kind, from, buffered: VecDeque::from([(seq, payload)]), answered: false });
     }
 
     fn apply(&mut self, seq: u64, payload: P, replayed: bool, out: &mut Vec<Step<P>>) {

@@ -36,7 +36,7 @@ fn batches_are_applied_in_order_and_counted() {
     assert_eq!(m.events_applied, 7, "5 stored, 1 removed, 1 cleared");
     assert_eq!(m.blocks_applied, 6);
     assert_eq!(m.events_skipped, 2);
-    assert_eq!((m.bad_frames, m.decode_errors, m.gaps, m.replays_started, m.duplicate_batches), (0, 0, 0, 0, 0));
+    assert_eq!((m.bad_frames, m.decode_errors, m.gaps, m.replays_started, m.duplicate_batches), (0, 0, 0, 1, 0));
     let worker = ingest.metrics().worker(WorkerId(1)).unwrap();
     assert_eq!(worker.batches_applied, 8);
     let lag = worker.lag_seconds.unwrap();

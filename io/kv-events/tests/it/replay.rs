@@ -25,7 +25,8 @@ fn gap_is_healed_by_replay(layout: ReplayLayout) {
     // Any batch applied out of order would have had an unknown parent.
     assert_eq!(overlap(&svc, 1, 7), 7);
     let m = ingest.metrics().snapshot();
-    assert_eq!((m.gaps, m.replays_started, m.replays_failed), (1, 1, 0));
+    // The catch-up on subscribing, then the gap's.
+    assert_eq!((m.gaps, m.replays_started, m.replays_failed), (1, 2, 0));
     assert_eq!(m.replayed_batches, 4, "2, 3, 4 and 5 from the replay");
     assert_eq!(m.duplicate_batches, 2, "live 4 and 5");
     assert_eq!((m.lost_batches, m.unknown_parent_events, m.bad_frames), (0, 0, 0));
@@ -85,6 +86,75 @@ fn gap_without_replay_endpoint_is_lost_and_later_batches_applied() {
     ingest.shutdown().unwrap();
 }
 
+/// A worker nobody routes to publishes nothing; its cache is learned from
+/// its replay buffer as soon as kvpick subscribes.
+#[test]
+fn subscribing_relearns_history_without_waiting_for_a_batch() {
+    let svc = service(&[1]);
+    let ingest = spawn(&svc, config(WAIT));
+    let mut publisher = TestPublisher::bind("");
+    for k in 0..3 {
+        publisher.record(k, chain_batch(k));
+    }
+    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
+    assert_eq!(publisher.serve_replay(ReplayLayout::WithTopic), 0);
+
+    wait_for_seq(&ingest, 1, 2);
+    assert_eq!((overlap(&svc, 1, 3), cached_blocks(&svc, 1)), (3, 3));
+    let m = ingest.metrics().snapshot();
+    assert_eq!((m.replays_started, m.replayed_batches, m.lost_batches, m.replays_failed), (1, 3, 0, 0));
+    ingest.shutdown().unwrap();
+}
+
+/// vLLM's replay ROUTER keeps ZMQ's default send high-water mark (1,000
+/// messages) and drops what overflows it, end marker included: a long
+/// answer stops short. kvpick asks again from where it stopped.
+#[test]
+fn replay_cut_short_is_asked_again_from_where_it_stopped() {
+    let svc = service(&[1]);
+    let ingest = spawn(&svc, config(Duration::from_millis(200)));
+    let mut publisher = TestPublisher::bind("");
+    for k in 0..6 {
+        publisher.record(k, chain_batch(k));
+    }
+    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
+    publisher.wait_subscribed();
+    publisher.publish(6, chain_batch(6));
+    assert_eq!(publisher.serve_replay_cut_short(ReplayLayout::WithTopic, 3), 0, "catch-up from 0");
+    assert_eq!(publisher.serve_replay(ReplayLayout::WithTopic), 3, "asked again from the first batch missing");
+    publisher.publish(7, chain_batch(7));
+
+    wait_for_seq(&ingest, 1, 7);
+    // Any batch applied out of order would have had an unknown parent.
+    assert_eq!((overlap(&svc, 1, 8), cached_blocks(&svc, 1)), (8, 8));
+    let m = ingest.metrics().snapshot();
+    assert_eq!((m.replays_started, m.replays_resumed, m.replays_failed), (2, 1, 0));
+    assert_eq!((m.replayed_batches, m.duplicate_batches), (7, 1), "0..=6 replayed, live 6 a duplicate");
+    assert_eq!((m.lost_batches, m.unknown_parent_events), (0, 0));
+    ingest.shutdown().unwrap();
+}
+
+/// A replay that answers nothing more after being asked again is given up.
+#[test]
+fn replay_cut_short_twice_without_progress_is_given_up() {
+    let (svc, ingest, mut publisher) = one_publisher("", true, config(Duration::from_millis(200)));
+    publisher.publish(0, chain_batch(0));
+    for k in 1..5 {
+        publisher.record(k, chain_batch(k));
+    }
+    publisher.publish(5, chain_batch(5));
+    assert_eq!(publisher.serve_replay_cut_short(ReplayLayout::WithTopic, 2), 1);
+    assert_eq!(publisher.ignore_replay(), 3, "asked again once");
+    publisher.publish(6, chain_batch(6));
+
+    wait_for_seq(&ingest, 1, 6);
+    let m = ingest.metrics().snapshot();
+    assert_eq!((m.replays_started, m.replays_resumed, m.replays_failed), (3, 1, 1), "with the catch-up on subscribing");
+    assert_eq!(m.lost_batches, 2, "3 and 4 never came");
+    assert_eq!(cached_blocks(&svc, 1), 3, "0, 1 and 2; 5 and 6 orphans of the lost 4");
+    ingest.shutdown().unwrap();
+}
+
 #[test]
 fn unanswered_replay_times_out_and_buffered_batches_are_applied() {
     let (svc, ingest, mut publisher) = one_publisher("", true, config(Duration::from_millis(200)));
@@ -100,7 +170,7 @@ fn unanswered_replay_times_out_and_buffered_batches_are_applied() {
     wait_for_seq(&ingest, 1, 5);
     assert_eq!(cached_blocks(&svc, 1), 1, "block 1 left; 4 was an orphan");
     let m = ingest.metrics().snapshot();
-    assert_eq!((m.gaps, m.replays_started, m.replays_failed), (1, 1, 1));
+    assert_eq!((m.gaps, m.replays_started, m.replays_failed), (1, 2, 1), "with the catch-up on subscribing");
     assert_eq!((m.lost_batches, m.replayed_batches, m.unknown_parent_events), (2, 0, 1));
     ingest.shutdown().unwrap();
 }

@@ -214,3 +214,125 @@ fn restart_while_replaying_is_seen_in_the_buffer() {
         vec![Step::Duplicate { seq: 4 }, Step::Duplicate { seq: 5 }, Step::Clear, apply(0, false), apply(1, false),]
     );
 }
+
+#[test]
+fn catch_up_cut_short_resumes_where_it_stopped_and_loses_nothing() {
+    let mut s = Sequencer::new(true, 8);
+    // First batch 6: catch up from 0; live 7 arrives meanwhile.
+    assert_eq!(live(&mut s, &[6, 7]), vec![Step::Replay { from: 0, kind: ReplayKind::CatchUp }]);
+    // The answer stops after 0..=2 with no end marker.
+    assert_eq!(applied(&replayed(&mut s, &[0, 1, 2])), vec![0, 1, 2]);
+    let mut out = Vec::new();
+    s.resume_replay(&mut out);
+    assert_eq!(out, vec![Step::Replay { from: 3, kind: ReplayKind::CatchUp }]);
+    assert_eq!(s.replaying(), Some(ReplayKind::CatchUp), "the buffered live batches stay");
+    // The second answer runs past the buffered batches, which are then duplicates.
+    assert_eq!(applied(&replayed(&mut s, &[3, 4, 5, 6, 7])), vec![3, 4, 5, 6, 7]);
+    let out = end(&mut s, ReplayEnd::Completed);
+    assert_eq!(out, vec![Step::Duplicate { seq: 6 }, Step::Duplicate { seq: 7 }]);
+    assert_eq!(live(&mut s, &[8]), vec![apply(8, false)]);
+}
+
+#[test]
+fn gap_replay_cut_short_resumes_and_reports_only_what_the_engine_lacks() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 1]);
+    assert_eq!(live(&mut s, &[6]), vec![Step::Gap { from: 2, to: 5 }, Step::Replay { from: 2, kind: ReplayKind::Gap }]);
+    replayed(&mut s, &[2, 3]);
+    let mut out = Vec::new();
+    s.resume_replay(&mut out);
+    assert_eq!(out, vec![Step::Replay { from: 4, kind: ReplayKind::Gap }]);
+    // The engine no longer holds 4; 5 heals the rest.
+    let out = replayed(&mut s, &[5]);
+    assert_eq!(out, vec![Step::Lost { from: 4, to: 4, cause: LossCause::NotInReplayBuffer }, apply(5, true)]);
+    let out = end(&mut s, ReplayEnd::Completed);
+    assert_eq!(out, vec![apply(6, false)]);
+}
+
+#[test]
+fn resume_without_a_replay_in_flight_asks_nothing() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 1]);
+    let mut out = Vec::new();
+    s.resume_replay(&mut out);
+    assert!(out.is_empty());
+}
+
+#[test]
+fn catch_up_on_subscribing_asks_from_zero_before_any_batch() {
+    let mut s = Sequencer::new(true, 8);
+    let mut out = Vec::new();
+    s.catch_up(&mut out);
+    assert_eq!(out, vec![Step::Replay { from: 0, kind: ReplayKind::CatchUp }]);
+    // Live batches wait for the answer; the answer covers 0..=3.
+    assert!(live(&mut s, &[3, 4]).is_empty());
+    assert_eq!(applied(&replayed(&mut s, &[0, 1, 2, 3])), vec![0, 1, 2, 3]);
+    assert_eq!(end(&mut s, ReplayEnd::Completed), vec![Step::Duplicate { seq: 3 }, apply(4, false)]);
+}
+
+#[test]
+fn catch_up_on_subscribing_to_a_fresh_engine_waits_for_its_first_batch() {
+    let mut s = Sequencer::new(true, 8);
+    let mut out = Vec::new();
+    s.catch_up(&mut out);
+    assert!(end(&mut s, ReplayEnd::Completed).is_empty(), "nothing buffered, nothing lost");
+    assert_eq!(live(&mut s, &[0, 1]), vec![apply(0, false), apply(1, false)]);
+}
+
+#[test]
+fn catch_up_on_subscribing_needs_a_replay_endpoint_and_a_fresh_stream() {
+    let mut s = Sequencer::<u64>::new(false, 8);
+    let mut out = Vec::new();
+    s.catch_up(&mut out);
+    assert!(out.is_empty());
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0]);
+    s.catch_up(&mut out);
+    assert!(out.is_empty());
+}
+
+#[test]
+fn hole_inside_an_answer_is_asked_again_not_skipped() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[9]);
+    // 0 and 1 arrive, 2..=4 were dropped on the way, 5 follows.
+    assert_eq!(applied(&replayed(&mut s, &[0, 1])), vec![0, 1]);
+    assert_eq!(replayed(&mut s, &[5]), vec![Step::Replay { from: 2, kind: ReplayKind::CatchUp }]);
+    // Replies of the old answer are gone with its socket; the new one starts at 2.
+    assert_eq!(applied(&replayed(&mut s, &[2, 3, 4, 5, 6, 7, 8])), vec![2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(end(&mut s, ReplayEnd::Completed), vec![apply(9, false)]);
+}
+
+#[test]
+fn gap_answer_with_a_hole_loses_nothing() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0]);
+    live(&mut s, &[6]);
+    replayed(&mut s, &[1, 2]);
+    assert_eq!(replayed(&mut s, &[4]), vec![Step::Replay { from: 3, kind: ReplayKind::Gap }]);
+    let out = replayed(&mut s, &[3, 4, 5]);
+    assert_eq!(out, vec![apply(3, true), apply(4, true), apply(5, true)]);
+    assert_eq!(end(&mut s, ReplayEnd::Completed), vec![apply(6, false)]);
+}
+
+#[test]
+fn answer_whose_tail_was_dropped_is_asked_again_from_the_tail() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0]);
+    live(&mut s, &[6]);
+    replayed(&mut s, &[1, 2]);
+    // The end marker got through, 3..=5 did not.
+    assert_eq!(end(&mut s, ReplayEnd::Completed), vec![Step::Replay { from: 3, kind: ReplayKind::Gap }]);
+    replayed(&mut s, &[3, 4, 5]);
+    assert_eq!(end(&mut s, ReplayEnd::Completed), vec![apply(6, false)]);
+}
+
+#[test]
+fn empty_answer_past_the_gap_is_still_a_loss_and_not_asked_again() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0]);
+    live(&mut s, &[6]);
+    // The engine answered nothing: it holds none of 1..=5 any more.
+    let out = end(&mut s, ReplayEnd::Completed);
+    assert_eq!(out, vec![Step::Lost { from: 1, to: 5, cause: LossCause::NotInReplayBuffer }, apply(6, false)]);
+}

@@ -13,7 +13,7 @@ use kvpick_core::{HashSeed, Millis, RouterConfig, SelectionService, WorkerId, Wo
 use kvpick_kv_events::{IngestConfig, KvEventIngest, SharedService};
 
 use events::{BLOCK_SIZE, prompt_tokens};
-use publisher::TestPublisher;
+use publisher::{ReplayLayout, TestPublisher};
 
 /// Longest any test waits for something that should happen.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -52,6 +52,12 @@ pub fn one_publisher(topic: &str, with_replay: bool, cfg: IngestConfig) -> (Serv
     let publisher = TestPublisher::bind(topic);
     ingest.add(publisher.publisher(WorkerId(1), with_replay)).expect("publisher added");
     publisher.wait_subscribed();
+    if with_replay {
+        // The catch-up asked for on subscribing, answered with nothing
+        // (the end marker alone): the test's own replays come next, and
+        // `replays_started` counts this one.
+        assert_eq!(publisher.serve_replay(ReplayLayout::WithTopic), 0, "catch-up on subscribing");
+    }
     (svc, ingest, publisher)
 }
 

@@ -84,12 +84,24 @@ impl TestPublisher {
     /// Waits for one replay request and answers it from the history in
     /// `layout`, then the end marker. Returns the requested start seq.
     pub fn serve_replay(&self, layout: ReplayLayout) -> u64 {
+        self.answer_replay(layout, usize::MAX)
+    }
+
+    /// Waits for one replay request and answers it with at most `n`
+    /// batches and no end marker, as an engine whose ROUTER dropped the
+    /// rest at its send high-water mark. Returns the requested start seq.
+    pub fn serve_replay_cut_short(&self, layout: ReplayLayout, n: usize) -> u64 {
+        self.answer_replay(layout, n)
+    }
+
+    fn answer_replay(&self, layout: ReplayLayout, most: usize) -> u64 {
         let request =
             self.replay.recv_multipart(0).unwrap_or_else(|e| panic!("no replay request within {WAIT:?}: {e}"));
         let [identity, delimiter, start] = request.as_slice() else { panic!("replay request frames: {request:?}") };
         assert!(delimiter.is_empty(), "DEALER must send an empty delimiter first");
         let start = u64::from_be_bytes(start.as_slice().try_into().expect("8-byte start seq"));
-        for (seq, payload) in self.history.iter().filter(|(seq, _)| *seq >= start) {
+        let batches: Vec<&(u64, Vec<u8>)> = self.history.iter().filter(|(seq, _)| *seq >= start).collect();
+        for (seq, payload) in batches.iter().take(most) {
             let seq = seq.to_be_bytes();
             let frames: Vec<&[u8]> = match layout {
                 ReplayLayout::WithTopic => vec![identity, b"", &self.topic, &seq, payload],
@@ -97,12 +109,14 @@ impl TestPublisher {
             };
             self.replay.send_multipart(frames, 0).expect("replay reply");
         }
-        let end = END_SEQ.to_be_bytes();
-        let marker: Vec<&[u8]> = match layout {
-            ReplayLayout::WithTopic => vec![identity, b"", b"", &end, b""],
-            ReplayLayout::Legacy => vec![identity, b"", &end, b""],
-        };
-        self.replay.send_multipart(marker, 0).expect("replay end marker");
+        if batches.len() <= most {
+            let end = END_SEQ.to_be_bytes();
+            let marker: Vec<&[u8]> = match layout {
+                ReplayLayout::WithTopic => vec![identity, b"", b"", &end, b""],
+                ReplayLayout::Legacy => vec![identity, b"", &end, b""],
+            };
+            self.replay.send_multipart(marker, 0).expect("replay end marker");
+        }
         start
     }
 
