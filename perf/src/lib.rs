@@ -26,4 +26,5 @@ pub mod measure;
 pub mod report;
 pub mod setup;
 pub use kvpick_sim as sim;
+pub mod svg;
 pub mod workload;

@@ -1,6 +1,6 @@
-//! Minimal SVG charts (line and grouped bars), written by hand: SVG text
-//! needs no font files, and this keeps the benchmark free of a plotting
-//! dependency and of changes to the workspace lock file.
+//! Minimal SVG charts (line and grouped bars), written by hand, for the
+//! routing benchmark's and the soak's plots: SVG text needs no font
+//! files, and this keeps the benchmarks free of a plotting dependency.
 
 use std::fmt::Write as _;
 

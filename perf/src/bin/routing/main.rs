@@ -44,7 +44,6 @@ mod pd;
 mod plots;
 mod sglang_cache_aware;
 mod summary;
-mod svg;
 mod sweep;
 mod trace;
 mod workload;

@@ -2,7 +2,7 @@
 //! workloads the hit rates and TTFT p90 per policy.
 
 use super::WorkloadResult;
-use super::svg::{self, Axis};
+use kvpick_perf::svg::{self, Axis};
 
 /// Points of a CDF, thinned to at most ~400 so a 10,000-request run stays small.
 fn cdf(sorted: &[f64]) -> Vec<(f64, f64)> {

@@ -6,7 +6,7 @@ use kvpick_perf::report::Table;
 
 use super::WorkloadResult;
 use super::args::PolicyName;
-use super::svg::{self, Axis};
+use kvpick_perf::svg::{self, Axis};
 
 /// The load at which goodput is judged, and kvpick's margin over GAIE's
 /// approximate-prefix scorer there.

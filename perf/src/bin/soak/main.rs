@@ -1,0 +1,406 @@
+//! `kvpick-soak`: `kvpick serve` (the release binary, a process of its own)
+//! in front of a simulated vLLM fleet, under chat traffic for a set time
+//! while a chaos schedule injects faults one at a time; it samples the
+//! server's memory, descriptors, threads, bookings and index against the
+//! engines' own caches, checks the invariants below, and writes a report
+//! with plots.
+//!
+//! Invariants (a broken one fails the run, exit 1):
+//! - after every fault is healed, once the requests in flight have ended,
+//!   kvpick holds no booking and its index holds, for every engine, as
+//!   many blocks as the engine caches, within `--window`;
+//! - the same when the load stops at the end;
+//! - resident memory after warm-up grows by less than `--rss-tolerance`,
+//!   open descriptors by at most `--fd-slack`;
+//! - the server never dies, never panics, and exits 0 on SIGTERM.
+//!
+//! Threads: a two-thread tokio runtime for the clients, the gateway, the
+//! engines and the sampler; kvpick's own threads are in its process.
+
+mod chaos;
+mod fleet;
+mod report;
+mod serve;
+mod traffic;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use kvpick_perf::args::{ArgsError, Flags};
+
+use fleet::SoakFleet;
+use report::{Checkpoint, Report, Sample};
+use serve::{Probe, Serve};
+use traffic::Traffic;
+
+/// Tokens per KV block, on the engines and in kvpick.
+pub const BLOCK_SIZE: u32 = 16;
+
+const USAGE: &str = "usage: kvpick-soak [flags]
+  --kvpick PATH          the kvpick binary (default: `kvpick` beside this one)
+  --duration D           how long the load runs (60s; 10m, 30m, 1h30m)
+  --engines N            simulated vLLM engines (4)
+  --num-blocks N         KV blocks per engine, small so caches evict (1024)
+  --time-scale X         engines' virtual time per wall-clock time (10)
+  --clients N            concurrent clients (6)
+  --cancel-share F       share of requests cut at a random moment (0.1)
+  --faults K,K,...|all|none  fault kinds, rotated (all): drop-events,
+                         stall-events, restart-announced, restart-silent,
+                         kill, worker-removed, tokenizer-down, gateway-reset
+  --hold D               how long a lasting fault lasts (2s)
+  --settle D             traffic before each fault, and after it heals before the books are checked (2s)
+  --window D             time the books get to balance (10s)
+  --sample D             sampling interval (1s)
+  --warmup D             samples before this are not held to the memory bound (duration / 3)
+  --rss-tolerance F      largest resident-memory growth after warm-up (0.05)
+  --fd-slack N           most descriptors gained after warm-up (16)
+  --out DIR              report, samples, plots and the server's log (target/soak)
+  --seed N               clients' random choices (1)
+";
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub kvpick: PathBuf,
+    pub duration: Duration,
+    pub engines: usize,
+    pub num_blocks: usize,
+    pub time_scale: f64,
+    pub clients: usize,
+    pub cancel_share: f64,
+    pub faults: Vec<String>,
+    pub hold: Duration,
+    pub settle: Duration,
+    pub window: Duration,
+    pub sample: Duration,
+    pub warmup: Option<Duration>,
+    pub rss_tolerance: f64,
+    pub fd_slack: u64,
+    pub out: PathBuf,
+    pub seed: u64,
+}
+
+impl Options {
+    fn parse(words: impl IntoIterator<Item = String>) -> Result<Options, ArgsError> {
+        let beside = std::env::current_exe().ok().and_then(|p| p.parent().map(|d| d.join("kvpick")));
+        let mut o = Options {
+            kvpick: beside.unwrap_or_else(|| PathBuf::from("kvpick")),
+            duration: Duration::from_secs(60),
+            engines: 4,
+            num_blocks: 1024,
+            time_scale: 10.0,
+            clients: 6,
+            cancel_share: 0.1,
+            faults: chaos::KINDS.iter().map(|k| (*k).to_owned()).collect(),
+            hold: Duration::from_secs(2),
+            settle: Duration::from_secs(2),
+            window: Duration::from_secs(10),
+            sample: Duration::from_secs(1),
+            warmup: None,
+            rss_tolerance: 0.05,
+            fd_slack: 16,
+            out: PathBuf::from("target/soak"),
+            seed: 1,
+        };
+        let bad = |what: &str, v: &str| ArgsError::Invalid(format!("{what}: cannot read {v:?}"));
+        let mut flags = Flags::new(words);
+        while let Some(flag) = flags.next_flag() {
+            if flag.name == "--help" || flag.name == "-h" {
+                return Err(ArgsError::Help);
+            }
+            let v = flags.value(&flag)?;
+            let duration = || parse_duration(&v).ok_or_else(|| bad(&flag.name, &v));
+            let number = || v.parse::<u64>().map_err(|_| bad(&flag.name, &v));
+            let real =
+                || v.parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(|| bad(&flag.name, &v));
+            match flag.name.as_str() {
+                "--kvpick" => o.kvpick = PathBuf::from(&v),
+                "--duration" => o.duration = duration()?,
+                "--engines" => o.engines = number()?.max(2) as usize,
+                "--num-blocks" => o.num_blocks = number()?.max(64) as usize,
+                "--time-scale" => o.time_scale = real()?.max(0.1),
+                "--clients" => o.clients = number()?.max(1) as usize,
+                "--cancel-share" => o.cancel_share = real()?.min(1.0),
+                "--faults" => {
+                    o.faults = match v.as_str() {
+                        "all" => chaos::KINDS.iter().map(|k| (*k).to_owned()).collect(),
+                        "none" => Vec::new(),
+                        list => list.split(',').map(str::to_owned).collect(),
+                    };
+                    if let Some(unknown) = o.faults.iter().find(|k| !chaos::KINDS.contains(&k.as_str())) {
+                        return Err(ArgsError::Invalid(format!("--faults: no fault kind {unknown:?}")));
+                    }
+                }
+                "--hold" => o.hold = duration()?,
+                "--settle" => o.settle = duration()?,
+                "--window" => o.window = duration()?,
+                "--sample" => o.sample = duration()?.max(Duration::from_millis(100)),
+                "--warmup" => o.warmup = Some(duration()?),
+                "--rss-tolerance" => o.rss_tolerance = real()?,
+                "--fd-slack" => o.fd_slack = number()?,
+                "--out" => o.out = PathBuf::from(&v),
+                "--seed" => o.seed = number()?,
+                other => return Err(ArgsError::Invalid(format!("unknown flag {other}"))),
+            }
+        }
+        Ok(o)
+    }
+
+    pub fn warmup(&self) -> Duration {
+        self.warmup.unwrap_or(self.duration / 3)
+    }
+}
+
+/// `90s`, `500ms`, `10m`, `1h30m`, `1m30s`.
+fn parse_duration(text: &str) -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let unit = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        total += match &rest[..unit] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n * 60),
+            "h" => Duration::from_secs(n * 3600),
+            _ => return None,
+        };
+        rest = &rest[unit..];
+    }
+    Some(total)
+}
+
+fn main() -> ExitCode {
+    let options = match Options::parse(std::env::args().skip(1)) {
+        Ok(options) => options,
+        Err(ArgsError::Help) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(ArgsError::Invalid(message)) => {
+            eprintln!("kvpick-soak: {message}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("kvpick-soak: cannot start a runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&options)) {
+        Ok(report) => {
+            print!("{}", report.summary());
+            if report.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Err(problem) => {
+            eprintln!("kvpick-soak: {problem}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(o: &Options) -> Result<Report, String> {
+    std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
+    let out = o.out.canonicalize().map_err(|e| format!("{}: {e}", o.out.display()))?;
+    let fleet = Arc::new(SoakFleet::start(o.engines, o.num_blocks, o.time_scale, out.join("workers.json")).await?);
+    let outcome = soak(o, &out, &fleet).await;
+    fleet.shutdown().await;
+    outcome
+}
+
+async fn soak(o: &Options, out: &std::path::Path, fleet: &Arc<SoakFleet>) -> Result<Report, String> {
+    let serve = Serve::start(&o.kvpick, &out.join("workers.json"), &fleet.render_url().await, out).await?;
+    eprintln!("kvpick-soak: kvpick serve (pid {}) on {}; {} engines", serve.pid(), serve.ext_proc, fleet.len());
+    wait_workers(&serve.probe, fleet).await?;
+    let first = serve.probe.scrape().await?;
+    let traffic = Traffic::connect(serve.ext_proc, o.cancel_share).await?;
+    let clients = traffic.spawn(o.clients, o.seed);
+    let started = Instant::now();
+    let mut report = Report::new(o.clone());
+
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (probe, fleet, traffic) = (serve.probe.clone(), Arc::clone(fleet), Arc::clone(&traffic));
+        let (every, sampling) = (o.sample, Arc::clone(&sampling));
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let mut tick = tokio::time::interval(every);
+            while sampling.load(Ordering::SeqCst) {
+                tick.tick().await;
+                samples.push(sample(&probe, &fleet, &traffic, started.elapsed()).await);
+            }
+            samples
+        })
+    };
+
+    // Faults one after the other until the time is up, each followed by a
+    // check of the books; with no faults, a check every few seconds.
+    let mut n = 0;
+    while started.elapsed() + 2 * o.settle + o.hold < o.duration {
+        // Traffic first, so a fault that is an instant (a restart, a
+        // reset) finds requests in flight.
+        tokio::time::sleep(o.settle).await;
+        let fault = chaos::nth(n, &o.faults, fleet.len());
+        n += 1;
+        let at = started.elapsed();
+        let label = fault.map_or_else(|| "quiet".to_owned(), |f| f.to_string());
+        eprintln!("kvpick-soak: {:>6.1}s {label}", at.as_secs_f64());
+        let before = serve.probe.scrape().await.unwrap_or_default();
+        match fault {
+            Some(fault) => chaos::inject(fault, o.hold, fleet, &traffic).await?,
+            None => tokio::time::sleep(o.hold).await,
+        }
+        tokio::time::sleep(o.settle).await;
+        let mut check = checkpoint(&label, at, o.window, &serve.probe, fleet, &traffic).await;
+        let after = serve.probe.scrape().await.unwrap_or_default();
+        check.moved = moved(&before, &after);
+        check.seen_by = fault.and_then(|f| f.seen_by());
+        if !check.balanced() {
+            eprintln!("kvpick-soak: books did not balance after {label}: {}", check.detail);
+        }
+        report.checkpoints.push(check);
+    }
+    let load_ended = started.elapsed();
+    traffic.stop();
+    for client in clients {
+        let _ = client.await;
+    }
+    let end = checkpoint("end of load", load_ended, o.window, &serve.probe, fleet, &traffic).await;
+    report.checkpoints.push(end);
+    report.moved = moved(&first, &serve.probe.scrape().await?);
+    sampling.store(false, Ordering::SeqCst);
+    report.samples = sampler.await.map_err(|e| format!("sampler: {e}"))?;
+    report.load_seconds = load_ended.as_secs_f64();
+    report.counts = traffic.counts.snapshot();
+    let log = serve.log_path().to_path_buf();
+    report.exit = Some(serve.stop(Duration::from_secs(3)).await);
+    report.log = serve::summarise_log(&log)?;
+    report.write(out)?;
+    Ok(report)
+}
+
+/// The watched counters that moved from `before` to `after`.
+fn moved(before: &serve::Scrape, after: &serve::Scrape) -> Vec<(&'static str, f64)> {
+    chaos::WATCHED
+        .iter()
+        .map(|family| (*family, serve::family_sum(after, family) - serve::family_sum(before, family)))
+        .filter(|(_, delta)| *delta != 0.0)
+        .collect()
+}
+
+/// Waits until kvpick lists every engine as a worker.
+async fn wait_workers(probe: &Probe, fleet: &SoakFleet) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let scrape = probe.scrape().await.unwrap_or_default();
+        let mut missing = Vec::new();
+        for i in 0..fleet.len() {
+            let endpoint = fleet.endpoint(i).await;
+            if serve::worker_value(&scrape, "kvpick_worker_requests", endpoint).is_none() {
+                missing.push(endpoint);
+            }
+        }
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("kvpick does not serve {missing:?} after 30 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Index against the engines: Σ over engines up and listed of
+/// |blocks the engine caches − blocks kvpick indexes for it|, and the two
+/// totals. Counts, not sets: with every store and removal announced, equal
+/// counts after a quiet spell mean kvpick followed every change.
+async fn divergence(scrape: &serve::Scrape, fleet: &SoakFleet) -> (u64, u64, u64) {
+    let (mut diverged, mut engines, mut indexed) = (0u64, 0u64, 0u64);
+    for i in 0..fleet.len() {
+        let endpoint = fleet.endpoint(i).await;
+        let (Some(stats), Some(index)) =
+            (fleet.stats(i).await, serve::worker_value(scrape, "kvpick_worker_cached_blocks", endpoint))
+        else {
+            continue;
+        };
+        let (cached, index) = (stats.cached_blocks as u64, index as u64);
+        diverged += cached.abs_diff(index);
+        engines += cached;
+        indexed += index;
+    }
+    (diverged, engines, indexed)
+}
+
+async fn sample(probe: &Probe, fleet: &SoakFleet, traffic: &Traffic, at: Duration) -> Sample {
+    let proc = probe.sample().ok();
+    let scrape = probe.scrape().await.ok();
+    let (diverged, engine_blocks, index_blocks) = match &scrape {
+        Some(scrape) => divergence(scrape, fleet).await,
+        None => (0, 0, 0),
+    };
+    let bookings = scrape.as_ref().and_then(|s| s.get("kvpick_reservations_active").copied());
+    Sample {
+        seconds: at.as_secs_f64(),
+        alive: proc.is_some(),
+        rss_bytes: proc.map_or(0, |p| p.rss_bytes),
+        fds: proc.map_or(0, |p| p.fds),
+        threads: proc.map_or(0, |p| p.threads),
+        bookings: bookings.unwrap_or(-1.0),
+        in_flight: traffic.counts.in_flight.load(Ordering::SeqCst),
+        diverged,
+        engine_blocks,
+        index_blocks,
+        ok: traffic.counts.ok.load(Ordering::SeqCst),
+        failed: traffic.counts.failed(),
+    }
+}
+
+/// New requests paused, those in flight ended, then the books polled
+/// until they balance (no booking, index = engines' caches) or `window`
+/// passes; the traffic resumes after.
+async fn checkpoint(
+    label: &str,
+    fault_at: Duration,
+    window: Duration,
+    probe: &Probe,
+    fleet: &SoakFleet,
+    traffic: &Traffic,
+) -> Checkpoint {
+    traffic.pause(true);
+    // The gateway gives up on any one answer after 30 s.
+    let drained = traffic.drained(Duration::from_secs(35)).await;
+    let quiet = Instant::now();
+    let mut check =
+        Checkpoint { label: label.to_owned(), fault_seconds: fault_at.as_secs_f64(), drained, ..Checkpoint::default() };
+    loop {
+        match probe.scrape().await {
+            Ok(scrape) => {
+                let bookings = scrape.get("kvpick_reservations_active").copied().unwrap_or(-1.0);
+                let (diverged, engines, indexed) = divergence(&scrape, fleet).await;
+                check.bookings = bookings;
+                check.diverged = diverged;
+                check.detail = format!("{bookings} bookings; engines cache {engines} blocks, kvpick indexes {indexed}");
+                if drained && bookings == 0.0 && diverged == 0 {
+                    check.balanced_after = Some(quiet.elapsed().as_secs_f64());
+                    break;
+                }
+            }
+            Err(e) => check.detail = e,
+        }
+        if quiet.elapsed() > window {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    traffic.pause(false);
+    check
+}
