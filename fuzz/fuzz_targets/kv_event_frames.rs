@@ -12,7 +12,8 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| run(data));
 
 /// Splits `data` into messages: byte 0 of each picks live / replay / replay
-/// end-failure, byte 1 the frame count, then frames as `len (1 byte) +
+/// end-failure / replay gone quiet (asked again) / subscribing (catch-up) /
+/// live connection back (reconnect), byte 1 the frame count, then frames as `len (1 byte) +
 /// bytes`. Panics only if an invariant of the ingest path breaks.
 fn run(data: &[u8]) {
     let worker = WorkerId(1);
@@ -23,7 +24,7 @@ fn run(data: &[u8]) {
     let mut rest = data;
     let mut last_applied: Option<u64> = None;
     while rest.len() >= 2 {
-        let (kind, count) = (rest[0] % 3, rest[1] % 6);
+        let (kind, count) = (rest[0] % 6, rest[1] % 6);
         rest = &rest[2..];
         let mut frames = Vec::new();
         for _ in 0..count {
@@ -44,7 +45,10 @@ fn run(data: &[u8]) {
                 Ok(ReplayReply::End) => sequencer.end_replay(ReplayEnd::Completed, &mut steps),
                 Err(_) => {}
             },
-            _ => sequencer.end_replay(ReplayEnd::Failed, &mut steps),
+            2 => sequencer.end_replay(ReplayEnd::Failed, &mut steps),
+            3 => sequencer.resume_replay(&mut steps),
+            4 => sequencer.catch_up(&mut steps),
+            _ => sequencer.reconnected(&mut steps),
         }
         for step in steps.drain(..) {
             match step {
@@ -57,7 +61,7 @@ fn run(data: &[u8]) {
                         }
                     }
                 }
-                Step::Clear => {
+                Step::Clear | Step::Rebuild => {
                     last_applied = None;
                     let _ = shard.apply_event(worker, &KvEvent::Cleared);
                 }

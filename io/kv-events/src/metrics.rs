@@ -73,6 +73,9 @@ counters! {
     duplicate_batches,
     /// Sequence numbers going back: engine restarts (index cleared).
     engine_restarts,
+    /// Live connections back after a drop whose replay held the engine's
+    /// whole history: the worker's index rebuilt from it.
+    rebuilds,
     /// Sockets that could not be opened or failed, and drain endpoints that
     /// are not a valid `http://` URI (publisher skipped).
     socket_errors,

@@ -24,6 +24,7 @@ pub(crate) enum Command {
 enum Source {
     Live,
     Replay,
+    Monitor,
 }
 
 pub(crate) struct PollLoop<S> {
@@ -57,6 +58,7 @@ impl<S: KvEventSink> PollLoop<S> {
                 match source {
                     Source::Live => subscription.read_live(&mut out),
                     Source::Replay => subscription.read_replay(&mut out),
+                    Source::Monitor => subscription.read_monitor(&mut out),
                 }
             }
             let now = Instant::now();
@@ -82,6 +84,8 @@ impl<S: KvEventSink> PollLoop<S> {
         for (index, subscription) in self.subscriptions.iter().enumerate() {
             items.push(subscription.socket().as_poll_item(zmq::POLLIN));
             sources.push((index, Source::Live));
+            items.push(subscription.monitor_socket().as_poll_item(zmq::POLLIN));
+            sources.push((index, Source::Monitor));
             if let Some(replay) = subscription.replay_socket() {
                 items.push(replay.as_poll_item(zmq::POLLIN));
                 sources.push((index, Source::Replay));

@@ -1,6 +1,7 @@
 //! One publisher: its SUB socket, its replay in flight, its ordering.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::apply::{BatchApplier, Outlet};
@@ -15,6 +16,10 @@ pub(crate) struct Subscription {
     ctx: zmq::Context,
     cfg: Arc<IngestConfig>,
     socket: zmq::Socket,
+    /// libzmq's events of `socket` (a PAIR on an inproc endpoint): each
+    /// `CONNECTED` after the first is the live connection coming back.
+    monitor: zmq::Socket,
+    connected_before: bool,
     replay: Option<ReplaySession>,
     /// The last batch applied when the replay in flight was asked for: a
     /// silent replay that moved past it made progress and is asked again.
@@ -50,6 +55,14 @@ impl Subscription {
             socket.set_heartbeat_ttl(millis_i32(cfg.heartbeat_timeout).min(6_553_500))?;
         }
         socket.set_subscribe(&publisher.topic)?;
+        // The monitor first, so the first connection is seen too.
+        static MONITORS: AtomicU64 = AtomicU64::new(0);
+        let monitor_endpoint =
+            format!("inproc://kvpick-kv-events-{}-{}", publisher.worker.0, MONITORS.fetch_add(1, Ordering::Relaxed));
+        socket.monitor(&monitor_endpoint, i32::from(zmq::SocketEvent::CONNECTED.to_raw()))?;
+        let monitor = ctx.socket(zmq::PAIR)?;
+        monitor.set_linger(0)?;
+        monitor.connect(&monitor_endpoint)?;
         socket.connect(&publisher.endpoint)?;
         let can_replay = publisher.replay_endpoint.is_some();
         Ok(Subscription {
@@ -60,6 +73,8 @@ impl Subscription {
             ctx: ctx.clone(),
             cfg: Arc::clone(cfg),
             socket,
+            monitor,
+            connected_before: false,
             replay: None,
             replay_mark: None,
             steps: Vec::new(),
@@ -77,6 +92,30 @@ impl Subscription {
 
     pub(crate) fn socket(&self) -> &zmq::Socket {
         &self.socket
+    }
+
+    pub(crate) fn monitor_socket(&self) -> &zmq::Socket {
+        &self.monitor
+    }
+
+    /// Reads the live socket's connection events: the connection coming
+    /// back after a drop asks the engine for its history from 0 (see
+    /// `ReplayKind::Reconnect`), as the engine may have restarted in place
+    /// meanwhile.
+    pub(crate) fn read_monitor(&mut self, out: &mut Outlet<'_>) {
+        // Each event is two frames: 6 bytes (event id u16, value u32, both
+        // little-endian), then the endpoint.
+        while let Ok(frames) = self.monitor.recv_multipart(zmq::DONTWAIT) {
+            let event = frames.first().and_then(|f| f.get(..2)).map(|b| u16::from_le_bytes([b[0], b[1]]));
+            if event != Some(zmq::SocketEvent::CONNECTED.to_raw()) {
+                continue;
+            }
+            if std::mem::replace(&mut self.connected_before, true) {
+                tracing::info!(worker = self.worker(), "KV event connection back: asking the engine for its history");
+                self.sequencer.reconnected(&mut self.steps);
+                self.run_steps(out);
+            }
+        }
     }
 
     pub(crate) fn replay_socket(&self) -> Option<&zmq::Socket> {
@@ -212,6 +251,14 @@ impl Subscription {
                 tracing::warn!(worker, "KV event replay given up: too many live batches buffered meanwhile");
             }
             Step::Duplicate { .. } => add(&counters.duplicate_batches, 1),
+            Step::Rebuild => {
+                add(&counters.rebuilds, 1);
+                tracing::info!(
+                    worker,
+                    "KV events reconnected: the worker's blocks relearned from the engine's whole history"
+                );
+                self.applier.clear(out);
+            }
         }
     }
 

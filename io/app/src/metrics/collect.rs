@@ -296,7 +296,7 @@ fn tokenizer_families(e: &mut Exposition, tokenizer: &TokenizerMetrics) {
 
 fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerNames) {
     let c = ingest.snapshot();
-    let counters: [(&str, &str, u64); 17] = [
+    let counters: [(&str, &str, u64); 18] = [
         (
             "kvpick_kv_event_batches_applied_total",
             "KV-event batches decoded and applied, live or replayed.",
@@ -329,6 +329,11 @@ fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerN
             "kvpick_kv_event_engine_restarts_total",
             "Sequence numbers going back: engine restarts (index cleared).",
             c.engine_restarts,
+        ),
+        (
+            "kvpick_kv_event_rebuilds_total",
+            "Live connections back after a drop, each worker's index rebuilt from the engine's whole history.",
+            c.rebuilds,
         ),
         ("kvpick_kv_event_drains_total", "TensorRT-LLM /kv_cache_events answers decoded.", c.drains),
         (

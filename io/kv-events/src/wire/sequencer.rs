@@ -42,6 +42,9 @@ pub enum Step<P> {
     AbandonReplay,
     /// Batch `seq` was already applied; dropped.
     Duplicate { seq: u64 },
+    /// Clear the worker's index: a reconnect's answer holds the engine's
+    /// whole history, which is applied next.
+    Rebuild,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +72,13 @@ pub enum ReplayKind {
     Gap,
     /// Relearn history from 0 on a first batch with `seq > 0`.
     CatchUp,
+    /// After the live connection dropped and came back: the engine may have
+    /// restarted in place meanwhile and published past the old sequence
+    /// number, so `seq < last` cannot tell. Asked from 0: an answer that
+    /// starts at 0 holds the engine's whole history and the worker is
+    /// rebuilt from it ([`Step::Rebuild`]); one that starts later is a
+    /// long-lived engine (a restarted one starts at 0), healed as a gap.
+    Reconnect,
 }
 
 #[derive(Debug)]
@@ -157,6 +167,16 @@ impl<P> Sequencer<P> {
     /// and this batch waits for the new answer.
     pub fn replayed(&mut self, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
         let Some(pending) = &mut self.pending else { return };
+        if pending.kind == ReplayKind::Reconnect {
+            if seq == 0 {
+                out.push(Step::Rebuild);
+                self.last = None;
+                pending.kind = ReplayKind::CatchUp;
+            } else {
+                pending.kind = ReplayKind::Gap;
+                pending.from = self.last.map_or(0, |last| last + 1);
+            }
+        }
         let expected = self.last.map_or(pending.from, |last| last + 1);
         if seq < expected {
             out.push(Step::Duplicate { seq });
@@ -188,6 +208,22 @@ impl<P> Sequencer<P> {
             self.pending =
                 Some(Pending { kind: ReplayKind::CatchUp, from: 0, buffered: VecDeque::new(), answered: false });
         }
+    }
+
+    /// The live connection came back after a drop (see
+    /// [`ReplayKind::Reconnect`]). Live batches buffered by a replay in
+    /// flight stay buffered; that replay is replaced.
+    pub fn reconnected(&mut self, out: &mut Vec<Step<P>>) {
+        if !self.can_replay {
+            return;
+        }
+        if self.last.is_none() {
+            // Nothing applied in this run: a catch-up from 0 says it all.
+            return self.catch_up(out);
+        }
+        let buffered = self.pending.take().map(|p| p.buffered).unwrap_or_default();
+        out.push(Step::Replay { from: 0, kind: ReplayKind::Reconnect });
+        self.pending = Some(Pending { kind: ReplayKind::Reconnect, from: 0, buffered, answered: false });
     }
 
     /// The replay in flight went quiet after applying batches: its answer
@@ -230,7 +266,8 @@ impl<P> Sequencer<P> {
         if let Some(&(first, _)) = pending.buffered.front() {
             let expected = self.last.map_or(pending.from, |last| last + 1);
             // `first > expected` implies `first > 0`; a restart (first below
-            // `last`) is left to `live`.
+            // `last`) is left to `live`. An empty reconnect answer loses
+            // nothing either: the live stream goes on from `first`.
             if first > expected {
                 if pending.kind == ReplayKind::Gap {
                     out.push(Step::Lost { from: expected, to: first - 1, cause });

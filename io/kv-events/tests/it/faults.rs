@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::common::events::{batch, chain_batch, stored_block};
+use crate::common::events::{batch, chain_batch, removed_blocks, stored_block};
 use crate::common::msgpack::{Mp, s};
-use crate::common::publisher::TestPublisher;
+use crate::common::publisher::{ReplayLayout, TestPublisher};
 use crate::common::{WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq, wait_until};
 use kvpick_core::WorkerId;
 
@@ -47,6 +47,40 @@ fn restarted_publisher_is_redialled_and_its_new_run_replaces_the_old() {
     wait_until("the restart is handled", || ingest.metrics().snapshot().engine_restarts == 1);
     wait_for_seq(&ingest, 1, 0);
     assert_eq!(cached_blocks(&svc, 1), 1);
+    ingest.shutdown().unwrap();
+}
+
+/// An engine restarted in place can publish past its old sequence number
+/// before kvpick's connection comes back: `seq < last` never shows. The
+/// connection coming back asks for the history from 0; an answer from 0 is
+/// the engine's whole history, and the worker is rebuilt from it.
+#[test]
+fn restart_in_place_that_overtakes_the_old_sequence_is_rebuilt_on_reconnect() {
+    let (svc, ingest, mut publisher) = one_publisher("", true, config(WAIT));
+    for k in 0..3 {
+        publisher.publish(k, chain_batch(k));
+    }
+    wait_for_seq(&ingest, 1, 2);
+    assert_eq!(cached_blocks(&svc, 1), 3);
+
+    let (endpoint, replay_endpoint) = (publisher.endpoint.clone(), publisher.replay_endpoint.clone());
+    drop(publisher);
+    let mut publisher = TestPublisher::rebind(&endpoint, &replay_endpoint, "");
+    // The new run's first batches, sent before kvpick was back: lost on the
+    // wire, and already past the old run's last (2). It ends holding block 0.
+    publisher.record(0, chain_batch(0));
+    publisher.record(1, chain_batch(1));
+    publisher.record(2, batch(vec![removed_blocks(&[1])]));
+    publisher.record(3, batch(vec![removed_blocks(&[0])]));
+    publisher.record(4, chain_batch(0));
+    assert_eq!(publisher.serve_replay(ReplayLayout::WithTopic), 0, "the whole history, asked on reconnecting");
+    publisher.wait_subscribed();
+    publisher.publish(5, chain_batch(1));
+
+    wait_for_seq(&ingest, 1, 5);
+    assert_eq!((cached_blocks(&svc, 1), overlap(&svc, 1, 3)), (2, 2), "the new run's blocks 0 and 1 only");
+    let m = ingest.metrics().snapshot();
+    assert_eq!((m.rebuilds, m.engine_restarts, m.lost_batches), (1, 0, 0));
     ingest.shutdown().unwrap();
 }
 

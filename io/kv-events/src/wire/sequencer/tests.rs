@@ -336,3 +336,54 @@ fn empty_answer_past_the_gap_is_still_a_loss_and_not_asked_again() {
     let out = end(&mut s, ReplayEnd::Completed);
     assert_eq!(out, vec![Step::Lost { from: 1, to: 5, cause: LossCause::NotInReplayBuffer }, apply(6, false)]);
 }
+
+#[test]
+fn reconnect_answer_from_zero_rebuilds_the_worker() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 1, 2]);
+    let mut out = Vec::new();
+    s.reconnected(&mut out);
+    assert_eq!(out, vec![Step::Replay { from: 0, kind: ReplayKind::Reconnect }]);
+    // A live batch of the new run, already past the old last.
+    assert!(live(&mut s, &[6]).is_empty());
+    let out = replayed(&mut s, &[0, 1]);
+    assert_eq!(out, vec![Step::Rebuild, apply(0, true), apply(1, true)]);
+    assert_eq!(applied(&replayed(&mut s, &[2, 3, 4, 5])), vec![2, 3, 4, 5]);
+    assert_eq!(end(&mut s, ReplayEnd::Completed), vec![apply(6, false)]);
+}
+
+#[test]
+fn reconnect_answer_past_zero_is_the_same_engine_healed_as_a_gap() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[10, 11, 12]);
+    end(&mut s, ReplayEnd::Failed);
+    let mut out = Vec::new();
+    s.reconnected(&mut out);
+    assert_eq!(out, vec![Step::Replay { from: 0, kind: ReplayKind::Reconnect }]);
+    // The engine's buffer starts at 9: it did not restart; 13 was missed.
+    let out = replayed(&mut s, &[9, 10, 11, 12, 13]);
+    assert_eq!(
+        out,
+        vec![
+            Step::Duplicate { seq: 9 },
+            Step::Duplicate { seq: 10 },
+            Step::Duplicate { seq: 11 },
+            Step::Duplicate { seq: 12 },
+            apply(13, true)
+        ]
+    );
+    assert!(end(&mut s, ReplayEnd::Completed).is_empty());
+}
+
+#[test]
+fn reconnect_before_any_batch_is_a_plain_catch_up() {
+    let mut s = Sequencer::<u64>::new(true, 8);
+    let mut out = Vec::new();
+    s.reconnected(&mut out);
+    assert_eq!(out, vec![Step::Replay { from: 0, kind: ReplayKind::CatchUp }]);
+    let mut s = Sequencer::<u64>::new(false, 8);
+    live(&mut s, &[0]);
+    out.clear();
+    s.reconnected(&mut out);
+    assert!(out.is_empty(), "no replay endpoint, nothing to ask");
+}
