@@ -30,6 +30,27 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::{DiscoveredWorker, EngineKind, Role, WorkerUpdate};
 use kvpick_kv_events::Publisher;
 
+/// Largest workers file read: a pool's list is a few hundred bytes per
+/// worker; a file far past that is a mistake (or a hostile mount), not a
+/// pool, and is refused before it is parsed.
+pub const MAX_FILE_BYTES: u64 = 8 << 20;
+/// Most workers one file may list.
+pub const MAX_WORKERS: usize = 4096;
+
+/// Reads the file whole, up to [`MAX_FILE_BYTES`]: a bigger one is an error.
+fn read_capped(path: &Path) -> Result<String, String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    file.take(MAX_FILE_BYTES + 1).read_to_string(&mut text).map_err(|e| e.to_string())?;
+    if text.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!(
+            "the file is over {MAX_FILE_BYTES} bytes; a workers file lists at most {MAX_WORKERS} workers"
+        ));
+    }
+    Ok(text)
+}
+
 /// Facts every worker shares unless its entry says otherwise.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Defaults {
@@ -101,6 +122,9 @@ pub fn parse(text: &str, defaults: &Defaults) -> Result<BTreeMap<WorkerId, Disco
     let entries = match shape {
         FileShape::List(entries) | FileShape::Map { workers: entries } => entries,
     };
+    if entries.len() > MAX_WORKERS {
+        return Err(format!("{} workers listed; at most {MAX_WORKERS}", entries.len()));
+    }
     let mut workers = BTreeMap::new();
     for (i, entry) in entries.into_iter().enumerate() {
         let endpoint: SocketAddr = entry
@@ -213,7 +237,7 @@ impl WorkersFile {
             last_text: None,
             last_error: None,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = read_capped(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let updates = file.apply_text(text).map_err(|e| format!("{}: {e}", path.display()))?;
         Ok((file, updates))
     }
@@ -236,8 +260,7 @@ impl WorkersFile {
     /// Re-reads the file: the updates since the last good read; nothing
     /// when it is unchanged, unreadable or invalid.
     pub fn reload(&mut self) -> Vec<WorkerUpdate> {
-        let result =
-            std::fs::read_to_string(&self.path).map_err(|e| e.to_string()).and_then(|text| self.apply_text(text));
+        let result = read_capped(&self.path).and_then(|text| self.apply_text(text));
         match result {
             Ok(updates) => {
                 if !updates.is_empty() || self.last_error.is_some() {
@@ -322,6 +345,27 @@ mod tests {
         let twice =
             "- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:1'}\n- {endpoint: '1.2.3.4:5', kv_events: 'tcp://x:2'}\n";
         assert!(parse(twice, &defaults()).err().unwrap_or_default().contains("listed twice"));
+    }
+
+    #[test]
+    fn oversized_files_and_lists_are_refused() {
+        let entry = |i: usize| {
+            format!("- {{endpoint: '10.0.{}.{}:8000', kv_events: 'tcp://10.0.0.1:5557'}}\n", i / 256, i % 256)
+        };
+        let most: String = (0..MAX_WORKERS).map(entry).collect();
+        assert_eq!(parse(&most, &defaults()).map(|w| w.len()), Ok(MAX_WORKERS));
+        let over = format!("{most}{}", entry(MAX_WORKERS));
+        let e = parse(&over, &defaults()).err().unwrap_or_default();
+        assert!(e.contains("4097 workers listed; at most 4096"), "{e}");
+
+        let dir = std::env::temp_dir().join(format!("kvpick-workers-cap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.join("workers.yaml");
+        let big = format!("# {}\n{most}", "x".repeat(MAX_FILE_BYTES as usize));
+        std::fs::write(&path, big).unwrap_or_else(|e| panic!("{e}"));
+        let e = WorkersFile::open(&path, defaults()).err().unwrap_or_default();
+        assert!(e.contains("over 8388608 bytes"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[test]

@@ -4,14 +4,17 @@
 //!
 //! Used for the gateway's subset hint and the conformance selection header.
 //! Entries that parse as neither form are skipped (and logged): a list of
-//! only garbage is empty, which selects nothing.
+//! only garbage is empty, which selects nothing. A list keeps its first
+//! [`MAX_ENDPOINTS`] distinct entries: the message cap alone would let a
+//! hint carry a million, and the intersection is quadratic.
 
+use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 
 use kvpick_core::EndpointFilter;
 
 /// One allowed endpoint: a whole address, or any port of an IP.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Endpoint {
     Addr(SocketAddr),
     Ip(IpAddr),
@@ -36,13 +39,22 @@ pub fn parse_endpoint(text: &str) -> Option<Endpoint> {
     bare.parse::<IpAddr>().ok().map(Endpoint::Ip)
 }
 
-/// Every parseable entry, in order, without duplicates; empty entries are
-/// ignored.
+/// Most distinct endpoints a list keeps (a pool of more pods than this is
+/// far past what one gateway routes to).
+pub const MAX_ENDPOINTS: usize = 4096;
+
+/// Every parseable entry, in order, without duplicates, up to
+/// [`MAX_ENDPOINTS`]; empty entries are ignored.
 pub fn parse_list<'a>(entries: impl IntoIterator<Item = &'a str>) -> Vec<Endpoint> {
     let mut out = Vec::new();
+    let mut seen = HashSet::new();
     for entry in entries.into_iter().map(str::trim).filter(|e| !e.is_empty()) {
         match parse_endpoint(entry) {
-            Some(endpoint) if !out.contains(&endpoint) => out.push(endpoint),
+            Some(_) if out.len() == MAX_ENDPOINTS => {
+                tracing::debug!(max = MAX_ENDPOINTS, "endpoint list cut at its cap");
+                break;
+            }
+            Some(endpoint) if seen.insert(endpoint) => out.push(endpoint),
             Some(_) => {}
             None => tracing::debug!(entry, "ignoring an endpoint that is neither ip nor ip:port"),
         }
@@ -59,8 +71,9 @@ pub fn parse_csv(csv: &str) -> Vec<Endpoint> {
 /// allow on any port.
 pub fn intersect(a: &[Endpoint], b: &[Endpoint]) -> Vec<Endpoint> {
     let mut out = Vec::new();
+    let mut seen = HashSet::new();
     let mut keep = |e: Endpoint| {
-        if !out.contains(&e) {
+        if seen.insert(e) {
             out.push(e);
         }
     };
@@ -115,6 +128,20 @@ mod tests {
         assert!(!f.allows(&addr("10.0.0.2:3000")));
         assert_eq!(parse_csv("10.0.0.1,10.0.0.1").len(), 1);
         assert!(parse_csv(" , junk").is_empty());
+    }
+
+    #[test]
+    fn a_list_keeps_its_first_distinct_entries_up_to_the_cap() {
+        // A million entries, each twice: linear work, the first 4,096 kept.
+        let hint: Vec<String> = (0..1_000_000u32)
+            .flat_map(|i| [i, i])
+            .map(|i| format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255))
+            .collect();
+        let list = parse_list(hint.iter().map(String::as_str));
+        assert_eq!(list.len(), MAX_ENDPOINTS);
+        assert_eq!(list[0], Endpoint::Ip(IpAddr::from([10, 0, 0, 0])));
+        assert_eq!(list[MAX_ENDPOINTS - 1], Endpoint::Ip(IpAddr::from([10, 0, 15, 255])));
+        assert_eq!(intersect(&list, &list), list);
     }
 
     #[test]
