@@ -63,13 +63,14 @@ impl fmt::Display for Fault {
 }
 
 /// Counters whose movement the report shows for each fault.
-pub const WATCHED: [&str; 10] = [
+pub const WATCHED: [&str; 11] = [
     "kvpick_kv_event_gaps_total",
     "kvpick_kv_event_replays_total",
     "kvpick_kv_event_replays_resumed_total",
     "kvpick_kv_event_replays_failed_total",
     "kvpick_kv_event_batches_lost_total",
     "kvpick_kv_event_engine_restarts_total",
+    "kvpick_kv_event_rebuilds_total",
     "kvpick_tokenizer_errors_total",
     "kvpick_ext_proc_stream_errors_total",
     "kvpick_reservations_expired_total",
@@ -82,14 +83,16 @@ pub const WATCHED: [&str; 10] = [
 pub const NEVER: [&str; 2] = ["kvpick_kv_event_batches_lost_total", "kvpick_reservations_expired_total"];
 
 impl Fault {
-    /// The counter an operator sees this fault by, when there is one.
-    pub fn seen_by(&self) -> Option<&'static str> {
+    /// The counters an operator sees this fault by (any one of them), when
+    /// there are some.
+    pub fn seen_by(&self) -> Option<&'static [&'static str]> {
         match self {
-            Fault::DropEvents(_) => Some("kvpick_kv_event_gaps_total"),
-            Fault::RestartAnnounced(_) | Fault::RestartSilent(_) | Fault::Kill(_) => {
-                Some("kvpick_kv_event_engine_restarts_total")
-            }
-            Fault::TokenizerDown => Some("kvpick_tokenizer_errors_total"),
+            Fault::DropEvents(_) => Some(&["kvpick_kv_event_gaps_total"]),
+            Fault::RestartAnnounced(_) | Fault::RestartSilent(_) => Some(&["kvpick_kv_event_engine_restarts_total"]),
+            // Its sequence going back, or, when the new run has overtaken
+            // the old one before kvpick reconnects, the rebuild on reconnecting.
+            Fault::Kill(_) => Some(&["kvpick_kv_event_engine_restarts_total", "kvpick_kv_event_rebuilds_total"]),
+            Fault::TokenizerDown => Some(&["kvpick_tokenizer_errors_total"]),
             // A late batch, a departure and a reset are not faults of
             // kvpick's inputs: nothing is counted for them.
             Fault::StallEvents(_) | Fault::WorkerRemoved(_) | Fault::GatewayReset => None,

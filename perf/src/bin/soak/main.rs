@@ -323,8 +323,9 @@ async fn wait_workers(probe: &Probe, fleet: &SoakFleet) -> Result<(), String> {
 /// |blocks the engine caches − blocks kvpick indexes for it|, and the two
 /// totals. Counts, not sets: with every store and removal announced, equal
 /// counts after a quiet spell mean kvpick followed every change.
-async fn divergence(scrape: &serve::Scrape, fleet: &SoakFleet) -> (u64, u64, u64) {
+async fn divergence(scrape: &serve::Scrape, fleet: &SoakFleet) -> (u64, u64, u64, String) {
     let (mut diverged, mut engines, mut indexed) = (0u64, 0u64, 0u64);
+    let mut apart = Vec::new();
     for i in 0..fleet.len() {
         let endpoint = fleet.endpoint(i).await;
         let (Some(stats), Some(index)) =
@@ -336,16 +337,19 @@ async fn divergence(scrape: &serve::Scrape, fleet: &SoakFleet) -> (u64, u64, u64
         diverged += cached.abs_diff(index);
         engines += cached;
         indexed += index;
+        if cached != index {
+            apart.push(format!("engine-{i} caches {cached}, indexed {index}"));
+        }
     }
-    (diverged, engines, indexed)
+    (diverged, engines, indexed, apart.join("; "))
 }
 
 async fn sample(probe: &Probe, fleet: &SoakFleet, traffic: &Traffic, at: Duration) -> Sample {
     let proc = probe.sample().ok();
     let scrape = probe.scrape().await.ok();
-    let (diverged, engine_blocks, index_blocks) = match &scrape {
+    let (diverged, engine_blocks, index_blocks, _) = match &scrape {
         Some(scrape) => divergence(scrape, fleet).await,
-        None => (0, 0, 0),
+        None => (0, 0, 0, String::new()),
     };
     let bookings = scrape.as_ref().and_then(|s| s.get("kvpick_reservations_active").copied());
     Sample {
@@ -385,10 +389,13 @@ async fn checkpoint(
         match probe.scrape().await {
             Ok(scrape) => {
                 let bookings = scrape.get("kvpick_reservations_active").copied().unwrap_or(-1.0);
-                let (diverged, engines, indexed) = divergence(&scrape, fleet).await;
+                let (diverged, engines, indexed, apart) = divergence(&scrape, fleet).await;
                 check.bookings = bookings;
                 check.diverged = diverged;
                 check.detail = format!("{bookings} bookings; engines cache {engines} blocks, kvpick indexes {indexed}");
+                if !apart.is_empty() {
+                    check.detail = format!("{} ({apart})", check.detail);
+                }
                 if drained && bookings == 0.0 && diverged == 0 {
                     check.balanced_after = Some(quiet.elapsed().as_secs_f64());
                     break;

@@ -47,8 +47,8 @@ pub struct Checkpoint {
     pub detail: String,
     /// Watched counters that moved from just before the fault to the check.
     pub moved: Vec<(&'static str, f64)>,
-    /// The counter the fault must show in.
-    pub seen_by: Option<&'static str>,
+    /// The counters the fault must show in (one of them).
+    pub seen_by: Option<&'static [&'static str]>,
 }
 
 impl Checkpoint {
@@ -58,7 +58,7 @@ impl Checkpoint {
 
     /// Whether the fault showed in its counter (true when it has none).
     pub fn seen(&self) -> bool {
-        self.seen_by.is_none_or(|family| self.moved.iter().any(|(f, d)| *f == family && *d > 0.0))
+        self.seen_by.is_none_or(|families| self.moved.iter().any(|(f, d)| families.contains(f) && *d > 0.0))
     }
 }
 
@@ -157,7 +157,7 @@ impl Report {
                 "{} (at {:.1} s) did not show in {}",
                 c.label,
                 c.fault_seconds,
-                c.seen_by.unwrap_or_default()
+                c.seen_by.unwrap_or_default().join(" or ")
             ));
         }
         for (family, delta) in self.moved.iter().filter(|(f, _)| crate::chaos::NEVER.contains(f)) {
