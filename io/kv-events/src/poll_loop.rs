@@ -56,7 +56,9 @@ impl<S: KvEventSink> PollLoop<S> {
             for &(index, source) in &ready {
                 let subscription = &mut self.subscriptions[index];
                 match source {
-                    Source::Live => subscription.read_live(&mut out),
+                    Source::Live => {
+                        subscription.read_live(&mut out);
+                    }
                     Source::Replay => subscription.read_replay(&mut out),
                     Source::Monitor => subscription.read_monitor(&mut out),
                 }

@@ -16,14 +16,10 @@ pub(crate) struct Subscription {
     ctx: zmq::Context,
     cfg: Arc<IngestConfig>,
     socket: zmq::Socket,
-    /// libzmq's events of `socket` (a PAIR on an inproc endpoint): each
-    /// `CONNECTED` after the first is the live connection coming back.
+    /// libzmq's events of `socket` (a PAIR on an inproc endpoint): a
+    /// `CONNECTED` is the live connection made, or made again.
     monitor: zmq::Socket,
-    connected_before: bool,
     replay: Option<ReplaySession>,
-    /// The last batch applied when the replay in flight was asked for: a
-    /// silent replay that moved past it made progress and is asked again.
-    replay_mark: Option<u64>,
     sequencer: Sequencer<Vec<u8>>,
     applier: BatchApplier,
     gauges: Arc<WorkerMetrics>,
@@ -74,9 +70,7 @@ impl Subscription {
             cfg: Arc::clone(cfg),
             socket,
             monitor,
-            connected_before: false,
             replay: None,
-            replay_mark: None,
             steps: Vec::new(),
             warned: false,
         })
@@ -98,23 +92,27 @@ impl Subscription {
         &self.monitor
     }
 
-    /// Reads the live socket's connection events: the connection coming
-    /// back after a drop asks the engine for its history from 0 (see
-    /// `ReplayKind::Reconnect`), as the engine may have restarted in place
-    /// meanwhile.
+    /// Reads the live socket's connection events. A connection made asks
+    /// the engine for its history from 0 (see `ReplayKind::Reconnect`): it
+    /// may have restarted in place while the connection was down. On the
+    /// first connection this is the catch-up already asked for (nothing
+    /// more), or asks it again if that one failed while the engine was down.
     pub(crate) fn read_monitor(&mut self, out: &mut Outlet<'_>) {
-        // Each event is two frames: 6 bytes (event id u16, value u32, both
-        // little-endian), then the endpoint.
+        // Each event is two frames: 6 bytes (event id u16, value u32, in
+        // the host's byte order), then the endpoint.
         while let Ok(frames) = self.monitor.recv_multipart(zmq::DONTWAIT) {
-            let event = frames.first().and_then(|f| f.get(..2)).map(|b| u16::from_le_bytes([b[0], b[1]]));
+            let event = frames.first().and_then(|f| f.get(..2)).map(|b| u16::from_ne_bytes([b[0], b[1]]));
             if event != Some(zmq::SocketEvent::CONNECTED.to_raw()) {
                 continue;
             }
-            if std::mem::replace(&mut self.connected_before, true) {
+            // The old connection's messages first, so none is taken for the
+            // new one's.
+            while self.read_live(out) {}
+            if self.sequencer.last().is_some() {
                 tracing::info!(worker = self.worker(), "KV event connection back: asking the engine for its history");
-                self.sequencer.reconnected(&mut self.steps);
-                self.run_steps(out);
             }
+            self.sequencer.reconnected(&mut self.steps);
+            self.run_steps(out);
         }
     }
 
@@ -132,16 +130,17 @@ impl Subscription {
         self.run_steps(out);
     }
 
-    /// Handles up to `messages_per_turn` live messages waiting on the socket.
-    pub(crate) fn read_live(&mut self, out: &mut Outlet<'_>) {
+    /// Handles up to `messages_per_turn` live messages waiting on the
+    /// socket; `true` when that many were read (more may wait).
+    pub(crate) fn read_live(&mut self, out: &mut Outlet<'_>) -> bool {
         for _ in 0..self.cfg.messages_per_turn {
             let frames = match self.socket.recv_multipart(zmq::DONTWAIT) {
                 Ok(frames) => frames,
-                Err(zmq::Error::EAGAIN) => return,
+                Err(zmq::Error::EAGAIN) => return false,
                 Err(error) => {
                     add(&out.metrics.counters.socket_errors, 1);
                     tracing::warn!(worker = self.worker(), %error, "KV event socket receive failed");
-                    return;
+                    return false;
                 }
             };
             match parse_live(frames) {
@@ -152,6 +151,7 @@ impl Subscription {
                 Err(error) => self.bad_frames(out, &error),
             }
         }
+        true
     }
 
     /// Handles up to `messages_per_turn` replies of the replay in flight.
@@ -183,7 +183,7 @@ impl Subscription {
         if self.replay_deadline().is_none_or(|deadline| deadline > now) {
             return;
         }
-        if self.sequencer.last() == self.replay_mark {
+        if !self.sequencer.answered() {
             return self.fail_replay(out, "timed out");
         }
         self.replay = None;
@@ -270,10 +270,7 @@ impl Subscription {
             return self.fail_replay(out, "has no endpoint");
         };
         match ReplaySession::start(&self.ctx, endpoint, from, self.cfg.replay_idle_timeout, self.cfg.max_frame_bytes) {
-            Ok(session) => {
-                self.replay = Some(session);
-                self.replay_mark = self.sequencer.last();
-            }
+            Ok(session) => self.replay = Some(session),
             Err(error) => {
                 add(&out.metrics.counters.socket_errors, 1);
                 self.fail_replay(out, &format!("could not start: {error}"));

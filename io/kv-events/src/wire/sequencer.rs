@@ -173,8 +173,16 @@ impl<P> Sequencer<P> {
                 self.last = None;
                 pending.kind = ReplayKind::CatchUp;
             } else {
-                pending.kind = ReplayKind::Gap;
-                pending.from = self.last.map_or(0, |last| last + 1);
+                // The same long-lived engine: only what follows `last` is
+                // news. Its answer from its buffer's start would mostly be
+                // duplicates (and overflow its ROUTER first): ask for the rest.
+                let from = self.last.map_or(0, |last| last + 1);
+                (pending.kind, pending.from) = (ReplayKind::Gap, from);
+                if seq < from {
+                    pending.answered = false;
+                    out.push(Step::Replay { from, kind: ReplayKind::Gap });
+                    return;
+                }
             }
         }
         let expected = self.last.map_or(pending.from, |last| last + 1);
@@ -211,8 +219,11 @@ impl<P> Sequencer<P> {
     }
 
     /// The live connection came back after a drop (see
-    /// [`ReplayKind::Reconnect`]). Live batches buffered by a replay in
-    /// flight stay buffered; that replay is replaced.
+    /// [`ReplayKind::Reconnect`]); the caller has handled every message of
+    /// the old connection first. A replay in flight is replaced and the
+    /// live batches it buffered are dropped: whether they are the old run's
+    /// (the engine restarted) or the engine's own, the answer from 0 covers
+    /// what matters of them.
     pub fn reconnected(&mut self, out: &mut Vec<Step<P>>) {
         if !self.can_replay {
             return;
@@ -221,9 +232,16 @@ impl<P> Sequencer<P> {
             // Nothing applied in this run: a catch-up from 0 says it all.
             return self.catch_up(out);
         }
-        let buffered = self.pending.take().map(|p| p.buffered).unwrap_or_default();
         out.push(Step::Replay { from: 0, kind: ReplayKind::Reconnect });
-        self.pending = Some(Pending { kind: ReplayKind::Reconnect, from: 0, buffered, answered: false });
+        self.pending =
+            Some(Pending { kind: ReplayKind::Reconnect, from: 0, buffered: VecDeque::new(), answered: false });
+    }
+
+    /// Whether the replay in flight has applied a batch since it was last
+    /// asked for: a replay gone quiet after that is asked again, one
+    /// without is given up.
+    pub fn answered(&self) -> bool {
+        self.pending.as_ref().is_some_and(|p| p.answered)
     }
 
     /// The replay in flight went quiet after applying batches: its answer
@@ -259,6 +277,17 @@ impl<P> Sequencer<P> {
             }
         }
         let Some(pending) = self.pending.take() else { return };
+        if pending.kind == ReplayKind::Reconnect {
+            // Not one batch came back: restarted or not cannot be told, so
+            // nothing of the old run may stay. The live batches go on from
+            // an empty worker (one past 0 asks for a catch-up).
+            out.push(Step::Rebuild);
+            self.last = None;
+            for (seq, payload) in pending.buffered {
+                self.live(seq, payload, out);
+            }
+            return;
+        }
         let cause = match end {
             ReplayEnd::Completed => LossCause::NotInReplayBuffer,
             ReplayEnd::Failed => LossCause::ReplayFailed,
@@ -266,8 +295,7 @@ impl<P> Sequencer<P> {
         if let Some(&(first, _)) = pending.buffered.front() {
             let expected = self.last.map_or(pending.from, |last| last + 1);
             // `first > expected` implies `first > 0`; a restart (first below
-            // `last`) is left to `live`. An empty reconnect answer loses
-            // nothing either: the live stream goes on from `first`.
+            // `last`) is left to `live`.
             if first > expected {
                 if pending.kind == ReplayKind::Gap {
                     out.push(Step::Lost { from: expected, to: first - 1, cause });

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use crate::common::events::{batch, chain_batch, removed_blocks};
 use crate::common::publisher::{ReplayLayout, TestPublisher};
-use crate::common::{WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq};
+use crate::common::{Service, WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq};
 use kvpick_core::WorkerId;
+use kvpick_kv_events::KvEventIngest;
 
 fn gap_is_healed_by_replay(layout: ReplayLayout) {
     let (svc, ingest, mut publisher) = one_publisher("kv", true, config(WAIT));
@@ -43,16 +44,22 @@ fn gap_is_healed_by_replay_in_legacy_layout() {
     gap_is_healed_by_replay(ReplayLayout::Legacy);
 }
 
-#[test]
-fn first_batch_past_zero_relearns_history_from_zero() {
+/// An engine that published batches `0..batches` before kvpick subscribed
+/// to it (with a replay endpoint and this replay idle timeout).
+fn engine_with_history(batches: u64, replay_idle: Duration) -> (Service, KvEventIngest, TestPublisher) {
     let svc = service(&[1]);
-    let ingest = spawn(&svc, config(WAIT));
+    let ingest = spawn(&svc, config(replay_idle));
     let mut publisher = TestPublisher::bind("");
-    // Published before kvpick subscribed (or before it restarted).
-    for k in 0..3 {
+    for k in 0..batches {
         publisher.record(k, chain_batch(k));
     }
     ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
+    (svc, ingest, publisher)
+}
+
+#[test]
+fn first_batch_past_zero_relearns_history_from_zero() {
+    let (svc, ingest, mut publisher) = engine_with_history(3, WAIT);
     publisher.wait_subscribed();
     publisher.publish(3, chain_batch(3));
     assert_eq!(publisher.serve_replay(ReplayLayout::WithTopic), 0);
@@ -90,13 +97,7 @@ fn gap_without_replay_endpoint_is_lost_and_later_batches_applied() {
 /// its replay buffer as soon as kvpick subscribes.
 #[test]
 fn subscribing_relearns_history_without_waiting_for_a_batch() {
-    let svc = service(&[1]);
-    let ingest = spawn(&svc, config(WAIT));
-    let mut publisher = TestPublisher::bind("");
-    for k in 0..3 {
-        publisher.record(k, chain_batch(k));
-    }
-    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
+    let (svc, ingest, publisher) = engine_with_history(3, WAIT);
     assert_eq!(publisher.serve_replay(ReplayLayout::WithTopic), 0);
 
     wait_for_seq(&ingest, 1, 2);
@@ -111,13 +112,9 @@ fn subscribing_relearns_history_without_waiting_for_a_batch() {
 /// answer stops short. kvpick asks again from where it stopped.
 #[test]
 fn replay_cut_short_is_asked_again_from_where_it_stopped() {
-    let svc = service(&[1]);
-    let ingest = spawn(&svc, config(Duration::from_millis(200)));
-    let mut publisher = TestPublisher::bind("");
-    for k in 0..6 {
-        publisher.record(k, chain_batch(k));
-    }
-    ingest.add(publisher.publisher(WorkerId(1), true)).unwrap();
+    // A second to start answering (the test publisher answers when the test
+    // gets there); once answering, 250 ms of silence ends the answer.
+    let (svc, ingest, mut publisher) = engine_with_history(6, Duration::from_secs(1));
     publisher.wait_subscribed();
     publisher.publish(6, chain_batch(6));
     assert_eq!(publisher.serve_replay_cut_short(ReplayLayout::WithTopic, 3), 0, "catch-up from 0");
@@ -137,7 +134,7 @@ fn replay_cut_short_is_asked_again_from_where_it_stopped() {
 /// A replay that answers nothing more after being asked again is given up.
 #[test]
 fn replay_cut_short_twice_without_progress_is_given_up() {
-    let (svc, ingest, mut publisher) = one_publisher("", true, config(Duration::from_millis(200)));
+    let (svc, ingest, mut publisher) = one_publisher("", true, config(Duration::from_secs(1)));
     publisher.publish(0, chain_batch(0));
     for k in 1..5 {
         publisher.record(k, chain_batch(k));

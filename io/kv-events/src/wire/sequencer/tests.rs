@@ -353,26 +353,48 @@ fn reconnect_answer_from_zero_rebuilds_the_worker() {
 }
 
 #[test]
-fn reconnect_answer_past_zero_is_the_same_engine_healed_as_a_gap() {
+fn reconnect_answer_past_zero_is_the_same_engine_asked_for_the_rest() {
     let mut s = Sequencer::new(true, 8);
     live(&mut s, &[10, 11, 12]);
     end(&mut s, ReplayEnd::Failed);
     let mut out = Vec::new();
     s.reconnected(&mut out);
     assert_eq!(out, vec![Step::Replay { from: 0, kind: ReplayKind::Reconnect }]);
-    // The engine's buffer starts at 9: it did not restart; 13 was missed.
-    let out = replayed(&mut s, &[9, 10, 11, 12, 13]);
+    // The engine's buffer starts at 9: it did not restart. Its answer from
+    // there would be duplicates up to 12; only 13 on is asked for.
+    assert_eq!(replayed(&mut s, &[9]), vec![Step::Replay { from: 13, kind: ReplayKind::Gap }]);
+    assert_eq!(replayed(&mut s, &[13]), vec![apply(13, true)]);
+    assert!(end(&mut s, ReplayEnd::Completed).is_empty());
+    assert_eq!(live(&mut s, &[14]), vec![apply(14, false)]);
+}
+
+#[test]
+fn reconnect_drops_what_a_replay_in_flight_had_buffered() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 1, 2]);
+    // The old run's 6 opens a gap replay, then the connection drops.
+    assert_eq!(live(&mut s, &[6]), vec![Step::Gap { from: 3, to: 5 }, Step::Replay { from: 3, kind: ReplayKind::Gap }]);
+    let mut out = Vec::new();
+    s.reconnected(&mut out);
+    assert_eq!(out, vec![Step::Replay { from: 0, kind: ReplayKind::Reconnect }]);
+    // The restarted engine's whole history is 0..=3: 6 never comes back.
     assert_eq!(
-        out,
-        vec![
-            Step::Duplicate { seq: 9 },
-            Step::Duplicate { seq: 10 },
-            Step::Duplicate { seq: 11 },
-            Step::Duplicate { seq: 12 },
-            apply(13, true)
-        ]
+        replayed(&mut s, &[0, 1, 2, 3]),
+        vec![Step::Rebuild, apply(0, true), apply(1, true), apply(2, true), apply(3, true)]
     );
     assert!(end(&mut s, ReplayEnd::Completed).is_empty());
+    assert_eq!(live(&mut s, &[4]), vec![apply(4, false)]);
+}
+
+#[test]
+fn reconnect_answered_by_nothing_starts_the_worker_afresh() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 1, 2, 3, 4, 5]);
+    let mut out = Vec::new();
+    s.reconnected(&mut out);
+    // The new run's first batches arrive; its replay socket never answers.
+    assert!(live(&mut s, &[0, 1]).is_empty());
+    assert_eq!(end(&mut s, ReplayEnd::Failed), vec![Step::Rebuild, apply(0, false), apply(1, false)]);
 }
 
 #[test]
