@@ -83,6 +83,20 @@ pub const WATCHED: [&str; 11] = [
 pub const NEVER: [&str; 2] = ["kvpick_kv_event_batches_lost_total", "kvpick_reservations_expired_total"];
 
 impl Fault {
+    /// Its name in [`KINDS`].
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::DropEvents(_) => KINDS[0],
+            Fault::StallEvents(_) => KINDS[1],
+            Fault::RestartAnnounced(_) => KINDS[2],
+            Fault::RestartSilent(_) => KINDS[3],
+            Fault::Kill(_) => KINDS[4],
+            Fault::WorkerRemoved(_) => KINDS[5],
+            Fault::TokenizerDown => KINDS[6],
+            Fault::GatewayReset => KINDS[7],
+        }
+    }
+
     /// The counters an operator sees this fault by (any one of them), when
     /// there are some.
     pub fn seen_by(&self) -> Option<&'static [&'static str]> {

@@ -8,6 +8,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use kvpick_discovery::workers_file::{self, Entry};
 use kvpick_perf::sim::{Engine, EngineConfig, EngineStats, Fleet, Ports, TimeModel};
@@ -35,6 +36,20 @@ fn pinned(engine: &Engine) -> EngineConfig {
         ports: Ports { http: Some(ep.http.port()), events: zmq_port(&ep.events), replay: zmq_port(&ep.replay) },
         ..engine.config().clone()
     }
+}
+
+/// Stops the engine behind `slot`, waits `down`, and puts a new one on the
+/// same ports in its place.
+async fn restart_in_place(slot: &RwLock<Engine>, down: Duration) -> Result<(), String> {
+    let config = {
+        let engine = slot.read().await;
+        let config = pinned(&engine);
+        engine.shutdown().await;
+        config
+    };
+    tokio::time::sleep(down).await;
+    *slot.write().await = Engine::start(config).await.map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 impl SoakFleet {
@@ -87,13 +102,14 @@ impl SoakFleet {
         workers_file::write(&self.workers_file, &entries).map_err(|e| format!("{}: {e}", self.workers_file.display()))
     }
 
-    /// Engine `i`'s own numbers (`None` while it is down).
+    /// Engine `i`'s own numbers (`None` while it is down, or when its loop
+    /// does not answer within a second).
     pub async fn stats(&self, i: usize) -> Option<EngineStats> {
         let engine = self.engines[i].read().await;
         if !engine.is_running() {
             return None;
         }
-        engine.stats().await.ok()
+        tokio::time::timeout(Duration::from_secs(1), engine.stats()).await.ok()?.ok()
     }
 
     /// Runs `f` on engine `i`.
@@ -110,31 +126,13 @@ impl SoakFleet {
     /// Kills engine `i` (its HTTP server and ZMQ sockets close, requests
     /// in flight are cut), keeps it down for `down`, then starts a new one
     /// on the same ports.
-    pub async fn kill_and_restart(&self, i: usize, down: std::time::Duration) -> Result<(), String> {
-        let config = {
-            let engine = self.engines[i].read().await;
-            let config = pinned(&engine);
-            engine.shutdown().await;
-            config
-        };
-        tokio::time::sleep(down).await;
-        let fresh = Engine::start(config).await.map_err(|e| format!("engine {i} back on its ports: {e}"))?;
-        *self.engines[i].write().await = fresh;
-        Ok(())
+    pub async fn kill_and_restart(&self, i: usize, down: Duration) -> Result<(), String> {
+        restart_in_place(&self.engines[i], down).await.map_err(|e| format!("engine {i} back on its ports: {e}"))
     }
 
     /// The render service down for `down`, then back on its port.
-    pub async fn render_down(&self, down: std::time::Duration) -> Result<(), String> {
-        let config = {
-            let render = self.render.read().await;
-            let config = pinned(&render);
-            render.shutdown().await;
-            config
-        };
-        tokio::time::sleep(down).await;
-        let fresh = Engine::start(config).await.map_err(|e| format!("render service back on its port: {e}"))?;
-        *self.render.write().await = fresh;
-        Ok(())
+    pub async fn render_down(&self, down: Duration) -> Result<(), String> {
+        restart_in_place(&self.render, down).await.map_err(|e| format!("render service back on its port: {e}"))
     }
 
     pub async fn shutdown(&self) {

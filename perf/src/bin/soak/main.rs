@@ -196,7 +196,21 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(&options)) {
+    // Interrupted, the run is dropped: `Serve`'s drop kills kvpick serve.
+    let interrupted = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok()?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => Some("SIGINT"),
+            _ = term.recv() => Some("SIGTERM"),
+        }
+    };
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            outcome = run(&options) => outcome,
+            Some(signal) = interrupted => Err(format!("stopped by {signal}; kvpick serve stopped with it")),
+        }
+    });
+    match outcome {
         Ok(report) => {
             print!("{}", report.summary());
             if report.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
@@ -221,7 +235,7 @@ async fn soak(o: &Options, out: &std::path::Path, fleet: &Arc<SoakFleet>) -> Res
     let serve = Serve::start(&o.kvpick, &out.join("workers.json"), &fleet.render_url().await, out).await?;
     eprintln!("kvpick-soak: kvpick serve (pid {}) on {}; {} engines", serve.pid(), serve.ext_proc, fleet.len());
     wait_workers(&serve.probe, fleet).await?;
-    let first = serve.probe.scrape().await?;
+    let first = serve.probe.scrape_surely().await?;
     let traffic = Traffic::connect(serve.ext_proc, o.cancel_share).await?;
     let clients = traffic.spawn(o.clients, o.seed);
     let started = Instant::now();
@@ -234,6 +248,8 @@ async fn soak(o: &Options, out: &std::path::Path, fleet: &Arc<SoakFleet>) -> Res
         tokio::spawn(async move {
             let mut samples = Vec::new();
             let mut tick = tokio::time::interval(every);
+            // A slow scrape delays the next sample instead of bunching them.
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while sampling.load(Ordering::SeqCst) {
                 tick.tick().await;
                 samples.push(sample(&probe, &fleet, &traffic, started.elapsed()).await);
@@ -254,29 +270,34 @@ async fn soak(o: &Options, out: &std::path::Path, fleet: &Arc<SoakFleet>) -> Res
         let at = started.elapsed();
         let label = fault.map_or_else(|| "quiet".to_owned(), |f| f.to_string());
         eprintln!("kvpick-soak: {:>6.1}s {label}", at.as_secs_f64());
-        let before = serve.probe.scrape().await.unwrap_or_default();
+        let before = serve.probe.scrape_surely().await?;
         match fault {
             Some(fault) => chaos::inject(fault, o.hold, fleet, &traffic).await?,
             None => tokio::time::sleep(o.hold).await,
         }
         tokio::time::sleep(o.settle).await;
         let mut check = checkpoint(&label, at, o.window, &serve.probe, fleet, &traffic).await;
-        let after = serve.probe.scrape().await.unwrap_or_default();
+        let after = serve.probe.scrape_surely().await?;
         check.moved = moved(&before, &after);
         check.seen_by = fault.and_then(|f| f.seen_by());
         if !check.balanced() {
             eprintln!("kvpick-soak: books did not balance after {label}: {}", check.detail);
         }
         report.checkpoints.push(check);
+        if let Some(fault) = fault {
+            report.injected.insert(fault.kind());
+        }
     }
     let load_ended = started.elapsed();
     traffic.stop();
+    // Each request ends within the gateway's 30 s answer timeout, or is
+    // cut here.
     for client in clients {
-        let _ = client.await;
+        let _ = tokio::time::timeout(Duration::from_secs(40), client).await;
     }
     let end = checkpoint("end of load", load_ended, o.window, &serve.probe, fleet, &traffic).await;
     report.checkpoints.push(end);
-    report.moved = moved(&first, &serve.probe.scrape().await?);
+    report.moved = moved(&first, &serve.probe.scrape_surely().await?);
     sampling.store(false, Ordering::SeqCst);
     report.samples = sampler.await.map_err(|e| format!("sampler: {e}"))?;
     report.load_seconds = load_ended.as_secs_f64();
@@ -319,37 +340,52 @@ async fn wait_workers(probe: &Probe, fleet: &SoakFleet) -> Result<(), String> {
     }
 }
 
-/// Index against the engines: Σ over engines up and listed of
-/// |blocks the engine caches − blocks kvpick indexes for it|, and the two
-/// totals. Counts, not sets: with every store and removal announced, equal
-/// counts after a quiet spell mean kvpick followed every change.
-async fn divergence(scrape: &serve::Scrape, fleet: &SoakFleet) -> (u64, u64, u64, String) {
-    let (mut diverged, mut engines, mut indexed) = (0u64, 0u64, 0u64);
-    let mut apart = Vec::new();
+/// Index against the engines, over the engines up and listed.
+struct Books {
+    /// Σ |blocks the engine caches − blocks kvpick indexes for it|.
+    diverged: u64,
+    engine_blocks: u64,
+    index_blocks: u64,
+    /// Engines compared; one down, or not listed by kvpick, is not.
+    compared: usize,
+    /// Each engine apart, or not compared, in words.
+    apart: Vec<String>,
+}
+
+/// Counts, not sets: with every store and removal announced, equal counts
+/// after a quiet spell mean kvpick followed every change.
+async fn books(scrape: &serve::Scrape, fleet: &SoakFleet) -> Books {
+    let mut b = Books { diverged: 0, engine_blocks: 0, index_blocks: 0, compared: 0, apart: Vec::new() };
     for i in 0..fleet.len() {
         let endpoint = fleet.endpoint(i).await;
-        let (Some(stats), Some(index)) =
-            (fleet.stats(i).await, serve::worker_value(scrape, "kvpick_worker_cached_blocks", endpoint))
-        else {
+        let stats = fleet.stats(i).await;
+        let index = serve::worker_value(scrape, "kvpick_worker_cached_blocks", endpoint);
+        let (Some(stats), Some(index)) = (&stats, index) else {
+            let why = if stats.is_none() { "its numbers did not come" } else { "kvpick does not list it" };
+            b.apart.push(format!("engine-{i} not compared: {why}"));
             continue;
         };
         let (cached, index) = (stats.cached_blocks as u64, index as u64);
-        diverged += cached.abs_diff(index);
-        engines += cached;
-        indexed += index;
+        b.compared += 1;
+        b.diverged += cached.abs_diff(index);
+        b.engine_blocks += cached;
+        b.index_blocks += index;
         if cached != index {
-            apart.push(format!("engine-{i} caches {cached}, indexed {index}"));
+            b.apart.push(format!("engine-{i} caches {cached}, indexed {index}"));
         }
     }
-    (diverged, engines, indexed, apart.join("; "))
+    b
 }
 
 async fn sample(probe: &Probe, fleet: &SoakFleet, traffic: &Traffic, at: Duration) -> Sample {
     let proc = probe.sample().ok();
     let scrape = probe.scrape().await.ok();
-    let (diverged, engine_blocks, index_blocks, _) = match &scrape {
-        Some(scrape) => divergence(scrape, fleet).await,
-        None => (0, 0, 0, String::new()),
+    let (diverged, engine_blocks, index_blocks) = match &scrape {
+        Some(scrape) => {
+            let b = books(scrape, fleet).await;
+            (b.diverged, b.engine_blocks, b.index_blocks)
+        }
+        None => (0, 0, 0),
     };
     let bookings = scrape.as_ref().and_then(|s| s.get("kvpick_reservations_active").copied());
     Sample {
@@ -389,14 +425,17 @@ async fn checkpoint(
         match probe.scrape().await {
             Ok(scrape) => {
                 let bookings = scrape.get("kvpick_reservations_active").copied().unwrap_or(-1.0);
-                let (diverged, engines, indexed, apart) = divergence(&scrape, fleet).await;
+                let b = books(&scrape, fleet).await;
                 check.bookings = bookings;
-                check.diverged = diverged;
-                check.detail = format!("{bookings} bookings; engines cache {engines} blocks, kvpick indexes {indexed}");
-                if !apart.is_empty() {
-                    check.detail = format!("{} ({apart})", check.detail);
+                check.diverged = b.diverged;
+                check.detail = format!(
+                    "{bookings} bookings; engines cache {} blocks, kvpick indexes {}",
+                    b.engine_blocks, b.index_blocks
+                );
+                if !b.apart.is_empty() {
+                    check.detail = format!("{} ({})", check.detail, b.apart.join("; "));
                 }
-                if drained && bookings == 0.0 && diverged == 0 {
+                if drained && bookings == 0.0 && b.diverged == 0 && b.compared == fleet.len() {
                     check.balanced_after = Some(quiet.elapsed().as_secs_f64());
                     break;
                 }

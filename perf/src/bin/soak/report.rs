@@ -70,6 +70,8 @@ pub struct Report {
     pub counts: CountsSnapshot,
     /// Watched counters that moved over the whole run.
     pub moved: Vec<(&'static str, f64)>,
+    /// The fault kinds that ran (all asked for must, or the run was too short).
+    pub injected: std::collections::BTreeSet<&'static str>,
     /// How the server ended on SIGTERM.
     pub exit: Option<Result<String, String>>,
     pub log: LogSummary,
@@ -114,6 +116,7 @@ impl Report {
             load_seconds: 0.0,
             counts: CountsSnapshot::default(),
             moved: Vec::new(),
+            injected: Default::default(),
             exit: None,
             log: LogSummary::default(),
         }
@@ -159,6 +162,11 @@ impl Report {
                 c.fault_seconds,
                 c.seen_by.unwrap_or_default().join(" or ")
             ));
+        }
+        let missed: Vec<&str> =
+            self.options.faults.iter().map(String::as_str).filter(|k| !self.injected.contains(k)).collect();
+        if !missed.is_empty() {
+            out.push(format!("fault kinds never injected (the run was too short for them): {}", missed.join(", ")));
         }
         for (family, delta) in self.moved.iter().filter(|(f, _)| crate::chaos::NEVER.contains(f)) {
             out.push(format!("{family} rose by {delta} over the run"));

@@ -148,8 +148,13 @@ impl Serve {
 
 impl Probe {
     /// Resident memory, open descriptors and threads, from `/proc`.
+    /// An exited child not yet reaped is a zombie: gone, though `/proc`
+    /// still lists it.
     pub fn sample(&self) -> Result<ProcSample, String> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).map_err(|e| e.to_string())?;
+        if status.lines().any(|l| l.strip_prefix("State:").is_some_and(|s| s.trim_start().starts_with('Z'))) {
+            return Err("the process has exited".into());
+        }
         let field = |name: &str| {
             status
                 .lines()
@@ -160,6 +165,20 @@ impl Probe {
         };
         let fds = std::fs::read_dir(format!("/proc/{}/fd", self.pid)).map_err(|e| e.to_string())?.count() as u64;
         Ok(ProcSample { rss_bytes: field("VmRSS:") * 1024, fds, threads: field("Threads:") })
+    }
+
+    /// A scrape, tried up to five times over about a second: a transient
+    /// failure must not stand for "no counter moved".
+    pub async fn scrape_surely(&self) -> Result<Scrape, String> {
+        let mut last = String::new();
+        for _ in 0..5 {
+            match self.scrape().await {
+                Ok(scrape) => return Ok(scrape),
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Err(format!("kvpick's /metrics did not answer five times: {last}"))
     }
 
     /// One scrape of `/metrics`.

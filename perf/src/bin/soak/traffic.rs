@@ -153,10 +153,16 @@ impl Traffic {
             })];
             conversation += 1;
             for turn in 0..TURNS {
+                // Counted in flight before the pause is read, so a check that
+                // waits for nothing in flight cannot miss a request starting.
+                self.counts.in_flight.fetch_add(1, Ordering::SeqCst);
                 while self.paused.load(Ordering::SeqCst) && !self.stopped.load(Ordering::SeqCst) {
+                    self.counts.in_flight.fetch_sub(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(10)).await;
+                    self.counts.in_flight.fetch_add(1, Ordering::SeqCst);
                 }
                 if self.stopped.load(Ordering::SeqCst) {
+                    self.counts.in_flight.fetch_sub(1, Ordering::SeqCst);
                     return;
                 }
                 history.push(
@@ -172,10 +178,14 @@ impl Traffic {
                 .to_string();
                 let cancel_after =
                     (rng.f64() < self.cancel_share).then(|| Duration::from_micros(rng.u64(..CANCEL_WITHIN_MS * 1000)));
-                let Ok(gateway) = self.gateway.read().map(|g| g.clone()) else { return };
+                // The generation first: a reset after it is seen, even if the
+                // gateway cloned next is already the new one.
                 generation.borrow_and_update();
+                let Ok(gateway) = self.gateway.read().map(|g| g.clone()) else {
+                    self.counts.in_flight.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                };
                 self.counts.started.fetch_add(1, Ordering::SeqCst);
-                self.counts.in_flight.fetch_add(1, Ordering::SeqCst);
                 let post = gateway.post("/v1/chat/completions", body.as_bytes());
                 let cut = async {
                     match cancel_after {
