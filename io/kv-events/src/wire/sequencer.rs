@@ -10,8 +10,8 @@
 //!   `last + 1` starts and live batches are buffered until it ends; replayed
 //!   batches are applied in order and buffered ones already covered are
 //!   dropped as duplicates. Without one, the gap is lost and `seq` applied.
-//! - `seq == last`: a duplicate, dropped.
-//! - `seq < last`: the engine restarted (its counter starts at 0 again):
+//! - `seq <= last`: the engine restarted (its counter starts at 0 again;
+//!   PUB never sends a batch twice, so the same number again is a restart):
 //!   its index is cleared and `seq` handled as a first batch. Among batches
 //!   buffered during a replay, only the live stream going back counts: one
 //!   at or below `last` because the replay already applied it is a
@@ -137,9 +137,10 @@ impl<P> Sequencer<P> {
             }
             return self.start_replay(ReplayKind::CatchUp, 0, seq, payload, out);
         };
-        if seq == last {
-            out.push(Step::Duplicate { seq });
-        } else if seq < last {
+        // PUB never sends a batch twice: the same number again is a new run
+        // too (an engine restarted after publishing only batch 0 sends 0
+        // again; taken for a duplicate, its run was never learned).
+        if seq <= last {
             out.push(Step::Clear);
             self.last = None;
             self.live(seq, payload, out);

@@ -42,11 +42,18 @@ fn in_order_batches_are_applied() {
 }
 
 #[test]
-fn duplicate_is_dropped() {
+fn the_same_number_again_on_the_live_stream_is_a_new_run() {
+    // PUB never repeats a batch: an engine restarted after publishing only
+    // batch 0 publishes 0 again, and that run must be learned.
+    let mut s = Sequencer::new(false, 8);
+    assert_eq!(live(&mut s, &[0, 0]), vec![apply(0, false), Step::Clear, apply(0, false)]);
+    // With a replay endpoint, a repeat past 0 relearns the run from 0.
     let mut s = Sequencer::new(true, 8);
-    let out = live(&mut s, &[0, 1, 1, 2]);
-    assert_eq!(applied(&out), vec![0, 1, 2]);
-    assert!(out.contains(&Step::Duplicate { seq: 1 }));
+    let out = live(&mut s, &[0, 1, 1]);
+    assert_eq!(
+        out,
+        vec![apply(0, false), apply(1, false), Step::Clear, Step::Replay { from: 0, kind: ReplayKind::CatchUp }]
+    );
 }
 
 #[test]
