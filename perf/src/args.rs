@@ -21,6 +21,22 @@ pub enum ArgsError {
     Invalid(String),
 }
 
+/// A binary's parsed options, or the exit code once `--help` printed
+/// `usage` (0) or a bad flag printed why and `usage` (2).
+pub fn options_or_exit<T>(bin: &str, usage: &str, parsed: Result<T, ArgsError>) -> Result<T, std::process::ExitCode> {
+    match parsed {
+        Ok(options) => Ok(options),
+        Err(ArgsError::Help) => {
+            print!("{usage}");
+            Err(std::process::ExitCode::SUCCESS)
+        }
+        Err(ArgsError::Invalid(message)) => {
+            eprintln!("{bin}: {message}\n\n{usage}");
+            Err(std::process::ExitCode::from(2))
+        }
+    }
+}
+
 /// Command-line words read as flags, `--name value` or `--name=value`:
 /// the one reading every benchmark's parser shares.
 pub struct Flags<I> {

@@ -34,8 +34,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use args::{ArgsError, Format, Options, USAGE};
+use args::{Format, Options, USAGE};
 use engine::{Plan, Progress};
+use kvpick_perf::args::options_or_exit;
 use report::RunInfo;
 use script::Script;
 use spawn::Spawned;
@@ -43,16 +44,9 @@ use spawn::Spawned;
 const CALL: &str = "envoy.service.ext_proc.v3.ExternalProcessor.Process";
 
 fn main() -> ExitCode {
-    let options = match Options::parse(std::env::args().skip(1)) {
+    let options = match options_or_exit("kvpick-load", USAGE, Options::parse(std::env::args().skip(1))) {
         Ok(options) => options,
-        Err(ArgsError::Help) => {
-            print!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(ArgsError::Invalid(message)) => {
-            eprintln!("kvpick-load: {message}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     match run(&options) {
         Ok(()) => ExitCode::SUCCESS,

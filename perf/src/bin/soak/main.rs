@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use kvpick_perf::args::{ArgsError, Flags};
+use kvpick_perf::args::{ArgsError, Flags, options_or_exit};
 
 use fleet::SoakFleet;
 use report::{Checkpoint, Report, Sample};
@@ -178,16 +178,9 @@ fn parse_duration(text: &str) -> Option<Duration> {
 }
 
 fn main() -> ExitCode {
-    let options = match Options::parse(std::env::args().skip(1)) {
+    let options = match options_or_exit("kvpick-soak", USAGE, Options::parse(std::env::args().skip(1))) {
         Ok(options) => options,
-        Err(ArgsError::Help) => {
-            print!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(ArgsError::Invalid(message)) => {
-            eprintln!("kvpick-soak: {message}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(runtime) => runtime,
