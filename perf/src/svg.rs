@@ -72,7 +72,9 @@ impl Axis {
 
 fn label(v: f64) -> String {
     if v.abs() >= 1000.0 {
-        format!("{:.0}k", v / 1000.0)
+        // 1500 is "1.5k", not "2k" beside a tick at 2000.
+        let k = v / 1000.0;
+        if k.fract() == 0.0 { format!("{k:.0}k") } else { format!("{k:.1}k") }
     } else if v.abs() >= 10.0 || v == 0.0 {
         format!("{v:.0}")
     } else if v.abs() >= 1.0 {

@@ -146,9 +146,20 @@ pub async fn inject(fault: Fault, hold: Duration, fleet: &SoakFleet, traffic: &T
             tokio::time::sleep(hold).await;
             fleet.with(i, |e| e.set_events_stalled(false)).await;
         }
-        Fault::RestartAnnounced(i) => fleet.restart(i, true).await?,
-        Fault::RestartSilent(i) => fleet.restart(i, false).await?,
-        Fault::Kill(i) => fleet.kill_and_restart(i, hold).await?,
+        // Each restart is followed by one request straight to the engine,
+        // so it publishes and kvpick has something to notice it by.
+        Fault::RestartAnnounced(i) => {
+            fleet.restart(i, true).await?;
+            fleet.poke(i).await?;
+        }
+        Fault::RestartSilent(i) => {
+            fleet.restart(i, false).await?;
+            fleet.poke(i).await?;
+        }
+        Fault::Kill(i) => {
+            fleet.kill_and_restart(i, hold).await?;
+            fleet.poke(i).await?;
+        }
         Fault::WorkerRemoved(i) => {
             fleet.write_workers(Some(i)).await?;
             tokio::time::sleep(hold).await;

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use kvpick_discovery::workers_file::{self, Entry};
-use kvpick_perf::sim::{Engine, EngineConfig, EngineStats, Fleet, Ports, TimeModel};
+use kvpick_perf::sim::{Engine, EngineConfig, EngineStats, Fleet, Ports, RequestSpec, TimeModel};
 use tokio::sync::RwLock;
 
 use crate::traffic::MODEL;
@@ -110,6 +110,19 @@ impl SoakFleet {
             return None;
         }
         tokio::time::timeout(Duration::from_secs(1), engine.stats()).await.ok()?.ok()
+    }
+
+    /// One request sent to engine `i` directly, not through kvpick (as
+    /// another gateway would): after a restart, kvpick may route nothing to
+    /// an engine whose cache it believes empty, and a restart that publishes
+    /// nothing cannot be seen. Two full blocks, new every time.
+    pub async fn poke(&self, i: usize) -> Result<(), String> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static POKES: AtomicU32 = AtomicU32::new(0);
+        let base = 1_000_000 + 64 * POKES.fetch_add(1, Ordering::Relaxed);
+        let spec = RequestSpec { prompt: (base..base + 2 * crate::BLOCK_SIZE).collect(), max_tokens: 1, seed: Some(0) };
+        let engine = self.engines[i].read().await;
+        engine.generate(spec).await.map(|_| ()).map_err(|e| format!("a request to engine {i}: {e}"))
     }
 
     /// Runs `f` on engine `i`.
