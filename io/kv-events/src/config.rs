@@ -97,6 +97,11 @@ pub struct IngestConfig {
     /// something: at most 250 ms) ends; it is asked again from where it
     /// stopped if it made progress, else given up.
     pub replay_idle_timeout: Duration,
+    /// Silent replays in a row (each `replay_idle_timeout` long) before
+    /// the batches they were to heal are given up as lost: a replay socket
+    /// down for a moment (the engine's pod busy, a network blip) is asked
+    /// again rather than losing the gap at once.
+    pub replay_attempts: u32,
     /// Most live batches buffered per publisher during a replay; one more
     /// gives the replay up.
     pub replay_buffer_limit: usize,
@@ -131,6 +136,8 @@ impl Default for IngestConfig {
             heartbeat_interval: Duration::from_secs(5),
             heartbeat_timeout: Duration::from_secs(15),
             replay_idle_timeout: Duration::from_secs(2),
+            // 10 s of silence in all.
+            replay_attempts: 5,
             // The engines' own replay buffer holds 10,000 batches.
             replay_buffer_limit: 10_000,
             // vLLM's PUB high-water mark.

@@ -60,11 +60,15 @@ counters! {
     gaps,
     /// Replays requested (gap or catch-up).
     replays_started,
-    /// Replays given up (timeout with no progress, socket error, buffer full).
+    /// Replays given up (`replay_attempts` silent ones, socket error, buffer full).
     replays_failed,
     /// Replays that went quiet after progress (an answer cut short) and
     /// were asked again from the first batch still missing.
     replays_resumed,
+    /// Replays that went quiet without applying a batch (the replay socket
+    /// down, the request lost) and were asked again, up to
+    /// `replay_attempts` in a row.
+    replays_retried,
     /// Batches applied from replays.
     replayed_batches,
     /// Batches known to be missed and never applied.

@@ -27,6 +27,8 @@ pub(crate) struct Subscription {
     steps: Vec<Step<Vec<u8>>>,
     /// The first bad message is a warning, the rest debug lines.
     warned: bool,
+    /// Replays in a row that went silent without applying a batch.
+    silent_replays: u32,
 }
 
 impl Subscription {
@@ -73,6 +75,7 @@ impl Subscription {
             replay: None,
             steps: Vec::new(),
             warned: false,
+            silent_replays: 0,
         })
     }
 
@@ -167,6 +170,7 @@ impl Subscription {
                 Ok(ReplayReply::Batch { seq, payload }) => self.sequencer.replayed(seq, payload, &mut self.steps),
                 Ok(ReplayReply::End) => {
                     self.replay = None;
+                    self.silent_replays = 0;
                     self.sequencer.end_replay(ReplayEnd::Completed, &mut self.steps);
                 }
                 Err(error) => self.bad_frames(out, &error),
@@ -176,24 +180,41 @@ impl Subscription {
     }
 
     /// A replay silent past its deadline is asked again from where it
-    /// stopped if it applied batches since it was (last) asked for (an
-    /// answer cut short, see [`Sequencer::resume_replay`]), and given up
-    /// if it applied none: each retry must make progress, so they end.
+    /// stopped: at once if it applied batches since it was (last) asked
+    /// for (an answer cut short, see [`Sequencer::resume_replay`]); if it
+    /// applied none, up to `replay_attempts` silent ones in a row (the
+    /// replay socket down for a moment), then given up. Retries either
+    /// make progress or are counted, so they end.
     pub(crate) fn expire_replay(&mut self, now: Instant, out: &mut Outlet<'_>) {
         if self.replay_deadline().is_none_or(|deadline| deadline > now) {
             return;
         }
-        if !self.sequencer.answered() {
-            return self.fail_replay(out, "timed out");
+        let worker = self.worker();
+        let last_seq = self.sequencer.last();
+        if self.sequencer.answered() {
+            self.silent_replays = 0;
+            add(&out.metrics.counters.replays_resumed, 1);
+            tracing::debug!(worker, ?last_seq, "KV event replay cut short: asking again");
+        } else {
+            self.silent_replays += 1;
+            if self.silent_replays >= self.cfg.replay_attempts.max(1) {
+                return self.fail_replay(out, "timed out");
+            }
+            add(&out.metrics.counters.replays_retried, 1);
+            tracing::debug!(
+                worker,
+                ?last_seq,
+                attempt = self.silent_replays,
+                "KV event replay unanswered: asking again"
+            );
         }
         self.replay = None;
-        add(&out.metrics.counters.replays_resumed, 1);
-        tracing::debug!(worker = self.worker(), last_seq = ?self.sequencer.last(), "KV event replay cut short: asking again");
         self.sequencer.resume_replay(&mut self.steps);
         self.run_steps(out);
     }
 
     fn fail_replay(&mut self, out: &mut Outlet<'_>, why: &str) {
+        self.silent_replays = 0;
         self.replay = None;
         add(&out.metrics.counters.replays_failed, 1);
         tracing::warn!(worker = self.worker(), last_seq = ?self.sequencer.last(), "KV event replay {why}");

@@ -20,7 +20,7 @@ use crate::disagg::{DisaggConfig, Leg, PlanBooking};
 use crate::prefix_watch::{PrefixWatch, Verdict};
 use crate::reservation::{Release, Reservation, ReservationIds, TtftSample};
 use crate::sessions::Sessions;
-use crate::tokenizer::{Api, FallbackPolicy, TokenizeError, TokenizeRequest, Tokenizer};
+use crate::tokenizer::{Api, FallbackPolicy, Outage, TokenizeError, TokenizeRequest, Tokenizer};
 
 /// What the tokenizer is asked for `body`, as `api`.
 fn tokenize_request(body: &BodyInput, api: Api) -> TokenizeRequest {
@@ -160,6 +160,8 @@ struct KvInner {
     producers: ThreadProducers,
     clock: Clock,
     tokenizer: Arc<dyn Tokenizer>,
+    /// Logs the tokenizer's outages, once each way.
+    tokenizer_outage: Outage,
     fallback: FallbackPolicy,
     base_model: Option<String>,
     ids: ReservationIds,
@@ -220,6 +222,7 @@ impl KvPicker {
             producers,
             clock,
             tokenizer,
+            tokenizer_outage: Outage::default(),
             fallback: config.fallback,
             base_model: config.base_model.clone(),
             ids: ReservationIds::new(),
@@ -514,6 +517,7 @@ impl KvPicker {
         });
         match result {
             Ok(tokens) => {
+                inner.tokenizer_outage.answered();
                 inner.metrics.record_tokenize(tokenized - start);
                 let seed = HashSeed::new(lora, body.parsed.cache_salt.as_deref());
                 let prompt = self.service().policy().prompt(&tokens, seed);
@@ -526,6 +530,7 @@ impl KvPicker {
             }
             Err(error) => {
                 let unsupported = matches!(error, TokenizeError::Unsupported(_));
+                inner.tokenizer_outage.failed(&error, inner.fallback == FallbackPolicy::LoadOnly);
                 if !unsupported {
                     inner.metrics.record_tokenize(tokenized - start);
                 }

@@ -324,6 +324,11 @@ fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerN
             "Replays cut short (an engine's send high-water mark) and asked again from where they stopped.",
             c.replays_resumed,
         ),
+        (
+            "kvpick_kv_event_replays_retried_total",
+            "Replays unanswered (the engine's replay socket down) and asked again.",
+            c.replays_retried,
+        ),
         ("kvpick_kv_event_batches_lost_total", "Batches known missed and never applied.", c.lost_batches),
         (
             "kvpick_kv_event_engine_restarts_total",

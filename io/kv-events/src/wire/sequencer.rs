@@ -245,15 +245,23 @@ impl<P> Sequencer<P> {
         self.pending.as_ref().is_some_and(|p| p.answered)
     }
 
-    /// The replay in flight went quiet after applying batches: its answer
+    /// The replay in flight went quiet. After applying batches its answer
     /// was cut short, as vLLM's can be (its replay ROUTER keeps ZMQ's
     /// default send high-water mark of 1,000 messages and silently drops
-    /// what overflows it, end marker included). Asks again from the first
-    /// batch still missing; the live batches buffered meanwhile stay.
-    /// Nothing happens with no replay in flight.
+    /// what overflows it, end marker included); without, the engine's
+    /// replay socket was down or the request lost, and the caller decides
+    /// how often that is worth asking again. Asks again from the first
+    /// batch still missing (a reconnect's, unanswered, from 0 again); the
+    /// live batches buffered meanwhile stay. Nothing happens with no
+    /// replay in flight.
     pub fn resume_replay(&mut self, out: &mut Vec<Step<P>>) {
         if let Some(pending) = &mut self.pending {
-            let from = self.last.map_or(pending.from, |last| last + 1);
+            let from = match pending.kind {
+                // Still unanswered (an answer turns it into a gap or a
+                // catch-up): asked from `last` it could not tell a restart.
+                ReplayKind::Reconnect => pending.from,
+                _ => self.last.map_or(pending.from, |last| last + 1),
+            };
             pending.answered = false;
             out.push(Step::Replay { from, kind: pending.kind });
         }

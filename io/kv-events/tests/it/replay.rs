@@ -6,7 +6,7 @@ use crate::common::events::{batch, chain_batch, removed_blocks};
 use crate::common::publisher::{ReplayLayout, TestPublisher};
 use crate::common::{Service, WAIT, cached_blocks, config, one_publisher, overlap, service, spawn, wait_for_seq};
 use kvpick_core::WorkerId;
-use kvpick_kv_events::KvEventIngest;
+use kvpick_kv_events::{IngestConfig, KvEventIngest};
 
 fn gap_is_healed_by_replay(layout: ReplayLayout) {
     let (svc, ingest, mut publisher) = one_publisher("kv", true, config(WAIT));
@@ -169,5 +169,30 @@ fn unanswered_replay_times_out_and_buffered_batches_are_applied() {
     let m = ingest.metrics().snapshot();
     assert_eq!((m.gaps, m.replays_started, m.replays_failed), (1, 2, 1), "with the catch-up on subscribing");
     assert_eq!((m.lost_batches, m.replayed_batches, m.unknown_parent_events), (2, 0, 1));
+    ingest.shutdown().unwrap();
+}
+
+/// The engine's replay socket down for a moment: the replay is asked again
+/// (up to `replay_attempts` silent ones in a row) and heals the gap once
+/// the socket answers, losing nothing.
+#[test]
+fn unanswered_replay_is_asked_again_and_heals_the_gap_when_answered() {
+    let cfg = IngestConfig { replay_attempts: 3, ..config(Duration::from_millis(200)) };
+    let (svc, ingest, mut publisher) = one_publisher("", true, cfg);
+    publisher.publish(0, chain_batch(0));
+    publisher.record(1, chain_batch(1));
+    publisher.record(2, chain_batch(2));
+    publisher.publish(3, chain_batch(3));
+    assert_eq!(publisher.ignore_replay(), 1, "the first ask, unanswered");
+    assert_eq!(publisher.ignore_replay(), 1, "asked again from the same batch, unanswered");
+    assert_eq!(publisher.serve_replay(ReplayLayout::WithTopic), 1, "the third ask, answered");
+    publisher.publish(4, chain_batch(4));
+
+    wait_for_seq(&ingest, 1, 4);
+    assert_eq!((overlap(&svc, 1, 5), cached_blocks(&svc, 1)), (5, 5), "nothing lost, applied in order");
+    let m = ingest.metrics().snapshot();
+    assert_eq!((m.replays_started, m.replays_retried, m.replays_failed), (4, 2, 0), "with the catch-up on subscribing");
+    assert_eq!((m.replayed_batches, m.duplicate_batches), (3, 1), "1..=3 replayed, live 3 a duplicate");
+    assert_eq!((m.lost_batches, m.unknown_parent_events), (0, 0));
     ingest.shutdown().unwrap();
 }

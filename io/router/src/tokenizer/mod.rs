@@ -31,6 +31,7 @@ mod config;
 mod http_client;
 pub mod local;
 mod metrics;
+mod outage;
 mod parity;
 mod sglang;
 mod vllm_render;
@@ -42,6 +43,7 @@ pub use config::{
 pub use http_client::{ERROR_MESSAGE_MAX_BYTES, HttpClient};
 pub use local::{LocalTokenizer, LocalTokenizerConfig};
 pub use metrics::{ErrorClass, ParityOutcome, TokenizerMetrics, TokenizerMetricsSnapshot};
+pub use outage::Outage;
 pub use parity::{MAX_CHECKS_IN_FLIGHT, ParityChecked, ParityConfig};
 pub use sglang::SglangTokenizer;
 pub use vllm_render::VllmRenderTokenizer;

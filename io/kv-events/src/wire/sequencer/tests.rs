@@ -416,3 +416,23 @@ fn reconnect_before_any_batch_is_a_plain_catch_up() {
     s.reconnected(&mut out);
     assert!(out.is_empty(), "no replay endpoint, nothing to ask");
 }
+
+#[test]
+fn an_unanswered_replay_asked_again_starts_where_it_did() {
+    let mut s = Sequencer::new(true, 8);
+    live(&mut s, &[0, 1, 2]);
+    assert_eq!(live(&mut s, &[5]), vec![Step::Gap { from: 3, to: 4 }, Step::Replay { from: 3, kind: ReplayKind::Gap }]);
+    let mut out = Vec::new();
+    s.resume_replay(&mut out);
+    assert_eq!(out, vec![Step::Replay { from: 3, kind: ReplayKind::Gap }], "the gap's start again");
+    assert_eq!(applied(&replayed(&mut s, &[3, 4])), vec![3, 4]);
+    assert_eq!(end(&mut s, ReplayEnd::Completed), vec![apply(5, false)]);
+
+    // A reconnect's replay, unanswered, is asked from 0 again: from `last`
+    // on, the answer could not tell a restarted engine from the same one.
+    let mut out = Vec::new();
+    s.reconnected(&mut out);
+    out.clear();
+    s.resume_replay(&mut out);
+    assert_eq!(out, vec![Step::Replay { from: 0, kind: ReplayKind::Reconnect }]);
+}

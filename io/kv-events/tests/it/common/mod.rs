@@ -29,12 +29,15 @@ pub fn service(workers: &[u64]) -> Service {
     Arc::new(Mutex::new(service))
 }
 
-/// Settings with quick reconnects; replays wait `replay_timeout`.
+/// Settings with quick reconnects; replays wait `replay_timeout`, and one
+/// that stays silent that long is given up at once (the scenarios that
+/// ask again set `replay_attempts`).
 pub fn config(replay_timeout: Duration) -> IngestConfig {
     IngestConfig {
         reconnect_interval: Duration::from_millis(10),
         reconnect_interval_max: Duration::from_millis(100),
         replay_idle_timeout: replay_timeout,
+        replay_attempts: 1,
         ..IngestConfig::default()
     }
 }

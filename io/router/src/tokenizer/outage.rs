@@ -1,0 +1,67 @@
+//! One log line when the tokenizer starts failing and one when it answers
+//! again, not one per request: a tokenizer that is down fails every
+//! request, and a warning each would bury the log (the count of each is in
+//! `kvpick_tokenizer_errors_total` and `kvpick_load_only_picks_total`).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::TokenizeError;
+
+/// Whether the tokenizer is failing, and for how many requests so far.
+#[derive(Debug, Default)]
+pub struct Outage {
+    failing: AtomicBool,
+    failures: AtomicU64,
+}
+
+impl Outage {
+    /// A tokenize call failed. An unsupported body or one the engine
+    /// refused (4xx) is not the tokenizer failing and starts no outage.
+    pub fn failed(&self, error: &TokenizeError, load_only: bool) {
+        if matches!(error, TokenizeError::Unsupported(_) | TokenizeError::Rejected { .. }) {
+            return;
+        }
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        if !self.failing.swap(true, Ordering::Relaxed) {
+            let then = if load_only { "routing by load alone" } else { "requests refused" };
+            tracing::warn!(%error, "tokenizer failing: {then} until it answers again (further failures counted, not logged)");
+        }
+    }
+
+    /// A tokenize call answered.
+    pub fn answered(&self) {
+        // A load first: the common case (no outage) writes nothing shared.
+        if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::Relaxed) {
+            let failures = self.failures.swap(0, Ordering::Relaxed);
+            tracing::info!(failures, "tokenizer answering again");
+        }
+    }
+
+    pub fn is_failing(&self) -> bool {
+        self.failing.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outage_starts_on_the_first_failure_and_ends_on_an_answer() {
+        let outage = Outage::default();
+        assert!(!outage.is_failing());
+        outage.answered();
+        assert!(!outage.is_failing(), "an answer without an outage changes nothing");
+        outage.failed(&TokenizeError::Unsupported("multimodal"), true);
+        outage.failed(&TokenizeError::Rejected { status: 400, message: "too long".into() }, true);
+        assert!(!outage.is_failing(), "an unsupported or refused body is not the tokenizer failing");
+        for _ in 0..3 {
+            outage.failed(&TokenizeError::Timeout, true);
+        }
+        assert!(outage.is_failing());
+        assert_eq!(outage.failures.load(Ordering::Relaxed), 3);
+        outage.answered();
+        assert!(!outage.is_failing());
+        assert_eq!(outage.failures.load(Ordering::Relaxed), 0, "the next outage counts from 0");
+    }
+}
