@@ -101,6 +101,7 @@ pub struct Engine {
     endpoints: EngineEndpoints,
     client: EngineClient,
     publisher: Arc<Publisher>,
+    http_state: Arc<HttpState>,
     tasks: Mutex<Option<Tasks>>,
 }
 
@@ -146,7 +147,8 @@ impl Engine {
             }
         };
         let drain = publisher.drain().cloned();
-        let app = http_server::router(HttpState::new(client.clone(), Arc::clone(&config), tokenizer, drain));
+        let http_state = HttpState::new(client.clone(), Arc::clone(&config), tokenizer, drain);
+        let app = http_server::router(Arc::clone(&http_state));
         let name = config.name.clone();
         let http_task = tokio::spawn(async move {
             let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
@@ -169,6 +171,7 @@ impl Engine {
             endpoints,
             client,
             publisher,
+            http_state,
             tasks: Mutex::new(Some(Tasks { engine_loop, http: http_task, http_stop })),
         })
     }
@@ -246,6 +249,23 @@ impl Engine {
     /// still use a sequence number and stay replayable.
     pub fn set_drop_fraction(&self, fraction: f64) {
         self.publisher.set_drop_fraction(fraction);
+    }
+
+    /// Leaves replay requests unanswered (as if lost on the way) while
+    /// `down`; the live stream goes on.
+    pub fn set_replay_down(&self, down: bool) {
+        self.publisher.set_replay_down(down);
+    }
+
+    /// Render answers come late: alternately after `delay` and a quarter
+    /// of it (`Duration::ZERO`: at once again).
+    pub fn set_render_delay(&self, delay: Duration) {
+        self.http_state.render_fault.set_delay(delay);
+    }
+
+    /// Render requests fail with HTTP 500 while `failing`.
+    pub fn set_render_failing(&self, failing: bool) {
+        self.http_state.render_fault.set_failing(failing);
     }
 
     /// Simulates an engine process restart on the same ports: running and

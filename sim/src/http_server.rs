@@ -21,7 +21,7 @@ use super::config::{EngineConfig, Flavour};
 use super::engine::EngineClient;
 use super::event_drain::EventDrain;
 use super::metrics;
-use super::render;
+use super::render::{self, RenderFault};
 use super::sglang_api;
 use super::tokenizer::{render_chat, render_completion};
 
@@ -36,6 +36,8 @@ pub(crate) struct HttpState {
     /// TensorRT-LLM's event buffer, served at `/kv_cache_events`.
     drain: Option<Arc<EventDrain>>,
     requests: AtomicU64,
+    /// Faults of the render endpoints.
+    pub(crate) render_fault: RenderFault,
 }
 
 impl HttpState {
@@ -45,7 +47,14 @@ impl HttpState {
         tokenizer: Option<LocalTokenizer>,
         drain: Option<Arc<EventDrain>>,
     ) -> Arc<Self> {
-        Arc::new(HttpState { engine, config, tokenizer, drain, requests: AtomicU64::new(0) })
+        Arc::new(HttpState {
+            engine,
+            config,
+            tokenizer,
+            drain,
+            requests: AtomicU64::new(0),
+            render_fault: RenderFault::default(),
+        })
     }
 
     /// A chat body's prompt tokens: the model directory's tokenizer when
@@ -121,6 +130,10 @@ pub(crate) struct ApiError {
 impl ApiError {
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         ApiError { status: StatusCode::BAD_REQUEST, message: message.into() }
+    }
+
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: message.into() }
     }
 
     pub(crate) fn body(&self) -> Value {

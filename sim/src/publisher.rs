@@ -42,6 +42,7 @@ enum PublisherCommand {
     Batch(Vec<CacheEvent>),
     SetDropFraction(f64),
     SetStalled(bool),
+    SetReplayDown(bool),
     Restart { announce_clear: bool },
     Stop,
 }
@@ -65,6 +66,8 @@ pub struct PublisherStats {
     pub replayed: u64,
     /// Replay requests ignored for their shape.
     pub bad_replay_requests: u64,
+    /// Replay requests left unanswered while the replay socket was down.
+    pub unanswered_replays: u64,
     /// TensorRT-LLM flavour: events handed out by `/kv_cache_events`.
     pub drained: u64,
     /// TensorRT-LLM flavour: events discarded by a full buffer.
@@ -81,6 +84,7 @@ struct Counters {
     replays: AtomicU64,
     replayed: AtomicU64,
     bad_replay_requests: AtomicU64,
+    unanswered_replays: AtomicU64,
 }
 
 /// The engine's handle on its publisher thread.
@@ -148,6 +152,7 @@ impl Publisher {
             next_seq: 0,
             held: VecDeque::new(),
             stalled: false,
+            replay_down: false,
             drop_fraction: 0.0,
             rng: fastrand::Rng::with_seed(cfg.seed ^ 0xd809_ba7c_4e55_0000),
             counters: Arc::clone(&counters),
@@ -203,6 +208,10 @@ impl Publisher {
         self.send(PublisherCommand::SetStalled(stalled));
     }
 
+    pub(crate) fn set_replay_down(&self, down: bool) {
+        self.send(PublisherCommand::SetReplayDown(down));
+    }
+
     pub(crate) fn restart(&self, announce_clear: bool) {
         match &self.drain {
             // A new KV cache manager always announces itself (`created`).
@@ -223,6 +232,7 @@ impl Publisher {
             replays: get(&c.replays),
             replayed: get(&c.replayed),
             bad_replay_requests: get(&c.bad_replay_requests),
+            unanswered_replays: get(&c.unanswered_replays),
             drained: self.drain.as_ref().map_or(0, |d| d.counts().0),
             discarded: self.drain.as_ref().map_or(0, |d| d.counts().1),
         }
@@ -273,6 +283,8 @@ struct PublisherLoop {
     next_seq: u64,
     held: VecDeque<Vec<u8>>,
     stalled: bool,
+    /// Replay requests are read and dropped, as if they never arrived.
+    replay_down: bool,
     drop_fraction: f64,
     rng: fastrand::Rng,
     counters: Arc<Counters>,
@@ -314,6 +326,7 @@ impl PublisherLoop {
         match command {
             PublisherCommand::Batch(events) => self.submit(&events),
             PublisherCommand::SetDropFraction(fraction) => self.drop_fraction = fraction,
+            PublisherCommand::SetReplayDown(down) => self.replay_down = down,
             PublisherCommand::SetStalled(stalled) => {
                 self.stalled = stalled;
                 while !self.stalled
@@ -375,6 +388,10 @@ impl PublisherLoop {
 
     fn serve_replays(&mut self) {
         while let Ok(frames) = self.replay.recv_multipart(zmq::DONTWAIT) {
+            if self.replay_down {
+                self.counters.unanswered_replays.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             // A DEALER's ["", start] arrives as [identity, "", start].
             let start = match frames.as_slice() {
                 [_, delimiter, start] if delimiter.is_empty() => <[u8; 8]>::try_from(start.as_slice()).ok(),

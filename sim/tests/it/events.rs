@@ -196,3 +196,26 @@ async fn replay_buffer_is_bounded_stalled_events_wait_and_bad_requests_are_ignor
     }
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_socket_down_answers_nothing_until_it_is_back() {
+    let engine = Engine::start(config(EventEncoding::Map, ReplayLayout::WithTopic)).await.expect("engine starts");
+    generate(&engine, tokens(0, 4)).await;
+    engine.set_replay_down(true);
+    tokio::task::block_in_place(|| {
+        let ctx = zmq::Context::new();
+        let dealer = ctx.socket(zmq::DEALER).expect("DEALER");
+        dealer.set_linger(0).expect("linger");
+        dealer.connect(&engine.endpoints().replay).expect("connect");
+        dealer.send_multipart([&b""[..], &0u64.to_be_bytes()[..]], 0).expect("send");
+        assert_eq!(dealer.poll(zmq::POLLIN, 300).expect("poll"), 0, "no answer while down");
+    });
+    let end = Instant::now() + DEADLINE;
+    while engine.stats().await.expect("stats").publisher.unanswered_replays != 1 {
+        assert!(Instant::now() < end, "the unanswered request is counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    engine.set_replay_down(false);
+    assert_eq!(replay(&engine.endpoints().replay, 0).len(), 2, "batch 0 and the end marker once back");
+    engine.shutdown().await;
+}

@@ -307,3 +307,33 @@ async fn sglang_tokenize_and_generate() {
     assert_eq!(render.status, 404);
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn render_can_be_made_slow_or_failing_while_generation_goes_on() {
+    let engine = Engine::start(fast_config(4, 256)).await.expect("engine starts");
+    let http = Http::default();
+    let url = format!("{}/v1/chat/completions/render", engine.endpoints().base_url());
+    let chat = conversation(1);
+
+    engine.set_render_failing(true);
+    let failed = http.post(&url, &chat).await;
+    assert_eq!(failed.status.as_u16(), 500);
+    assert_eq!(failed.json()["error"]["type"], "InternalServerError");
+    let completion = format!("{}/v1/chat/completions", engine.endpoints().base_url());
+    assert!(http.post(&completion, &chat).await.status.is_success(), "generation is not the render service");
+    engine.set_render_failing(false);
+    assert!(http.post(&url, &chat).await.status.is_success());
+
+    // Alternately a quarter of the delay and the whole of it.
+    engine.set_render_delay(Duration::from_millis(400));
+    let mut took = Vec::new();
+    for _ in 0..2 {
+        let start = Instant::now();
+        assert!(http.post(&url, &chat).await.status.is_success(), "slow, not failing");
+        took.push(start.elapsed());
+    }
+    took.sort();
+    assert!(took[0] >= Duration::from_millis(100) && took[1] >= Duration::from_millis(400), "{took:?}");
+    engine.set_render_delay(Duration::ZERO);
+    engine.shutdown().await;
+}
