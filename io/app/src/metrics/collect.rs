@@ -296,7 +296,7 @@ fn tokenizer_families(e: &mut Exposition, tokenizer: &TokenizerMetrics) {
 
 fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerNames) {
     let c = ingest.snapshot();
-    let counters: [(&str, &str, u64); 18] = [
+    let counters: [(&str, &str, u64); 24] = [
         (
             "kvpick_kv_event_batches_applied_total",
             "KV-event batches decoded and applied, live or replayed.",
@@ -355,6 +355,23 @@ fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerN
             "kvpick_kv_event_orphan_blocks_total",
             "Stored blocks whose parent the worker did not hold (not indexed).",
             c.orphan_blocks,
+        ),
+        (
+            "kvpick_kv_events_unknown_parent_total",
+            "BlockStored events whose parent the worker did not hold (skipped).",
+            c.unknown_parent_events,
+        ),
+        (
+            "kvpick_kv_events_rejected_total",
+            "KV events the index refused (unknown worker, block size mismatch), unknown parents excepted.",
+            c.events_rejected,
+        ),
+        ("kvpick_kv_event_batches_replayed_total", "Batches applied from replays.", c.replayed_batches),
+        ("kvpick_kv_event_batches_duplicate_total", "Batches received twice and dropped.", c.duplicate_batches),
+        (
+            "kvpick_kv_event_socket_errors_total",
+            "KV-event sockets that could not be opened or failed, and drain endpoints that are not http:// URIs.",
+            c.socket_errors,
         ),
     ];
     for (name, help, value) in counters {
