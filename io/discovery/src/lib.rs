@@ -44,6 +44,7 @@ mod backoff;
 mod catalog;
 mod config;
 mod engine;
+mod metrics;
 mod peers;
 mod pod;
 pub mod pool;
@@ -55,12 +56,14 @@ pub mod workers_file;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch as tokio_watch};
 use tokio::task::JoinHandle;
 
 pub use config::{ConfigError, DEFAULT_PEER_PORT, DiscoveryConfig};
 pub use engine::{ENGINE_LABEL, EngineKind, EngineSetting};
+pub use metrics::{DiscoveryMetrics, Resource, WatchCounts};
 pub use role::{DEFAULT_ROLE_LABELS, DYNAMO_ROLE_LABEL, LLM_D_ROLE_LABEL, Role};
 pub use worker::{DiscoveredWorker, WorkerUpdate, worker_id};
 
@@ -97,6 +100,8 @@ pub struct Discovery {
     pub state: tokio_watch::Receiver<DiscoveryState>,
     /// Sync addresses of the other replicas (empty without a peer service).
     pub peers: tokio_watch::Receiver<BTreeSet<SocketAddr>>,
+    /// Lists, watch failures and expiries of each watched resource.
+    pub metrics: Arc<DiscoveryMetrics>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -109,9 +114,11 @@ impl Discovery {
         let (updates_tx, updates) = mpsc::channel(cfg.update_capacity);
         let (state_tx, state) = tokio_watch::channel(DiscoveryState::default());
         let (peers_tx, peers) = tokio_watch::channel(BTreeSet::new());
-        let outputs = watch::Outputs { updates: updates_tx, state: state_tx, peers: peers_tx };
+        let metrics = Arc::new(DiscoveryMetrics::default());
+        let outputs =
+            watch::Outputs { updates: updates_tx, state: state_tx, peers: peers_tx, metrics: Arc::clone(&metrics) };
         let task = tokio::spawn(watch::run(client, cfg, outputs));
-        Ok(Discovery { updates, state, peers, task: Some(task) })
+        Ok(Discovery { updates, state, peers, metrics, task: Some(task) })
     }
 
     /// True once the watch task has ended: on shutdown, or when `updates`

@@ -21,6 +21,7 @@ use tracing::{error, info, warn};
 use super::backoff::WatchBackoff;
 use super::catalog::Catalog;
 use super::config::DiscoveryConfig;
+use super::metrics::{DiscoveryMetrics, Resource};
 use super::peers::SliceFacts;
 use super::pod::PodFacts;
 use super::pool;
@@ -31,6 +32,7 @@ pub(crate) struct Outputs {
     pub updates: mpsc::Sender<WorkerUpdate>,
     pub state: tokio_watch::Sender<DiscoveryState>,
     pub peers: tokio_watch::Sender<std::collections::BTreeSet<std::net::SocketAddr>>,
+    pub metrics: std::sync::Arc<DiscoveryMetrics>,
 }
 
 type Watch<T> = BoxStream<'static, Result<Change<T>, watcher::Error>>;
@@ -47,21 +49,24 @@ pub(crate) async fn run(client: kube::Client, cfg: DiscoveryConfig, outputs: Out
     );
     let mut catalog = Catalog::new(cfg);
     let mut out = Vec::new();
+    let metrics = &*outputs.metrics;
     loop {
         let peers_changed = tokio::select! {
             Some(ev) = pools.next() => {
-                if let Some(change) = ok_or_log(ev, "InferencePool") {
+                if let Some(change) = ok_or_log(ev, Resource::InferencePool, metrics) {
                     catalog.on_pool(change, &mut out);
                 }
                 false
             }
             Some(ev) = pods.next() => {
-                if let Some(change) = ok_or_log(ev, "pods") {
+                if let Some(change) = ok_or_log(ev, Resource::Pods, metrics) {
                     catalog.on_pod(change, &mut out);
                 }
                 false
             }
-            Some(ev) = slices.next() => ok_or_log(ev, "EndpointSlices").is_some_and(|c| catalog.on_slice(c)),
+            Some(ev) = slices.next() => {
+                ok_or_log(ev, Resource::EndpointSlices, metrics).is_some_and(|c| catalog.on_slice(c))
+            }
             () = outputs.updates.closed() => {
                 info!("discovery stopped: its update receiver was dropped");
                 return;
@@ -162,12 +167,23 @@ fn named<T>(facts: Option<(String, T)>) -> Option<(String, T)> {
     facts
 }
 
-/// Logs a watch error (the watcher then backs off and recovers by itself).
-fn ok_or_log<T>(ev: Result<Change<T>, watcher::Error>, what: &str) -> Option<Change<T>> {
+/// Counts a completed list; counts and logs a watch error (the watcher
+/// then backs off and recovers by itself).
+fn ok_or_log<T>(
+    ev: Result<Change<T>, watcher::Error>,
+    resource: Resource,
+    metrics: &DiscoveryMetrics,
+) -> Option<Change<T>> {
     let err = match ev {
-        Ok(change) => return Some(change),
+        Ok(change) => {
+            if matches!(change, Change::InitDone) {
+                metrics.listed(resource);
+            }
+            return Some(change);
+        }
         Err(err) => err,
     };
+    let what = resource.label();
     let code = match &err {
         watcher::Error::WatchError(resp) => Some(resp.code),
         watcher::Error::InitialListFailed(kube::Error::Api(resp))
@@ -175,6 +191,11 @@ fn ok_or_log<T>(ev: Result<Change<T>, watcher::Error>, what: &str) -> Option<Cha
         | watcher::Error::WatchFailed(kube::Error::Api(resp)) => Some(resp.code),
         _ => None,
     };
+    if code == Some(410) {
+        metrics.expired(resource);
+    } else {
+        metrics.failed(resource);
+    }
     match code {
         Some(410) => info!("{what} watch expired (410 Gone): relisting"),
         Some(401 | 403) => error!(

@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kvpick_core::{Lifecycle, WorkerId, WorkerSpec};
@@ -27,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::{DiscoveredWorker, EngineKind, Role, WorkerUpdate};
+use crate::{DiscoveredWorker, DiscoveryMetrics, EngineKind, Role, WorkerUpdate};
 use kvpick_kv_events::Publisher;
 
 /// Largest workers file read: a pool's list is a few hundred bytes per
@@ -224,6 +225,7 @@ pub struct WorkersFile {
     current: BTreeMap<WorkerId, DiscoveredWorker>,
     last_text: Option<String>,
     last_error: Option<String>,
+    metrics: Arc<DiscoveryMetrics>,
 }
 
 impl WorkersFile {
@@ -236,6 +238,7 @@ impl WorkersFile {
             current: BTreeMap::new(),
             last_text: None,
             last_error: None,
+            metrics: Arc::default(),
         };
         let text = read_capped(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let updates = file.apply_text(text).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -257,6 +260,11 @@ impl WorkersFile {
         Ok(updates)
     }
 
+    /// Its counters (the refused reads).
+    pub fn metrics(&self) -> Arc<DiscoveryMetrics> {
+        Arc::clone(&self.metrics)
+    }
+
     /// Re-reads the file: the updates since the last good read; nothing
     /// when it is unchanged, unreadable or invalid.
     pub fn reload(&mut self) -> Vec<WorkerUpdate> {
@@ -270,6 +278,7 @@ impl WorkersFile {
                 updates
             }
             Err(error) => {
+                self.metrics.workers_file_refused();
                 if self.last_error.as_deref() != Some(error.as_str()) {
                     tracing::error!(file = %self.path.display(), %error, "workers file not applied; keeping the previous workers");
                     self.last_error = Some(error);

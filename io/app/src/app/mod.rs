@@ -132,6 +132,7 @@ impl App {
         // mode (its default URL is the first worker).
         let mut tasks = Vec::new();
         let mut discovery = None;
+        let discovery_metrics;
         let mut pool = "static".to_owned();
         let mut first_worker = None;
         let updates_rx = match &config.discovery {
@@ -143,6 +144,7 @@ impl App {
                     total_kv_blocks: config.total_kv_blocks,
                 };
                 let (watcher, initial) = WorkersFile::open(file, defaults).map_err(StartError::WorkersFile)?;
+                discovery_metrics = watcher.metrics();
                 first_worker = watcher.workers().next().map(|w| (w.spec.endpoint, w.engine));
                 tracing::info!(file = %file.display(), workers = initial.len(), poll_ms = poll.as_millis() as u64, "discovery: static workers file");
                 // Applied before the ports open: the first request and the
@@ -164,6 +166,7 @@ impl App {
                 // The applier reads discovery's own channel; the handle
                 // keeps the watch task.
                 let updates_rx = std::mem::replace(&mut running.updates, mpsc::channel(1).1);
+                discovery_metrics = Arc::clone(&running.metrics);
                 discovery = Some(running);
                 updates_rx
             }
@@ -237,6 +240,7 @@ impl App {
             prefill: prefill_producers.clone(),
             workers: workers.clone(),
             debug: config.debug_endpoints.then(|| picker.clone()),
+            discovery: Some(discovery_metrics),
         };
         let metrics_listener = bind("metrics", config.metrics_listen).await?;
         let metrics = MetricsServer::spawn(metrics_listener, sources)

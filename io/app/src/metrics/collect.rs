@@ -12,6 +12,7 @@ use kvpick_core::WorkerId;
 use kvpick_runtime::{ShardedService, ThreadProducers};
 
 use super::Exposition;
+use kvpick_discovery::{DiscoveryMetrics, WatchCounts};
 use kvpick_ext_proc::ExtProcMetrics;
 use kvpick_ext_proc::metrics::{FALLBACK_CLASSES, STATUSES};
 use kvpick_kv_events::IngestMetrics;
@@ -63,6 +64,7 @@ pub struct Sources {
     pub workers: WorkerNames,
     /// The debug view's picker, when `--debug-endpoints` is on.
     pub debug: Option<kvpick_router::KvPicker>,
+    pub discovery: Option<Arc<DiscoveryMetrics>>,
 }
 
 pub async fn render(sources: &Sources) -> String {
@@ -73,6 +75,9 @@ pub async fn render(sources: &Sources) -> String {
     }
     if let Some(ingest) = &sources.ingest {
         ingest_families(&mut e, ingest, &sources.workers);
+    }
+    if let Some(discovery) = &sources.discovery {
+        discovery_families(&mut e, discovery);
     }
     if let Some(producers) = &sources.service {
         shard_families(&mut e, producers, sources.prefill.as_ref(), &sources.workers).await;
@@ -291,6 +296,38 @@ fn tokenizer_families(e: &mut Exposition, tokenizer: &TokenizerMetrics) {
         "1 when the local tokenizer disagreed with the engine's and the engine now tokenizes every request.",
         &[],
         f64::from(u8::from(t.engine_fallback)),
+    );
+}
+
+/// Zero in the mode that does not use them (the watches in static mode,
+/// the workers file under Kubernetes).
+fn discovery_families(e: &mut Exposition, m: &DiscoveryMetrics) {
+    let watches = m.watches();
+    let families: [(&str, &str, fn(&WatchCounts) -> u64); 3] = [
+        (
+            "kvpick_discovery_lists_total",
+            "Full lists of a watched resource completed (the first, then relists).",
+            |w| w.lists,
+        ),
+        (
+            "kvpick_discovery_watch_errors_total",
+            "Watch or list requests to the API server that failed; each is retried with back-off.",
+            |w| w.errors,
+        ),
+        ("kvpick_discovery_watch_expired_total", "Watches that expired (410 Gone), each followed by a relist.", |w| {
+            w.expired
+        }),
+    ];
+    for (name, help, value) in families {
+        for w in &watches {
+            e.counter(name, help, &[("resource", w.resource.label())], value(w));
+        }
+    }
+    e.counter(
+        "kvpick_discovery_workers_file_errors_total",
+        "Reads of the workers file refused (unreadable, too big, invalid); the previous workers stay.",
+        &[],
+        m.workers_file_errors(),
     );
 }
 
