@@ -19,7 +19,8 @@ pub(crate) struct DrainStream {
     /// indexed.
     largest_window: Option<u64>,
     gauges: Arc<WorkerMetrics>,
-    /// The first bad answer is a warning, the rest debug lines.
+    /// Failing since the last good answer: the first failure of an outage
+    /// is a warning, the rest debug lines, and the next good answer ends it.
     warned: bool,
 }
 
@@ -42,6 +43,9 @@ impl DrainStream {
             Err(error) => return self.failed(out, &error.to_string()),
         };
         add(&counters.drains, 1);
+        if std::mem::take(&mut self.warned) {
+            tracing::info!(worker = self.worker.0, "TensorRT-LLM KV event drain answering again");
+        }
         let Drain { events, skipped, malformed, event_ids } = drain;
         add(&counters.events_skipped, u64::from(skipped));
         add(&counters.events_malformed, malformed.len() as u64);
@@ -91,7 +95,7 @@ impl DrainStream {
             tracing::warn!(
                 worker = self.worker.0,
                 why,
-                "TensorRT-LLM KV event drain failed (further failures logged at debug)"
+                "TensorRT-LLM KV event drain failed (further failures logged at debug until it answers again)"
             );
         }
     }

@@ -2,6 +2,8 @@
 //! again, not one per request: a tokenizer that is down fails every
 //! request, and a warning each would bury the log (the count of each is in
 //! `kvpick_tokenizer_errors_total` and `kvpick_load_only_picks_total`).
+//! An outage ends after [`ANSWERS_TO_RECOVER`] answers in a row, so a
+//! service that fails every other request is one outage, not many.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -12,7 +14,12 @@ use super::TokenizeError;
 pub struct Outage {
     failing: AtomicBool,
     failures: AtomicU64,
+    /// Answers since the last failure, while failing.
+    answers: AtomicU64,
 }
+
+/// Answers in a row that end an outage.
+pub const ANSWERS_TO_RECOVER: u64 = 8;
 
 impl Outage {
     /// A tokenize call failed. An unsupported body or one the engine
@@ -22,6 +29,7 @@ impl Outage {
             return;
         }
         self.failures.fetch_add(1, Ordering::Relaxed);
+        self.answers.store(0, Ordering::Relaxed);
         if !self.failing.swap(true, Ordering::Relaxed) {
             let then = if load_only { "routing by load alone" } else { "requests refused" };
             tracing::warn!(%error, "tokenizer failing: {then} until it answers again (further failures counted, not logged)");
@@ -31,7 +39,12 @@ impl Outage {
     /// A tokenize call answered.
     pub fn answered(&self) {
         // A load first: the common case (no outage) writes nothing shared.
-        if self.failing.load(Ordering::Relaxed) && self.failing.swap(false, Ordering::Relaxed) {
+        if !self.failing.load(Ordering::Relaxed) {
+            return;
+        }
+        if self.answers.fetch_add(1, Ordering::Relaxed) + 1 >= ANSWERS_TO_RECOVER
+            && self.failing.swap(false, Ordering::Relaxed)
+        {
             let failures = self.failures.swap(0, Ordering::Relaxed);
             tracing::info!(failures, "tokenizer answering again");
         }
@@ -60,8 +73,20 @@ mod tests {
         }
         assert!(outage.is_failing());
         assert_eq!(outage.failures.load(Ordering::Relaxed), 3);
+        // Failing every other request is still the same outage.
+        for _ in 0..2 * ANSWERS_TO_RECOVER {
+            outage.answered();
+            outage.failed(&TokenizeError::Upstream("500".into()), true);
+        }
+        assert!(outage.is_failing());
+        for _ in 0..ANSWERS_TO_RECOVER - 1 {
+            outage.answered();
+        }
+        assert!(outage.is_failing());
         outage.answered();
         assert!(!outage.is_failing());
         assert_eq!(outage.failures.load(Ordering::Relaxed), 0, "the next outage counts from 0");
+        outage.failed(&TokenizeError::Timeout, true);
+        assert!(outage.is_failing(), "and starts on its first failure");
     }
 }
