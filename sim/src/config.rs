@@ -126,6 +126,10 @@ pub struct EngineConfig {
     /// Send high-water mark of the PUB socket (vLLM's `hwm`).
     pub pub_hwm: i32,
     pub ports: Ports,
+    /// The address every socket binds: a loopback one (127.0.0.0/8), so
+    /// engines can share port numbers on addresses of their own, as pods
+    /// do.
+    pub host: std::net::Ipv4Addr,
     pub flavour: Flavour,
     /// TensorRT-LLM's `event_buffer_max_size`: events kept until drained,
     /// the oldest discarded beyond it ([`Flavour::Trtllm`]).
@@ -158,6 +162,7 @@ impl Default for EngineConfig {
             replay_buffer: 10_000,
             pub_hwm: 100_000,
             ports: Ports::default(),
+            host: std::net::Ipv4Addr::LOCALHOST,
             model_dir: None,
             flavour: Flavour::default(),
             event_buffer_max_size: 1024,
@@ -197,6 +202,9 @@ impl EngineConfig {
         }
         if self.replay_buffer == 0 {
             return bad("replay_buffer", "must be at least 1");
+        }
+        if !self.host.is_loopback() {
+            return bad("host", "must be a loopback address (127.0.0.0/8): the simulator serves no one else");
         }
         self.time.validate()
     }

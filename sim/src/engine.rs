@@ -26,20 +26,20 @@ use super::publisher::Publisher;
 use super::scheduler::{Outcome, RequestSpec, Scheduler};
 use super::time_model::Pacer;
 
-/// Where an engine listens, all on 127.0.0.1.
+/// Where an engine listens, all on its host (127.0.0.1 unless configured).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineEndpoints {
     pub name: String,
     /// The OpenAI-compatible HTTP server (also `/health`, `/metrics`, render).
     pub http: SocketAddr,
-    /// The KV-event PUB socket, `tcp://127.0.0.1:port`.
+    /// The KV-event PUB socket, `tcp://host:port`.
     pub events: String,
-    /// The replay ROUTER socket, `tcp://127.0.0.1:port`.
+    /// The replay ROUTER socket, `tcp://host:port`.
     pub replay: String,
 }
 
 impl EngineEndpoints {
-    /// `http://127.0.0.1:port`.
+    /// `http://host:port`.
     pub fn base_url(&self) -> String {
         format!("http://{}", self.http)
     }
@@ -118,15 +118,15 @@ impl Engine {
         config.validate()?;
         let config = Arc::new(config);
         let publisher = Arc::new(Publisher::start(&config)?);
-        let addr = ("127.0.0.1", config.ports.http.unwrap_or(0));
+        let addr = SocketAddr::from((config.host, config.ports.http.unwrap_or(0)));
         let listener = TcpListener::bind(addr).await.map_err(|source| SimError::Listen {
             what: "HTTP",
-            addr: format!("127.0.0.1:{}", addr.1),
+            addr: addr.to_string(),
             source,
         })?;
         let http = listener.local_addr().map_err(|source| SimError::Listen {
             what: "HTTP",
-            addr: format!("127.0.0.1:{}", addr.1),
+            addr: addr.to_string(),
             source,
         })?;
         let (commands, rx) = mpsc::unbounded_channel();

@@ -23,6 +23,7 @@
 //! doorbell together.
 
 use std::collections::VecDeque;
+use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
@@ -103,10 +104,10 @@ fn zmq_err(what: &'static str) -> impl FnOnce(zmq::Error) -> SimError {
     move |source| SimError::Zmq { what, source }
 }
 
-fn bind(socket: &zmq::Socket, port: Option<u16>, what: &'static str) -> Result<String, SimError> {
+fn bind(socket: &zmq::Socket, host: Ipv4Addr, port: Option<u16>, what: &'static str) -> Result<String, SimError> {
     let addr = match port {
-        Some(p) => format!("tcp://127.0.0.1:{p}"),
-        None => "tcp://127.0.0.1:*".to_owned(),
+        Some(p) => format!("tcp://{host}:{p}"),
+        None => format!("tcp://{host}:*"),
     };
     socket.bind(&addr).map_err(zmq_err(what))?;
     match socket.get_last_endpoint().map_err(zmq_err(what))? {
@@ -116,17 +117,17 @@ fn bind(socket: &zmq::Socket, port: Option<u16>, what: &'static str) -> Result<S
 }
 
 impl Publisher {
-    /// Binds the PUB and ROUTER sockets on 127.0.0.1 and starts the thread.
+    /// Binds the PUB and ROUTER sockets on the engine's host and starts the thread.
     pub(crate) fn start(cfg: &EngineConfig) -> Result<Publisher, SimError> {
         static DOORBELLS: AtomicU64 = AtomicU64::new(0);
         let ctx = zmq::Context::new();
         let publish = ctx.socket(zmq::PUB).map_err(zmq_err("PUB socket"))?;
         publish.set_linger(0).map_err(zmq_err("PUB linger"))?;
         publish.set_sndhwm(cfg.pub_hwm).map_err(zmq_err("PUB high-water mark"))?;
-        let events_endpoint = bind(&publish, cfg.ports.events, "bind PUB")?;
+        let events_endpoint = bind(&publish, cfg.host, cfg.ports.events, "bind PUB")?;
         let replay = ctx.socket(zmq::ROUTER).map_err(zmq_err("ROUTER socket"))?;
         replay.set_linger(0).map_err(zmq_err("ROUTER linger"))?;
-        let replay_endpoint = bind(&replay, cfg.ports.replay, "bind ROUTER")?;
+        let replay_endpoint = bind(&replay, cfg.host, cfg.ports.replay, "bind ROUTER")?;
         let bell_name = format!(
             "inproc://kvpick-sim-doorbell-{}-{}",
             std::process::id(),
