@@ -1,26 +1,27 @@
-//! The simulated fleet the soak runs kvpick against: vLLM engines (real
-//! HTTP, ZMQ KV events and replay, a prefix cache that evicts), a render
-//! service kvpick tokenizes through, and the workers file kvpick follows.
+//! The simulated fleet the soak runs kvpick against: vLLM, SGLang and
+//! TensorRT-LLM engines (real HTTP; KV events over ZMQ with replay, or
+//! drained over HTTP for TensorRT-LLM; a prefix cache that evicts), a
+//! render service kvpick tokenizes through, and how kvpick learns of them
+//! ([`Members`]: a workers file, or pods on a fake API server).
 //!
 //! Unlike `kvpick_sim::Fleet` each engine sits behind a lock, so the chaos
 //! schedule can kill one for good (its sockets closed) and start a new
 //! process-alike on the same ports, as a pod restarted in place.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use kvpick_discovery::workers_file::{self, Entry};
-use kvpick_perf::sim::{Engine, EngineConfig, EngineStats, Fleet, Ports, RequestSpec, TimeModel};
+use kvpick_perf::sim::{Engine, EngineConfig, EngineStats, Flavour, Fleet, Ports, RequestSpec, TimeModel};
 use tokio::sync::RwLock;
 
+use crate::members::{Listed, Members, pod_ip};
 use crate::traffic::MODEL;
 
 /// The engines and the render service, each restartable in place.
 pub struct SoakFleet {
     engines: Vec<RwLock<Engine>>,
     render: RwLock<Engine>,
-    workers_file: PathBuf,
+    members: Members,
 }
 
 /// The port of a `tcp://host:port` ZMQ endpoint.
@@ -53,10 +54,17 @@ async fn restart_in_place(slot: &RwLock<Engine>, down: Duration) -> Result<(), S
 }
 
 impl SoakFleet {
-    /// `n` engines with `num_blocks` KV blocks each (small, so caches
-    /// fill and evict within the run), virtual time `time_scale` times the
-    /// wall clock, and the workers file listing all of them.
-    pub async fn start(n: usize, num_blocks: usize, time_scale: f64, workers_file: PathBuf) -> Result<Self, String> {
+    /// An engine of each of `flavours` with `num_blocks` KV blocks each
+    /// (small, so caches fill and evict within the run), virtual time
+    /// `time_scale` times the wall clock, all of them published through
+    /// `members`. Under Kubernetes each engine is on a loopback address of
+    /// its own and the ports of the first.
+    pub async fn start(
+        flavours: &[Flavour],
+        num_blocks: usize,
+        time_scale: f64,
+        members: Members,
+    ) -> Result<Self, String> {
         let base = EngineConfig {
             model: MODEL.into(),
             block_size: crate::BLOCK_SIZE,
@@ -65,14 +73,26 @@ impl SoakFleet {
             time: TimeModel { time_scale, ..TimeModel::default() },
             ..EngineConfig::default()
         };
-        let mut engines = Vec::with_capacity(n);
-        for config in Fleet::configs(n, &base) {
-            engines.push(RwLock::new(Engine::start(config).await.map_err(|e| format!("engine: {e}"))?));
+        let mut engines: Vec<RwLock<Engine>> = Vec::with_capacity(flavours.len());
+        for (i, (config, &flavour)) in Fleet::configs(flavours.len(), &base).into_iter().zip(flavours).enumerate() {
+            let mut config = match flavour {
+                Flavour::Vllm => config,
+                Flavour::Sglang => Flavour::sglang_events(config),
+                Flavour::Trtllm => EngineConfig { flavour, ..config },
+            };
+            if members.is_kube() {
+                config.host = pod_ip(i);
+                if let Some(first) = engines.first() {
+                    config.ports = pinned(&*first.read().await).ports;
+                }
+            }
+            let engine = Engine::start(config).await.map_err(|e| format!("engine {i}: {e}"))?;
+            engines.push(RwLock::new(engine));
         }
         let render_config = EngineConfig { name: "render".into(), ..base };
         let render = Engine::start(render_config).await.map_err(|e| format!("render service: {e}"))?;
-        let fleet = SoakFleet { engines, render: RwLock::new(render), workers_file };
-        fleet.write_workers(None).await?;
+        let fleet = SoakFleet { engines, render: RwLock::new(render), members };
+        fleet.publish(None).await?;
         Ok(fleet)
     }
 
@@ -89,17 +109,29 @@ impl SoakFleet {
         self.engines[i].read().await.endpoints().http
     }
 
-    /// Rewrites the workers file with every engine but `except`.
-    pub async fn write_workers(&self, except: Option<usize>) -> Result<(), String> {
-        let mut entries = Vec::with_capacity(self.engines.len());
-        for (i, engine) in self.engines.iter().enumerate() {
-            if Some(i) == except {
-                continue;
-            }
-            let ep = engine.read().await.endpoints().clone();
-            entries.push(Entry::new(ep.http, ep.events.clone(), Some(ep.replay.clone())));
+    /// Publishes every engine, `out` (if any) out of the fleet for now.
+    pub async fn publish(&self, out: Option<usize>) -> Result<(), String> {
+        let mut guards = Vec::with_capacity(self.engines.len());
+        for engine in &self.engines {
+            guards.push(engine.read().await);
         }
-        workers_file::write(&self.workers_file, &entries).map_err(|e| format!("{}: {e}", self.workers_file.display()))
+        let listed: Vec<Listed<'_>> = guards
+            .iter()
+            .enumerate()
+            .map(|(i, engine)| Listed { engine, flavour: engine.config().flavour, out: Some(i) == out })
+            .collect();
+        self.members.publish(&listed)
+    }
+
+    pub fn members(&self) -> &Members {
+        &self.members
+    }
+
+    /// kvpick's discovery settings for this fleet.
+    pub async fn discovery_settings(&self) -> Vec<(&'static str, String)> {
+        let first = self.engines[0].read().await;
+        let ports = pinned(&first).ports;
+        self.members.settings(ports.events.unwrap_or(0), ports.replay.unwrap_or(0))
     }
 
     /// Engine `i`'s own numbers (`None` while it is down, or when its loop
@@ -128,6 +160,11 @@ impl SoakFleet {
     /// Runs `f` on engine `i`.
     pub async fn with<T>(&self, i: usize, f: impl FnOnce(&Engine) -> T) -> T {
         f(&*self.engines[i].read().await)
+    }
+
+    /// Runs `f` on the render service.
+    pub async fn with_render<T>(&self, f: impl FnOnce(&Engine) -> T) -> T {
+        f(&*self.render.read().await)
     }
 
     /// A restart of the engine process in place (cache emptied, sequence

@@ -1,6 +1,7 @@
 //! `kvpick-soak`: `kvpick serve` (the release binary, a process of its own)
-//! in front of a simulated vLLM fleet, under chat traffic for a set time
-//! while a chaos schedule injects faults one at a time; it samples the
+//! in front of a simulated fleet of vLLM, SGLang and TensorRT-LLM engines,
+//! under chat traffic for a set time while a chaos schedule injects faults
+//! one at a time; it samples the
 //! server's memory, descriptors, threads, bookings and index against the
 //! engines' own caches, checks the invariants below, and writes a report
 //! with plots.
@@ -12,13 +13,19 @@
 //! - the same when the load stops at the end;
 //! - resident memory after warm-up grows by less than `--rss-tolerance`,
 //!   open descriptors by at most `--fd-slack`;
-//! - the server never dies, never panics, and exits 0 on SIGTERM.
+//! - the server never dies, never panics, and exits 0 on SIGTERM;
+//! - every WARN or ERROR line it logs is counted by a counter that rose
+//!   (`accounts`);
+//! - a fault that kvpick's inputs suffer shows in the counter an operator
+//!   would see it by, and the counters of loss and leaks never move.
 //!
 //! Threads: a two-thread tokio runtime for the clients, the gateway, the
 //! engines and the sampler; kvpick's own threads are in its process.
 
+mod accounts;
 mod chaos;
 mod fleet;
+mod members;
 mod report;
 mod serve;
 mod traffic;
@@ -31,7 +38,9 @@ use std::time::{Duration, Instant};
 
 use kvpick_perf::args::{ArgsError, Flags, options_or_exit};
 
+use chaos::Kind;
 use fleet::SoakFleet;
+use kvpick_perf::sim::Flavour;
 use report::{Checkpoint, Report, Sample};
 use serve::{Probe, Serve};
 use traffic::Traffic;
@@ -42,14 +51,21 @@ pub const BLOCK_SIZE: u32 = 16;
 const USAGE: &str = "usage: kvpick-soak [flags]
   --kvpick PATH          the kvpick binary (default: `kvpick` beside this one)
   --duration D           how long the load runs (60s; 10m, 30m, 1h30m)
-  --engines N            simulated vLLM engines (4)
+  --engines LIST|N       simulated engines by kind, vllm, sglang or trtllm
+                         (vllm,vllm,sglang,trtllm); a number: that many vLLM
   --num-blocks N         KV blocks per engine, small so caches evict (1024)
   --time-scale X         engines' virtual time per wall-clock time (10)
   --clients N            concurrent clients (6)
   --cancel-share F       share of requests cut at a random moment (0.1)
-  --faults K,K,...|all|none  fault kinds, rotated (all): drop-events,
-                         stall-events, restart-announced, restart-silent,
-                         kill, worker-removed, tokenizer-down, gateway-reset
+  --discovery M          how kvpick learns the fleet: kubernetes (a fake API
+                         server, pods on loopback addresses) or static (a
+                         workers file) (kubernetes)
+  --faults K,K,...|all|none  fault kinds, rotated (all that the discovery
+                         mode allows): drop-events, stall-events, replay-down,
+                         restart-announced, restart-silent, kill,
+                         worker-removed, watch-cut, watch-expired, api-errors
+                         (the last three: kubernetes only), tokenizer-down,
+                         tokenizer-slow, tokenizer-failing, gateway-reset
   --hold D               how long a lasting fault lasts (2s)
   --settle D             traffic before each fault, and after it heals before the books are checked (2s)
   --window D             time the books get to balance (10s)
@@ -65,12 +81,14 @@ const USAGE: &str = "usage: kvpick-soak [flags]
 pub struct Options {
     pub kvpick: PathBuf,
     pub duration: Duration,
-    pub engines: usize,
+    pub engines: Vec<Flavour>,
     pub num_blocks: usize,
     pub time_scale: f64,
     pub clients: usize,
     pub cancel_share: f64,
-    pub faults: Vec<String>,
+    pub faults: Vec<Kind>,
+    /// Kubernetes discovery (else a static workers file).
+    pub kube: bool,
     pub hold: Duration,
     pub settle: Duration,
     pub window: Duration,
@@ -88,12 +106,13 @@ impl Options {
         let mut o = Options {
             kvpick: beside.unwrap_or_else(|| PathBuf::from("kvpick")),
             duration: Duration::from_secs(60),
-            engines: 4,
+            engines: vec![Flavour::Vllm, Flavour::Vllm, Flavour::Sglang, Flavour::Trtllm],
             num_blocks: 1024,
             time_scale: 10.0,
             clients: 6,
             cancel_share: 0.1,
-            faults: chaos::KINDS.iter().map(|k| (*k).to_owned()).collect(),
+            faults: Kind::ALL.to_vec(),
+            kube: true,
             hold: Duration::from_secs(2),
             settle: Duration::from_secs(2),
             window: Duration::from_secs(10),
@@ -105,6 +124,8 @@ impl Options {
             seed: 1,
         };
         let bad = |what: &str, v: &str| ArgsError::Invalid(format!("{what}: cannot read {v:?}"));
+        // `all` (or no --faults) means all the discovery mode allows.
+        let mut all_faults = true;
         let mut flags = Flags::new(words);
         while let Some(flag) = flags.next_flag() {
             if flag.name == "--help" || flag.name == "-h" {
@@ -118,20 +139,31 @@ impl Options {
             match flag.name.as_str() {
                 "--kvpick" => o.kvpick = PathBuf::from(&v),
                 "--duration" => o.duration = duration()?,
-                "--engines" => o.engines = number()?.max(2) as usize,
+                "--engines" => o.engines = parse_engines(&v).ok_or_else(|| bad(&flag.name, &v))?,
                 "--num-blocks" => o.num_blocks = number()?.max(64) as usize,
                 "--time-scale" => o.time_scale = real()?.max(0.1),
                 "--clients" => o.clients = number()?.max(1) as usize,
                 "--cancel-share" => o.cancel_share = real()?.min(1.0),
-                "--faults" => {
-                    o.faults = match v.as_str() {
-                        "all" => chaos::KINDS.iter().map(|k| (*k).to_owned()).collect(),
-                        "none" => Vec::new(),
-                        list => list.split(',').map(str::to_owned).collect(),
-                    };
-                    if let Some(unknown) = o.faults.iter().find(|k| !chaos::KINDS.contains(&k.as_str())) {
-                        return Err(ArgsError::Invalid(format!("--faults: no fault kind {unknown:?}")));
+                "--discovery" => {
+                    o.kube = match v.as_str() {
+                        "kubernetes" => true,
+                        "static" => false,
+                        _ => return Err(bad(&flag.name, &v)),
                     }
+                }
+                "--faults" => {
+                    all_faults = v == "all";
+                    o.faults = match v.as_str() {
+                        "all" => Kind::ALL.to_vec(),
+                        "none" => Vec::new(),
+                        list => list
+                            .split(',')
+                            .map(|name| {
+                                Kind::from_name(name)
+                                    .ok_or_else(|| ArgsError::Invalid(format!("--faults: no fault kind {name:?}")))
+                            })
+                            .collect::<Result<_, _>>()?,
+                    };
                 }
                 "--hold" => o.hold = duration()?,
                 "--settle" => o.settle = duration()?,
@@ -145,12 +177,28 @@ impl Options {
                 other => return Err(ArgsError::Invalid(format!("unknown flag {other}"))),
             }
         }
+        if !o.kube {
+            if all_faults {
+                o.faults.retain(|k| !k.needs_kube());
+            } else if let Some(k) = o.faults.iter().find(|k| k.needs_kube()) {
+                return Err(ArgsError::Invalid(format!("--faults {}: needs --discovery kubernetes", k.name())));
+            }
+        }
         Ok(o)
     }
 
     pub fn warmup(&self) -> Duration {
         self.warmup.unwrap_or(self.duration / 3)
     }
+}
+
+/// `vllm,sglang,trtllm` (at least two), or a number of vLLM engines.
+fn parse_engines(text: &str) -> Option<Vec<Flavour>> {
+    let engines = match text.parse::<usize>() {
+        Ok(n) => vec![Flavour::Vllm; n],
+        Err(_) => text.split(',').map(|k| k.trim().parse::<Flavour>().ok()).collect::<Option<Vec<_>>>()?,
+    };
+    (engines.len() >= 2).then_some(engines)
 }
 
 /// `90s`, `500ms`, `10m`, `1h30m`, `1m30s`.
@@ -218,14 +266,16 @@ fn main() -> ExitCode {
 async fn run(o: &Options) -> Result<Report, String> {
     std::fs::create_dir_all(&o.out).map_err(|e| format!("{}: {e}", o.out.display()))?;
     let out = o.out.canonicalize().map_err(|e| format!("{}: {e}", o.out.display()))?;
-    let fleet = Arc::new(SoakFleet::start(o.engines, o.num_blocks, o.time_scale, out.join("workers.json")).await?);
+    let members = members::Members::start(o.kube, &out).await?;
+    let fleet = Arc::new(SoakFleet::start(&o.engines, o.num_blocks, o.time_scale, members).await?);
     let outcome = soak(o, &out, &fleet).await;
     fleet.shutdown().await;
     outcome
 }
 
 async fn soak(o: &Options, out: &std::path::Path, fleet: &Arc<SoakFleet>) -> Result<Report, String> {
-    let serve = Serve::start(&o.kvpick, &out.join("workers.json"), &fleet.render_url().await, out).await?;
+    let discovery = fleet.discovery_settings().await;
+    let serve = Serve::start(&o.kvpick, &discovery, &fleet.render_url().await, out).await?;
     eprintln!("kvpick-soak: kvpick serve (pid {}) on {}; {} engines", serve.pid(), serve.ext_proc, fleet.len());
     wait_workers(&serve.probe, fleet).await?;
     let first = serve.probe.scrape_surely().await?;
@@ -258,7 +308,7 @@ async fn soak(o: &Options, out: &std::path::Path, fleet: &Arc<SoakFleet>) -> Res
         // Traffic first, so a fault that is an instant (a restart, a
         // reset) finds requests in flight.
         tokio::time::sleep(o.settle).await;
-        let fault = chaos::nth(n, &o.faults, fleet.len());
+        let fault = chaos::nth(n, &o.faults, &o.engines);
         n += 1;
         let at = started.elapsed();
         let label = fault.map_or_else(|| "quiet".to_owned(), |f| f.to_string());
@@ -272,13 +322,13 @@ async fn soak(o: &Options, out: &std::path::Path, fleet: &Arc<SoakFleet>) -> Res
         let mut check = checkpoint(&label, at, o.window, &serve.probe, fleet, &traffic).await;
         let after = serve.probe.scrape_surely().await?;
         check.moved = moved(&before, &after);
-        check.seen_by = fault.and_then(|f| f.seen_by());
+        check.seen_by = fault.and_then(|f| f.kind.seen_by());
         if !check.balanced() {
             eprintln!("kvpick-soak: books did not balance after {label}: {}", check.detail);
         }
         report.checkpoints.push(check);
         if let Some(fault) = fault {
-            report.injected.insert(fault.kind());
+            report.injected.insert(fault.kind);
         }
     }
     let load_ended = started.elapsed();
@@ -290,7 +340,8 @@ async fn soak(o: &Options, out: &std::path::Path, fleet: &Arc<SoakFleet>) -> Res
     }
     let end = checkpoint("end of load", load_ended, o.window, &serve.probe, fleet, &traffic).await;
     report.checkpoints.push(end);
-    report.moved = moved(&first, &serve.probe.scrape_surely().await?);
+    let last = serve.probe.scrape_surely().await?;
+    report.moved = moved(&first, &last);
     sampling.store(false, Ordering::SeqCst);
     report.samples = sampler.await.map_err(|e| format!("sampler: {e}"))?;
     report.load_seconds = load_ended.as_secs_f64();
@@ -298,6 +349,7 @@ async fn soak(o: &Options, out: &std::path::Path, fleet: &Arc<SoakFleet>) -> Res
     let log = serve.log_path().to_path_buf();
     report.exit = Some(serve.stop(Duration::from_secs(3)).await);
     report.log = serve::summarise_log(&log)?;
+    report.accounts = accounts::accounts(&report.log, &first, &last);
     report.write(out)?;
     Ok(report)
 }
@@ -394,6 +446,8 @@ async fn sample(probe: &Probe, fleet: &SoakFleet, traffic: &Traffic, at: Duratio
         index_blocks,
         ok: traffic.counts.ok.load(Ordering::SeqCst),
         failed: traffic.counts.failed(),
+        queue_depth: scrape.as_ref().map_or(-1.0, |s| serve::family_sum(s, "kvpick_queue_depth")),
+        errors: scrape.as_ref().map_or(0.0, accounts::errors),
     }
 }
 

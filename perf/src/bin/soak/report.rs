@@ -8,6 +8,7 @@ use kvpick_perf::report::{cpu, utc_date};
 use kvpick_perf::svg::{self, Axis};
 
 use crate::Options;
+use crate::accounts::Account;
 use crate::serve::LogSummary;
 use crate::traffic::CountsSnapshot;
 
@@ -30,6 +31,10 @@ pub struct Sample {
     pub index_blocks: u64,
     pub ok: u64,
     pub failed: u64,
+    /// `kvpick_queue_depth`: requests waiting for capacity.
+    pub queue_depth: f64,
+    /// Σ of the error counters ([`crate::accounts::ERRORS`]) so far.
+    pub errors: f64,
 }
 
 /// The books checked once the traffic is paused and drained.
@@ -71,10 +76,12 @@ pub struct Report {
     /// Watched counters that moved over the whole run.
     pub moved: Vec<(&'static str, f64)>,
     /// The fault kinds that ran (all asked for must, or the run was too short).
-    pub injected: std::collections::BTreeSet<&'static str>,
+    pub injected: std::collections::BTreeSet<crate::chaos::Kind>,
     /// How the server ended on SIGTERM.
     pub exit: Option<Result<String, String>>,
     pub log: LogSummary,
+    /// The log's warnings and errors against the counters that stand for them.
+    pub accounts: Vec<Account>,
 }
 
 /// Resident memory and descriptors early and late after warm-up.
@@ -119,6 +126,7 @@ impl Report {
             injected: Default::default(),
             exit: None,
             log: LogSummary::default(),
+            accounts: Vec::new(),
         }
     }
 
@@ -164,7 +172,7 @@ impl Report {
             ));
         }
         let missed: Vec<&str> =
-            self.options.faults.iter().map(String::as_str).filter(|k| !self.injected.contains(k)).collect();
+            self.options.faults.iter().filter(|k| !self.injected.contains(k)).map(|k| k.name()).collect();
         if !missed.is_empty() {
             out.push(format!("fault kinds never injected (the run was too short for them): {}", missed.join(", ")));
         }
@@ -194,6 +202,13 @@ impl Report {
         if let Some(dead) = self.samples.iter().find(|s| !s.alive) {
             out.push(format!("kvpick serve was gone at {:.1} s", dead.seconds));
         }
+        for a in self.accounts.iter().filter(|a| !a.settled()) {
+            let why = match a.counters {
+                None => "no counter stands for it".to_owned(),
+                Some(counters) => format!("{} did not rise", counters.join(" or ")),
+            };
+            out.push(format!("{} {:?} logged {} time(s), but {why}", a.level, a.message, a.lines));
+        }
         if !self.log.panics.is_empty() {
             out.push(format!("{} panic line(s) in the log, first: {}", self.log.panics.len(), self.log.panics[0]));
         }
@@ -219,17 +234,23 @@ impl Report {
         let _ = writeln!(s, "# kvpick-soak, {}\n", utc_date());
         let _ = writeln!(
             s,
-            "{} s of load on {} ({}), {} engines × {} blocks, time scale {}, {} clients, {:.0} % cancelled; faults: {}; \
+            "{} s of load on {} ({}), {} discovery, {} engines ({}) × {} blocks, time scale {}, {} clients, {:.0} % cancelled; faults: {}; \
              hold {:?}, settle {:?}, window {:?}, warm-up {:?}.\n",
             self.load_seconds.round(),
             cpu(),
             o.kvpick.display(),
-            o.engines,
+            if o.kube { "Kubernetes (a fake API server)" } else { "static (a workers file)" },
+            o.engines.len(),
+            o.engines.iter().map(|f| f.to_string()).collect::<Vec<_>>().join(", "),
             o.num_blocks,
             o.time_scale,
             o.clients,
             100.0 * o.cancel_share,
-            if o.faults.is_empty() { "none".to_owned() } else { o.faults.join(", ") },
+            if o.faults.is_empty() {
+                "none".to_owned()
+            } else {
+                o.faults.iter().map(|k| k.name()).collect::<Vec<_>>().join(", ")
+            },
             o.hold,
             o.settle,
             o.window,
@@ -299,10 +320,18 @@ impl Report {
             );
         }
         let _ = writeln!(s, "## kvpick's log\n\n{} lines, {} panic lines.\n", self.log.lines, self.log.panics.len());
-        if !self.log.by_message.is_empty() {
-            let _ = writeln!(s, "| level | message | count |\n|---|---|---:|");
-            for ((level, message), n) in &self.log.by_message {
-                let _ = writeln!(s, "| {level} | {} | {n} |", message.replace('|', "\\|"));
+        if !self.accounts.is_empty() {
+            let _ = writeln!(s, "| level | message | lines | counted by | rose by |\n|---|---|---:|---|---:|");
+            for a in &self.accounts {
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} |",
+                    a.level,
+                    a.message.replace('|', "\\|"),
+                    a.lines,
+                    a.counters.map_or_else(|| "nothing".to_owned(), |c| c.join(", ")),
+                    a.rose
+                );
             }
             s.push('\n');
         }
@@ -321,12 +350,13 @@ impl Report {
         let write = |name: &str, text: String| std::fs::write(out.join(name), text).map_err(|e| format!("{name}: {e}"));
         write("report.md", self.summary())?;
         let mut csv = String::from(
-            "seconds,alive,rss_bytes,fds,threads,bookings,in_flight,diverged_blocks,engine_blocks,index_blocks,ok,failed\n",
+            "seconds,alive,rss_bytes,fds,threads,bookings,in_flight,diverged_blocks,engine_blocks,index_blocks,ok,failed,\
+             queue_depth,errors\n",
         );
         for x in &self.samples {
             let _ = writeln!(
                 csv,
-                "{:.2},{},{},{},{},{},{},{},{},{},{},{}",
+                "{:.2},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 x.seconds,
                 u8::from(x.alive),
                 x.rss_bytes,
@@ -338,7 +368,9 @@ impl Report {
                 x.engine_blocks,
                 x.index_blocks,
                 x.ok,
-                x.failed
+                x.failed,
+                x.queue_depth,
+                x.errors
             );
         }
         write("samples.csv", csv)?;
@@ -377,7 +409,14 @@ impl Report {
                 vec![
                     ("kvpick bookings", series(|s| s.bookings.max(0.0))),
                     ("client requests open", series(|s| s.in_flight as f64)),
+                    ("queued for capacity", series(|s| s.queue_depth.max(0.0))),
                 ],
+            ),
+            chart(
+                "errors.svg",
+                "Errors counted by kvpick (tokenizer, streams, KV events, refusals), cumulative",
+                "count",
+                vec![("errors", series(|s| s.errors))],
             ),
             chart(
                 "index.svg",

@@ -59,24 +59,29 @@ pub struct LogSummary {
 pub type Scrape = BTreeMap<String, f64>;
 
 impl Serve {
-    /// Starts `binary serve` over `workers_file`, tokenizing through
-    /// `render` (a simulated engine's render endpoint), with every port
-    /// picked by the OS, and waits until it logs where it listens.
-    pub async fn start(binary: &Path, workers_file: &Path, render: &str, out: &Path) -> Result<Serve, String> {
+    /// Starts `binary serve` with `discovery` (the settings of its mode),
+    /// tokenizing through `render` (a simulated engine's render endpoint),
+    /// with every port picked by the OS, and waits until it logs where it
+    /// listens.
+    pub async fn start(
+        binary: &Path,
+        discovery: &[(&'static str, String)],
+        render: &str,
+        out: &Path,
+    ) -> Result<Serve, String> {
         let log = out.join("serve.log");
         let file = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
         let mut command = Command::new(binary);
         command
             .arg("serve")
             .env_clear()
-            .env(var::DISCOVERY, "static")
-            .env(var::WORKERS_FILE, workers_file)
-            .env(var::WORKERS_FILE_POLL_MS, "200")
+            .envs(discovery.iter().map(|(k, v)| (k, v)))
             .env(var::LISTEN_ADDRESS, "127.0.0.1")
             .env(var::EXT_PROC_PORT, "0")
             .env(var::HEALTH_PORT, "0")
             .env(var::METRICS_PORT, "0")
             .env(var::TOKENIZER_URL, render)
+            .env(var::TOKENIZATION_TIMEOUT_MS, crate::chaos::TOKENIZER_TIMEOUT.as_millis().to_string())
             .env(var::MODEL, crate::traffic::MODEL)
             .env(var::BLOCK_SIZE, crate::BLOCK_SIZE.to_string())
             .env(var::LOG_FORMAT, "json")
