@@ -378,6 +378,24 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_reload_keeps_the_workers_and_is_counted() {
+        let dir = std::env::temp_dir().join(format!("kvpick-workers-refused-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.join("workers.yaml");
+        std::fs::write(&path, "- {endpoint: '10.0.0.1:8000', kv_events: 'tcp://10.0.0.1:5557'}\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (mut file, initial) = WorkersFile::open(&path, defaults()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((initial.len(), file.metrics().workers_file_errors()), (1, 0));
+        std::fs::write(&path, "- {endpoint: 'not an address'}\n").unwrap_or_else(|e| panic!("{e}"));
+        for _ in 0..2 {
+            assert!(file.reload().is_empty(), "nothing applied");
+        }
+        assert_eq!(file.metrics().workers_file_errors(), 2, "each refused read counted");
+        assert_eq!(file.workers().count(), 1, "the previous workers stay");
+        std::fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
     fn roles_are_read_and_default_to_both() {
         let text = "- {endpoint: '10.0.0.1:8000', kv_events: 'tcp://10.0.0.1:5557', role: prefill}\n\
                     - {endpoint: '10.0.0.2:8000', kv_events: 'tcp://10.0.0.2:5557', role: decode}\n\

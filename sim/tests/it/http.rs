@@ -337,3 +337,28 @@ async fn render_can_be_made_slow_or_failing_while_generation_goes_on() {
     engine.set_render_delay(Duration::ZERO);
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_share_ports_on_loopback_addresses_of_their_own() {
+    let first = Engine::start(EngineConfig { host: [127, 0, 0, 2].into(), ..fast_config(4, 64) })
+        .await
+        .expect("engine on 127.0.0.2");
+    let ep = first.endpoints().clone();
+    assert_eq!(ep.http.ip().to_string(), "127.0.0.2");
+    assert!(ep.events.starts_with("tcp://127.0.0.2:") && ep.replay.starts_with("tcp://127.0.0.2:"));
+    let port = |zmq: &str| zmq.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+    let ports = kvpick_sim::Ports { http: Some(ep.http.port()), events: port(&ep.events), replay: port(&ep.replay) };
+    let second = Engine::start(EngineConfig { host: [127, 0, 0, 3].into(), ports, ..fast_config(4, 64) })
+        .await
+        .expect("the same ports on 127.0.0.3");
+    assert_eq!(second.endpoints().http.port(), ep.http.port());
+    let http = Http::default();
+    for engine in [&first, &second] {
+        let url = format!("{}/v1/chat/completions", engine.endpoints().base_url());
+        assert!(http.post(&url, &conversation(1)).await.status.is_success(), "{url}");
+    }
+    let elsewhere = EngineConfig { host: [10, 0, 0, 1].into(), ..fast_config(4, 64) };
+    assert!(Engine::start(elsewhere).await.is_err(), "only loopback addresses");
+    first.shutdown().await;
+    second.shutdown().await;
+}

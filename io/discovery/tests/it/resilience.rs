@@ -74,6 +74,11 @@ async fn failing_first_lists_are_retried_with_back_off() {
     h.wait_for("ready", |h| h.state().is_ready()).await;
     assert_eq!(h.fake.lists(Kind::Pod), 3);
     assert_eq!(h.fake.lists(Kind::InferencePool), 3);
+    // Each refused list counted, as the one that answered.
+    let [pool, pods, slices] = h.disc.metrics.watches();
+    assert_eq!((pool.lists, pool.errors, pool.expired), (1, 2, 0));
+    assert_eq!((pods.lists, pods.errors, pods.expired), (1, 2, 0));
+    assert_eq!((slices.lists, slices.errors), (0, 0), "no peer service, no slice watch");
     h.shutdown().await;
 }
 
@@ -98,6 +103,9 @@ async fn dropped_or_cut_watches_resume_without_relisting() {
     h.fake.delete(Kind::Pod, "p0");
     h.wait_endpoints(&["10.0.0.2:8000", "10.0.0.3:8000"]).await;
     assert_eq!(h.fake.lists(Kind::Pod), 1, "resumed from the last resourceVersion, no relist");
+    let [_, pods, _] = h.disc.metrics.watches();
+    assert_eq!((pods.lists, pods.expired), (1, 0));
+    assert!(pods.errors >= 1, "the cut connection is a failed watch; a clean end is not");
     assert_eq!(h.log.len(), 4, "{:?}", h.log);
     h.shutdown().await;
 }
@@ -152,6 +160,9 @@ async fn a_410_error_event_mid_watch_relists() {
     h.fake.edit(|s| s.expire_watches());
     h.wait_for("a pod relist", |h| h.fake.lists(Kind::Pod) == 2 && h.fake.open_watches(Kind::Pod) == 1).await;
     h.wait_for("a pool relist", |h| h.fake.lists(Kind::InferencePool) == 2).await;
+    h.wait_for("both relists counted", |h| h.disc.metrics.watches()[..2].iter().all(|w| w.lists == 2)).await;
+    let [pool, pods, _] = h.disc.metrics.watches();
+    assert_eq!((pool.expired, pods.expired, pool.errors, pods.errors), (1, 1, 0, 0), "a 410 is an expiry, not an error");
     // A change after the relist is the only update: the relist itself,
     // finding the same pods, changed nothing.
     h.fake.put(Kind::Pod, pod("p2", APP, Some("10.0.0.3"), true));
