@@ -369,8 +369,13 @@ fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfi
     if let Some(margin) = v.number(var::SESSION_MARGIN, 0.0)? {
         router.session_margin = margin;
     }
-    if let Some(ms) = v.number(var::TPOT_TARGET_MS, 0.0)? {
-        router.tpot_target = Some(Duration::from_secs_f64(ms / 1e3));
+    // A duration holds about 584 billion years: beyond that (or NaN) the
+    // value is refused, not a panic (found by fuzzing).
+    let tpot = v.parse(var::TPOT_TARGET_MS, "expected milliseconds, a number of at least 0", |t| {
+        t.parse::<f64>().ok().filter(|ms| *ms >= 0.0).and_then(|ms| Duration::try_from_secs_f64(ms / 1e3).ok())
+    })?;
+    if tpot.is_some() {
+        router.tpot_target = tpot;
     }
     if let Some(on) = v.boolean(var::CALIBRATE)? {
         router.calibration.enabled = on;
@@ -608,6 +613,12 @@ mod tests {
         );
         let e = config(&[(var::WORKERS_FILE, "w"), ("DYN_EPP_TOKENIZER_SERVICE_URL", "ftp://x")]).err();
         assert!(matches!(e, Some(ConfigError::Setting(ref s)) if s.name == "DYN_EPP_TOKENIZER_SERVICE_URL"));
+        // Past what a duration holds: refused (it panicked; found by the
+        // `settings` fuzz target).
+        for too_long in ["1.5e28", "-1", "NaN", "inf"] {
+            let e = config(&[(var::WORKERS_FILE, "w"), (var::TPOT_TARGET_MS, too_long)]).err();
+            assert!(matches!(e, Some(ConfigError::Setting(ref s)) if s.name == var::TPOT_TARGET_MS), "{too_long}");
+        }
     }
 
     #[test]

@@ -303,7 +303,8 @@ fn tokenizer_families(e: &mut Exposition, tokenizer: &TokenizerMetrics) {
 /// the workers file under Kubernetes).
 fn discovery_families(e: &mut Exposition, m: &DiscoveryMetrics) {
     let watches = m.watches();
-    let families: [(&str, &str, fn(&WatchCounts) -> u64); 3] = [
+    type Family = (&'static str, &'static str, fn(&WatchCounts) -> u64);
+    let families: [Family; 3] = [
         (
             "kvpick_discovery_lists_total",
             "Full lists of a watched resource completed (the first, then relists).",

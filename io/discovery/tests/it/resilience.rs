@@ -162,7 +162,11 @@ async fn a_410_error_event_mid_watch_relists() {
     h.wait_for("a pool relist", |h| h.fake.lists(Kind::InferencePool) == 2).await;
     h.wait_for("both relists counted", |h| h.disc.metrics.watches()[..2].iter().all(|w| w.lists == 2)).await;
     let [pool, pods, _] = h.disc.metrics.watches();
-    assert_eq!((pool.expired, pods.expired, pool.errors, pods.errors), (1, 1, 0, 0), "a 410 is an expiry, not an error");
+    assert_eq!(
+        (pool.expired, pods.expired, pool.errors, pods.errors),
+        (1, 1, 0, 0),
+        "a 410 is an expiry, not an error"
+    );
     // A change after the relist is the only update: the relist itself,
     // finding the same pods, changed nothing.
     h.fake.put(Kind::Pod, pod("p2", APP, Some("10.0.0.3"), true));
