@@ -95,7 +95,8 @@ pub struct IngestConfig {
     pub heartbeat_timeout: Duration,
     /// A replay that sends nothing for this long (once it has answered
     /// something: at most 250 ms) ends; it is asked again from where it
-    /// stopped if it made progress, else given up.
+    /// stopped, at once if it made progress, else up to
+    /// `replay_attempts` times in a row before its gap is given up.
     pub replay_idle_timeout: Duration,
     /// Silent replays in a row (each `replay_idle_timeout` long) before
     /// the batches they were to heal are given up as lost: a replay socket

@@ -27,7 +27,9 @@ pub(crate) struct Subscription {
     steps: Vec<Step<Vec<u8>>>,
     /// The first bad message is a warning, the rest debug lines.
     warned: bool,
-    /// Replays in a row that went silent without applying a batch.
+    /// Replays in a row that went silent without applying a batch: a
+    /// batch applied from a reply, an ended replay (completed, abandoned,
+    /// failed) or a reconnect sets it back to 0.
     silent_replays: u32,
 }
 
@@ -114,6 +116,7 @@ impl Subscription {
             if self.sequencer.last().is_some() {
                 tracing::info!(worker = self.worker(), "KV event connection back: asking the engine for its history");
             }
+            self.silent_replays = 0;
             self.sequencer.reconnected(&mut self.steps);
             self.run_steps(out);
         }
@@ -167,7 +170,14 @@ impl Subscription {
                 Err(error) => return self.fail_replay(out, &format!("receive failed: {error}")),
             };
             match parse_replay(frames) {
-                Ok(ReplayReply::Batch { seq, payload }) => self.sequencer.replayed(seq, payload, &mut self.steps),
+                Ok(ReplayReply::Batch { seq, payload }) => {
+                    self.sequencer.replayed(seq, payload, &mut self.steps);
+                    // Progress, not a mere reply: one that only repeats
+                    // what was applied must not keep a replay alive.
+                    if self.sequencer.answered() {
+                        self.silent_replays = 0;
+                    }
+                }
                 Ok(ReplayReply::End) => {
                     self.replay = None;
                     self.silent_replays = 0;
@@ -268,6 +278,7 @@ impl Subscription {
             Step::Replay { from, kind } => self.start_replay(from, kind, out),
             Step::AbandonReplay => {
                 self.replay = None;
+                self.silent_replays = 0;
                 add(&counters.replays_failed, 1);
                 tracing::warn!(worker, "KV event replay given up: too many live batches buffered meanwhile");
             }

@@ -19,14 +19,20 @@ pub(crate) struct DrainStream {
     /// indexed.
     largest_window: Option<u64>,
     gauges: Arc<WorkerMetrics>,
-    /// Failing since the last good answer: the first failure of an outage
-    /// is a warning, the rest debug lines, and the next good answer ends it.
+    /// In an outage: its first failure was a warning, the rest are debug
+    /// lines; [`ANSWERS_TO_RECOVER`] good answers in a row end it (an
+    /// engine failing every other poll is one outage, not a warning each).
     warned: bool,
+    /// Good answers since the last failure, while in an outage.
+    good: u32,
 }
+
+/// Good answers in a row that end a drain outage.
+const ANSWERS_TO_RECOVER: u32 = 8;
 
 impl DrainStream {
     pub(crate) fn new(worker: WorkerId, gauges: Arc<WorkerMetrics>) -> Self {
-        DrainStream { worker, ids: EventIdTracker::default(), largest_window: None, gauges, warned: false }
+        DrainStream { worker, ids: EventIdTracker::default(), largest_window: None, gauges, warned: false, good: 0 }
     }
 
     pub(crate) fn gauges(&self) -> &Arc<WorkerMetrics> {
@@ -43,8 +49,12 @@ impl DrainStream {
             Err(error) => return self.failed(out, &error.to_string()),
         };
         add(&counters.drains, 1);
-        if std::mem::take(&mut self.warned) {
-            tracing::info!(worker = self.worker.0, "TensorRT-LLM KV event drain answering again");
+        if self.warned {
+            self.good += 1;
+            if self.good >= ANSWERS_TO_RECOVER {
+                self.warned = false;
+                tracing::info!(worker = self.worker.0, "TensorRT-LLM KV event drain answering again");
+            }
         }
         let Drain { events, skipped, malformed, event_ids } = drain;
         add(&counters.events_skipped, u64::from(skipped));
@@ -89,6 +99,7 @@ impl DrainStream {
     }
 
     fn warn(&mut self, why: &str) {
+        self.good = 0;
         if std::mem::replace(&mut self.warned, true) {
             tracing::debug!(worker = self.worker.0, why, "TensorRT-LLM KV event drain failed");
         } else {

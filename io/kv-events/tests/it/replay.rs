@@ -196,3 +196,25 @@ fn unanswered_replay_is_asked_again_and_heals_the_gap_when_answered() {
     assert_eq!((m.lost_batches, m.unknown_parent_events), (0, 0));
     ingest.shutdown().unwrap();
 }
+
+/// A replay socket that stays down: after `replay_attempts` silent replays
+/// in a row the gap is given up as lost, and the live batches held
+/// meanwhile are applied.
+#[test]
+fn a_replay_silent_every_time_is_given_up_after_its_attempts() {
+    let cfg = IngestConfig { replay_attempts: 2, ..config(Duration::from_millis(200)) };
+    let (svc, ingest, mut publisher) = one_publisher("", true, cfg);
+    publisher.publish(0, chain_batch(0));
+    publisher.record(1, chain_batch(1));
+    publisher.publish(2, chain_batch(2));
+    assert_eq!(publisher.ignore_replay(), 1);
+    assert_eq!(publisher.ignore_replay(), 1, "asked once more, then no more");
+    publisher.publish(3, batch(vec![removed_blocks(&[0])]));
+
+    wait_for_seq(&ingest, 1, 3);
+    let m = ingest.metrics().snapshot();
+    assert_eq!((m.replays_started, m.replays_retried, m.replays_failed), (3, 1, 1), "with the catch-up on subscribing");
+    assert_eq!(m.lost_batches, 1, "batch 1 never came");
+    assert_eq!(cached_blocks(&svc, 1), 0, "block 0 removed; 2 an orphan of the lost 1");
+    ingest.shutdown().unwrap();
+}
