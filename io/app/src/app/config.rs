@@ -96,7 +96,7 @@ fn disagg(v: &Values, router: &RouterConfig, runtime: &RuntimeConfig) -> Result<
     let threshold = v.number(var::PREFILL_QUEUE_THRESHOLD, 0.0)?;
     let prefill_router =
         RouterConfig { queue_threshold: Some(threshold.unwrap_or(DEFAULT_PREFILL_QUEUE_THRESHOLD)), ..router.clone() };
-    let shards = v.whole::<usize>(var::PREFILL_SHARDS, 1)?.unwrap_or(1);
+    let shards = v.whole_in::<usize>(var::PREFILL_SHARDS, 1, MAX_THREADS)?.unwrap_or(1);
     let runtime = RuntimeConfig { shards, ..runtime.clone() };
     let batched_tokens = match &router.cost {
         CostModel::Latency(rates) => rates.batched_tokens,
@@ -104,6 +104,11 @@ fn disagg(v: &Values, router: &RouterConfig, runtime: &RuntimeConfig) -> Result<
     };
     Ok(Some(DisaggSettings { batched_tokens, decider, router: prefill_router, runtime }))
 }
+
+/// Most shards, prefill shards or I/O threads: each is a thread (or a
+/// core's share of one), so more than this is a mistake, and a huge value
+/// an allocation that aborts (found by fuzzing `KVPICK_SHARDS`).
+pub const MAX_THREADS: usize = 1024;
 
 /// One message for the operator: what is wrong and what would work.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -124,7 +129,7 @@ impl ServeConfig {
         let total_kv_blocks = v.whole::<u64>(var::TOTAL_KV_BLOCKS, 1)?;
         let router = router(v, max_num_batched_tokens)?;
         let runtime = runtime(v)?;
-        let io_threads = v.whole::<usize>(var::IO_THREADS, 1)?.unwrap_or(1);
+        let io_threads = v.whole_in::<usize>(var::IO_THREADS, 1, MAX_THREADS)?.unwrap_or(1);
         let address = v.parse(var::LISTEN_ADDRESS, "expected an IP address", |t| t.parse::<IpAddr>().ok())?;
         let address = address.unwrap_or(IpAddr::from([0, 0, 0, 0]));
         let port = |name: &str, default: u16| -> Result<SocketAddr, SettingError> {
@@ -401,7 +406,7 @@ fn runtime(v: &Values) -> Result<RuntimeConfig, ConfigError> {
         runtime.shards = 1;
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if let Some(shards) = v.whole::<usize>(var::SHARDS, 1)? {
+    if let Some(shards) = v.whole_in::<usize>(var::SHARDS, 1, MAX_THREADS)? {
         runtime.shards = shards;
         // Keep the default's shape: the highest-numbered cores, wrapping
         // when there are more shards than cores.
@@ -615,6 +620,10 @@ mod tests {
         assert!(matches!(e, Some(ConfigError::Setting(ref s)) if s.name == "DYN_EPP_TOKENIZER_SERVICE_URL"));
         // Past what a duration holds: refused (it panicked; found by the
         // `settings` fuzz target).
+        for shards in [(var::SHARDS, "99999999999999"), (var::IO_THREADS, "1025")] {
+            let e = config(&[(var::WORKERS_FILE, "w"), shards]).err();
+            assert!(matches!(e, Some(ConfigError::Setting(ref s)) if s.name == shards.0), "{shards:?}");
+        }
         for too_long in ["1.5e28", "-1", "NaN", "inf"] {
             let e = config(&[(var::WORKERS_FILE, "w"), (var::TPOT_TARGET_MS, too_long)]).err();
             assert!(matches!(e, Some(ConfigError::Setting(ref s)) if s.name == var::TPOT_TARGET_MS), "{too_long}");

@@ -580,6 +580,17 @@ impl Values {
         self.parse(var, &allowed, |t| t.replace('_', "").parse::<T>().ok().filter(|n| *n >= min))
     }
 
+    /// A whole number from `min` to `max`: for counts that size something
+    /// at start (threads, shards), where a huge value would be an
+    /// allocation that cannot succeed.
+    pub fn whole_in<T>(&self, var: &str, min: T, max: T) -> Result<Option<T>, SettingError>
+    where
+        T: std::str::FromStr + PartialOrd + std::fmt::Display,
+    {
+        let allowed = format!("expected a whole number from {min} to {max}");
+        self.parse(var, &allowed, |t| t.replace('_', "").parse::<T>().ok().filter(|n| *n >= min && *n <= max))
+    }
+
     pub fn number(&self, var: &str, min: f64) -> Result<Option<f64>, SettingError> {
         let allowed = format!("expected a number of at least {min}");
         self.parse(var, &allowed, |t| t.parse::<f64>().ok().filter(|n| n.is_finite() && *n >= min))
