@@ -15,7 +15,16 @@ use kvpick_app::app::settings::{self, SETTINGS, Setting, Values};
 use kvpick_app::app::{ConfigError, ServeConfig};
 use libfuzzer_sys::fuzz_target;
 
+/// Clap reads each setting's variable when its flag is absent: one set in
+/// the fuzzing shell would make a refusal name a variable, not a flag.
+static NO_SETTING_IN_ENV: std::sync::OnceLock<()> = std::sync::OnceLock::new();
+
 fuzz_target!(|data: &[u8]| {
+    NO_SETTING_IN_ENV.get_or_init(|| {
+        if let Some(s) = SETTINGS.iter().find(|s| std::env::var_os(s.var).is_some()) {
+            panic!("unset {} before fuzzing: the settings read the environment too", s.var);
+        }
+    });
     let mut args = vec!["kvpick".to_owned()];
     let mut given: Vec<(&Setting, String)> = Vec::new();
     for line in data.split(|&b| b == b'\n') {
