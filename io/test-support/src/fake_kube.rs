@@ -269,6 +269,18 @@ impl FakeKube {
         self.addr
     }
 
+    /// A kubeconfig for this server (plain HTTP, no user, its namespace),
+    /// for a `kvpick serve` child process to find it by `KUBECONFIG`.
+    pub fn kubeconfig(&self) -> String {
+        let namespace = self.shared.lock().namespace.clone();
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\n\
+             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: none\n    namespace: {namespace}\n\
+             current-context: fake\nusers:\n- name: none\n  user: {{}}\n",
+            self.addr
+        )
+    }
+
     /// A real `kube::Client` for this server: plain HTTP, no auth.
     pub fn client(&self) -> kube::Client {
         let url = format!("http://{}", self.addr).parse().expect("server url");

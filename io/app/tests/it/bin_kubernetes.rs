@@ -26,13 +26,7 @@ async fn routes_to_the_pools_ready_pods_and_drops_one_that_leaves() {
 
     let dir = TempDir::new("kube");
     let kubeconfig = dir.path("kubeconfig");
-    let config = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\n\
-         contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: none\n    namespace: {NS}\n\
-         current-context: fake\nusers:\n- name: none\n  user: {{}}\n",
-        kube.addr()
-    );
-    std::fs::write(&kubeconfig, config).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap_or_else(|e| panic!("{e}"));
 
     let mut command = binary();
     command

@@ -42,13 +42,7 @@ impl Members {
         }
         let api = FakeKube::start(NS).await;
         let kubeconfig = dir.join("kubeconfig");
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: fake\n  cluster:\n    server: http://{}\n\
-             contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: none\n    namespace: {NS}\n\
-             current-context: fake\nusers:\n- name: none\n  user: {{}}\n",
-            api.addr()
-        );
-        std::fs::write(&kubeconfig, text).map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
+        std::fs::write(&kubeconfig, api.kubeconfig()).map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
         Ok(Members::Kube { api, kubeconfig })
     }
 
