@@ -2,8 +2,11 @@
 //! resource was listed in full, how often its watch failed (the watcher
 //! then backs off and resumes by itself) or expired (`410 Gone`, a
 //! relist), and how often the workers file was refused. Every warning and
-//! error discovery logs about its inputs moves one of them, so an operator
-//! can alert on a counter instead of reading logs.
+//! error discovery logs about the API server's answers or the workers
+//! file moves one of them, so an operator can alert on a counter instead
+//! of reading logs. (What it logs about the objects themselves, a pool
+//! missing or unusable, a label ignored, a port past 65535, shows in
+//! readiness and `inference_pool_ready_pods`, not in these.)
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 

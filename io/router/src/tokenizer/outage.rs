@@ -60,7 +60,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_outage_starts_on_the_first_failure_and_ends_on_an_answer() {
+    fn an_outage_starts_on_the_first_failure_and_ends_after_answers_in_a_row() {
         let outage = Outage::default();
         assert!(!outage.is_failing());
         outage.answered();
