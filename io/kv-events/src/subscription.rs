@@ -27,10 +27,6 @@ pub(crate) struct Subscription {
     steps: Vec<Step<Vec<u8>>>,
     /// The first bad message is a warning, the rest debug lines.
     warned: bool,
-    /// Replays in a row that went silent without applying a batch: a
-    /// batch applied from a reply, an ended replay (completed, abandoned,
-    /// failed) or a reconnect sets it back to 0.
-    silent_replays: u32,
 }
 
 impl Subscription {
@@ -77,7 +73,6 @@ impl Subscription {
             replay: None,
             steps: Vec::new(),
             warned: false,
-            silent_replays: 0,
         })
     }
 
@@ -116,7 +111,6 @@ impl Subscription {
             if self.sequencer.last().is_some() {
                 tracing::info!(worker = self.worker(), "KV event connection back: asking the engine for its history");
             }
-            self.silent_replays = 0;
             self.sequencer.reconnected(&mut self.steps);
             self.run_steps(out);
         }
@@ -170,17 +164,9 @@ impl Subscription {
                 Err(error) => return self.fail_replay(out, &format!("receive failed: {error}")),
             };
             match parse_replay(frames) {
-                Ok(ReplayReply::Batch { seq, payload }) => {
-                    self.sequencer.replayed(seq, payload, &mut self.steps);
-                    // Progress, not a mere reply: one that only repeats
-                    // what was applied must not keep a replay alive.
-                    if self.sequencer.answered() {
-                        self.silent_replays = 0;
-                    }
-                }
+                Ok(ReplayReply::Batch { seq, payload }) => self.sequencer.replayed(seq, payload, &mut self.steps),
                 Ok(ReplayReply::End) => {
                     self.replay = None;
-                    self.silent_replays = 0;
                     self.sequencer.end_replay(ReplayEnd::Completed, &mut self.steps);
                 }
                 Err(error) => self.bad_frames(out, &error),
@@ -202,21 +188,17 @@ impl Subscription {
         let worker = self.worker();
         let last_seq = self.sequencer.last();
         if self.sequencer.answered() {
-            self.silent_replays = 0;
             add(&out.metrics.counters.replays_resumed, 1);
             tracing::debug!(worker, ?last_seq, "KV event replay cut short: asking again");
         } else {
-            self.silent_replays += 1;
-            if self.silent_replays >= self.cfg.replay_attempts.max(1) {
+            // Only a batch applied starts the count again: a reply that
+            // repeats what was applied must not keep a replay alive.
+            let attempt = self.sequencer.silent_replays() + 1;
+            if attempt >= self.cfg.replay_attempts.max(1) {
                 return self.fail_replay(out, "timed out");
             }
             add(&out.metrics.counters.replays_retried, 1);
-            tracing::debug!(
-                worker,
-                ?last_seq,
-                attempt = self.silent_replays,
-                "KV event replay unanswered: asking again"
-            );
+            tracing::debug!(worker, ?last_seq, attempt, "KV event replay unanswered: asking again");
         }
         self.replay = None;
         self.sequencer.resume_replay(&mut self.steps);
@@ -224,7 +206,6 @@ impl Subscription {
     }
 
     fn fail_replay(&mut self, out: &mut Outlet<'_>, why: &str) {
-        self.silent_replays = 0;
         self.replay = None;
         add(&out.metrics.counters.replays_failed, 1);
         tracing::warn!(worker = self.worker(), last_seq = ?self.sequencer.last(), "KV event replay {why}");
@@ -278,7 +259,6 @@ impl Subscription {
             Step::Replay { from, kind } => self.start_replay(from, kind, out),
             Step::AbandonReplay => {
                 self.replay = None;
-                self.silent_replays = 0;
                 add(&counters.replays_failed, 1);
                 tracing::warn!(worker, "KV event replay given up: too many live batches buffered meanwhile");
             }

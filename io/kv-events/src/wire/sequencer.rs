@@ -93,6 +93,16 @@ struct Pending<P> {
     /// batch: a jump after that is a hole dropped on the way, not the
     /// start of what the engine still holds.
     answered: bool,
+    /// Times it was asked again after going quiet without applying a
+    /// batch since the last one applied (or since it began): the caller
+    /// gives up after so many ([`Sequencer::silent_replays`]).
+    silent: u32,
+}
+
+impl<P> Pending<P> {
+    fn new(kind: ReplayKind, from: u64, buffered: VecDeque<(u64, P)>) -> Self {
+        Pending { kind, from, buffered, answered: false, silent: 0 }
+    }
 }
 
 #[derive(Debug)]
@@ -202,6 +212,7 @@ impl<P> Sequencer<P> {
             }
         }
         pending.answered = true;
+        pending.silent = 0;
         self.apply(seq, payload, true, out);
     }
 
@@ -214,8 +225,7 @@ impl<P> Sequencer<P> {
     pub fn catch_up(&mut self, out: &mut Vec<Step<P>>) {
         if self.can_replay && self.last.is_none() && self.pending.is_none() {
             out.push(Step::Replay { from: 0, kind: ReplayKind::CatchUp });
-            self.pending =
-                Some(Pending { kind: ReplayKind::CatchUp, from: 0, buffered: VecDeque::new(), answered: false });
+            self.pending = Some(Pending::new(ReplayKind::CatchUp, 0, VecDeque::new()));
         }
     }
 
@@ -234,8 +244,7 @@ impl<P> Sequencer<P> {
             return self.catch_up(out);
         }
         out.push(Step::Replay { from: 0, kind: ReplayKind::Reconnect });
-        self.pending =
-            Some(Pending { kind: ReplayKind::Reconnect, from: 0, buffered: VecDeque::new(), answered: false });
+        self.pending = Some(Pending::new(ReplayKind::Reconnect, 0, VecDeque::new()));
     }
 
     /// Whether the replay in flight has applied a batch since it was last
@@ -243,6 +252,14 @@ impl<P> Sequencer<P> {
     /// without is given up.
     pub fn answered(&self) -> bool {
         self.pending.as_ref().is_some_and(|p| p.answered)
+    }
+
+    /// How many times the replay in flight was asked again after going
+    /// quiet without applying a batch, since the last batch it applied:
+    /// the caller gives it up after as many as it allows. 0 with no replay
+    /// in flight; a new replay starts at 0.
+    pub fn silent_replays(&self) -> u32 {
+        self.pending.as_ref().map_or(0, |p| p.silent)
     }
 
     /// The replay in flight went quiet. After applying batches its answer
@@ -256,6 +273,9 @@ impl<P> Sequencer<P> {
     /// replay in flight.
     pub fn resume_replay(&mut self, out: &mut Vec<Step<P>>) {
         if let Some(pending) = &mut self.pending {
+            if !pending.answered {
+                pending.silent += 1;
+            }
             let from = match pending.kind {
                 // Still unanswered (an answer turns it into a gap or a
                 // catch-up): asked from `last` it could not tell a restart.
@@ -329,7 +349,7 @@ impl<P> Sequencer<P> {
 
     fn start_replay(&mut self, kind: ReplayKind, from: u64, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
         out.push(Step::Replay { from, kind });
-        self.pending = Some(Pending { kind, from, buffered: VecDeque::from([(seq, payload)]), answered: false });
+        self.pending = Some(Pending::new(kind, from, VecDeque::from([(seq, payload)])));
     }
 
     fn apply(&mut self, seq: u64, payload: P, replayed: bool, out: &mut Vec<Step<P>>) {

@@ -423,10 +423,15 @@ fn an_unanswered_replay_asked_again_starts_where_it_did() {
     live(&mut s, &[0, 1, 2]);
     assert_eq!(live(&mut s, &[5]), vec![Step::Gap { from: 3, to: 4 }, Step::Replay { from: 3, kind: ReplayKind::Gap }]);
     let mut out = Vec::new();
+    assert_eq!(s.silent_replays(), 0);
     s.resume_replay(&mut out);
     assert_eq!(out, vec![Step::Replay { from: 3, kind: ReplayKind::Gap }], "the gap's start again");
-    assert_eq!(applied(&replayed(&mut s, &[3, 4])), vec![3, 4]);
+    assert_eq!(s.silent_replays(), 1, "asked again without a batch applied");
+    assert_eq!(applied(&replayed(&mut s, &[3])), vec![3]);
+    assert_eq!(s.silent_replays(), 0, "a batch applied starts the count again");
+    assert_eq!(applied(&replayed(&mut s, &[4])), vec![4]);
     assert_eq!(end(&mut s, ReplayEnd::Completed), vec![apply(5, false)]);
+    assert_eq!(s.silent_replays(), 0, "no replay in flight");
 
     // A reconnect's replay, unanswered, is asked from 0 again: from `last`
     // on, the answer could not tell a restarted engine from the same one.
@@ -435,4 +440,8 @@ fn an_unanswered_replay_asked_again_starts_where_it_did() {
     out.clear();
     s.resume_replay(&mut out);
     assert_eq!(out, vec![Step::Replay { from: 0, kind: ReplayKind::Reconnect }]);
+    assert_eq!(s.silent_replays(), 1);
+    // A reconnect replaces the replay in flight: its count starts at 0.
+    s.reconnected(&mut out);
+    assert_eq!(s.silent_replays(), 0);
 }
