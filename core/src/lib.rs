@@ -24,6 +24,7 @@ pub mod event;
 pub mod hashing;
 pub mod index;
 pub mod load;
+pub mod outage;
 pub mod pick;
 pub mod prompt;
 pub mod queue;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use kvpick_core::WorkerId;
+use kvpick_core::outage::Outage;
 
 use crate::apply::{Outlet, clear_worker, hand_over};
 use crate::metrics::{WorkerMetrics, add};
@@ -19,20 +20,16 @@ pub(crate) struct DrainStream {
     /// indexed.
     largest_window: Option<u64>,
     gauges: Arc<WorkerMetrics>,
-    /// In an outage: its first failure was a warning, the rest are debug
-    /// lines; [`ANSWERS_TO_RECOVER`] good answers in a row end it (an
-    /// engine failing every other poll is one outage, not a warning each).
-    warned: bool,
-    /// Good answers since the last failure, while in an outage.
-    good: u32,
+    /// The first failure of an outage is a warning, the rest are debug
+    /// lines; [`kvpick_core::outage::ANSWERS_TO_RECOVER`] good answers in
+    /// a row end it (an engine failing every other poll is one outage, not
+    /// a warning each).
+    outage: Outage,
 }
-
-/// Good answers in a row that end a drain outage.
-const ANSWERS_TO_RECOVER: u32 = 8;
 
 impl DrainStream {
     pub(crate) fn new(worker: WorkerId, gauges: Arc<WorkerMetrics>) -> Self {
-        DrainStream { worker, ids: EventIdTracker::default(), largest_window: None, gauges, warned: false, good: 0 }
+        DrainStream { worker, ids: EventIdTracker::default(), largest_window: None, gauges, outage: Outage::default() }
     }
 
     pub(crate) fn gauges(&self) -> &Arc<WorkerMetrics> {
@@ -49,12 +46,8 @@ impl DrainStream {
             Err(error) => return self.failed(out, &error.to_string()),
         };
         add(&counters.drains, 1);
-        if self.warned {
-            self.good += 1;
-            if self.good >= ANSWERS_TO_RECOVER {
-                self.warned = false;
-                tracing::info!(worker = self.worker.0, "TensorRT-LLM KV event drain answering again");
-            }
+        if let Some(failures) = self.outage.answered() {
+            tracing::info!(worker = self.worker.0, failures, "TensorRT-LLM KV event drain answering again");
         }
         let Drain { events, skipped, malformed, event_ids } = drain;
         add(&counters.events_skipped, u64::from(skipped));
@@ -98,16 +91,15 @@ impl DrainStream {
         self.warn(why);
     }
 
-    fn warn(&mut self, why: &str) {
-        self.good = 0;
-        if std::mem::replace(&mut self.warned, true) {
-            tracing::debug!(worker = self.worker.0, why, "TensorRT-LLM KV event drain failed");
-        } else {
+    fn warn(&self, why: &str) {
+        if self.outage.failed() {
             tracing::warn!(
                 worker = self.worker.0,
                 why,
                 "TensorRT-LLM KV event drain failed (further failures logged at debug until it answers again)"
             );
+        } else {
+            tracing::debug!(worker = self.worker.0, why, "TensorRT-LLM KV event drain failed");
         }
     }
 }

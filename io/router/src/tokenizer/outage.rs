@@ -2,24 +2,17 @@
 //! again, not one per request: a tokenizer that is down fails every
 //! request, and a warning each would bury the log (the count of each is in
 //! `kvpick_tokenizer_errors_total` and `kvpick_load_only_picks_total`).
-//! An outage ends after [`ANSWERS_TO_RECOVER`] answers in a row, so a
-//! service that fails every other request is one outage, not many.
+//! The outage itself is [`kvpick_core::outage`] (it ends after
+//! [`outage::ANSWERS_TO_RECOVER`] answers in a row); this decides which
+//! failures are the tokenizer's.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use kvpick_core::outage;
 
 use super::TokenizeError;
 
 /// Whether the tokenizer is failing, and for how many requests so far.
 #[derive(Debug, Default)]
-pub struct Outage {
-    failing: AtomicBool,
-    failures: AtomicU64,
-    /// Answers since the last failure, while failing.
-    answers: AtomicU64,
-}
-
-/// Answers in a row that end an outage.
-pub const ANSWERS_TO_RECOVER: u64 = 8;
+pub struct Outage(outage::Outage);
 
 impl Outage {
     /// A tokenize call failed. An unsupported body or one the engine
@@ -28,9 +21,7 @@ impl Outage {
         if matches!(error, TokenizeError::Unsupported(_) | TokenizeError::Rejected { .. }) {
             return;
         }
-        self.failures.fetch_add(1, Ordering::Relaxed);
-        self.answers.store(0, Ordering::Relaxed);
-        if !self.failing.swap(true, Ordering::Relaxed) {
+        if self.0.failed() {
             let then = if load_only { "routing by load alone" } else { "requests refused" };
             tracing::warn!(%error, "tokenizer failing: {then} until it answers again (further failures counted, not logged)");
         }
@@ -38,26 +29,20 @@ impl Outage {
 
     /// A tokenize call answered.
     pub fn answered(&self) {
-        // A load first: the common case (no outage) writes nothing shared.
-        if !self.failing.load(Ordering::Relaxed) {
-            return;
-        }
-        if self.answers.fetch_add(1, Ordering::Relaxed) + 1 >= ANSWERS_TO_RECOVER
-            && self.failing.swap(false, Ordering::Relaxed)
-        {
-            let failures = self.failures.swap(0, Ordering::Relaxed);
+        if let Some(failures) = self.0.answered() {
             tracing::info!(failures, "tokenizer answering again");
         }
     }
 
     pub fn is_failing(&self) -> bool {
-        self.failing.load(Ordering::Relaxed)
+        self.0.is_failing()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kvpick_core::outage::ANSWERS_TO_RECOVER;
 
     #[test]
     fn an_outage_starts_on_the_first_failure_and_ends_after_answers_in_a_row() {
@@ -72,7 +57,7 @@ mod tests {
             outage.failed(&TokenizeError::Timeout, true);
         }
         assert!(outage.is_failing());
-        assert_eq!(outage.failures.load(Ordering::Relaxed), 3);
+        assert_eq!(outage.0.failures(), 3);
         // Failing every other request is still the same outage.
         for _ in 0..2 * ANSWERS_TO_RECOVER {
             outage.answered();
@@ -85,7 +70,7 @@ mod tests {
         assert!(outage.is_failing());
         outage.answered();
         assert!(!outage.is_failing());
-        assert_eq!(outage.failures.load(Ordering::Relaxed), 0, "the next outage counts from 0");
+        assert_eq!(outage.0.failures(), 0, "the next outage counts from 0");
         outage.failed(&TokenizeError::Timeout, true);
         assert!(outage.is_failing(), "and starts on its first failure");
     }
