@@ -115,11 +115,8 @@ impl SoakFleet {
         for engine in &self.engines {
             guards.push(engine.read().await);
         }
-        let listed: Vec<Listed<'_>> = guards
-            .iter()
-            .enumerate()
-            .map(|(i, engine)| Listed { engine, flavour: engine.config().flavour, out: Some(i) == out })
-            .collect();
+        let listed: Vec<Listed<'_>> =
+            guards.iter().enumerate().map(|(i, engine)| Listed { engine, out: Some(i) == out }).collect();
         self.members.publish(&listed)
     }
 

@@ -349,9 +349,7 @@ async fn soak(o: &Options, out: &std::path::Path, fleet: &Arc<SoakFleet>) -> Res
     let log = serve.log_path().to_path_buf();
     report.exit = Some(serve.stop(Duration::from_secs(3)).await);
     report.log = serve::summarise_log(&log)?;
-    // From nothing: kvpick's counters start at 0, and a warning logged at
-    // start may have moved its counter before the first scrape.
-    report.accounts = accounts::accounts(&report.log, &serve::Scrape::new(), &last);
+    report.accounts = accounts::accounts(&report.log, &last);
     report.write(out)?;
     Ok(report)
 }

@@ -28,7 +28,6 @@ pub enum Members {
 /// What one engine looks like to discovery.
 pub struct Listed<'a> {
     pub engine: &'a Engine,
-    pub flavour: Flavour,
     /// Out of the fleet for now.
     pub out: bool,
 }
@@ -83,12 +82,13 @@ impl Members {
                     .filter(|l| !l.out)
                     .map(|l| {
                         let ep = l.engine.endpoints();
-                        let entry = match l.flavour {
+                        let flavour = l.engine.config().flavour;
+                        let entry = match flavour {
                             // Drained from its HTTP server.
                             Flavour::Trtllm => Entry::new(ep.http, "", None),
                             _ => Entry::new(ep.http, ep.events.clone(), Some(ep.replay.clone())),
                         };
-                        Entry { engine: Some(l.flavour.to_string()), ..entry }
+                        Entry { engine: Some(flavour.to_string()), ..entry }
                     })
                     .collect();
                 workers_file::write(path, &entries).map_err(|e| format!("{}: {e}", path.display()))
@@ -98,7 +98,7 @@ impl Members {
                 api.edit(|state| {
                     state.put(Kind::InferencePool, pool(POOL, APP, &[port]));
                     for (i, l) in engines.iter().enumerate() {
-                        let flavour = l.flavour.to_string();
+                        let flavour = l.engine.config().flavour.to_string();
                         let labels = [APP[0], (ENGINE_LABEL, flavour.as_str())];
                         let ip = l.engine.endpoints().http.ip().to_string();
                         state.put(Kind::Pod, pod(&format!("engine-{i}"), &labels, Some(&ip), !l.out));
