@@ -1,16 +1,19 @@
 //! Which shard owns which worker, and which models are served: the little
 //! state a selection needs before it asks the shards anything.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
 use crate::request::SelectError;
-use crate::worker::{WorkerId, WorkerSpec};
+use crate::worker::{Lifecycle, WorkerId, WorkerSpec};
 
 #[derive(Debug)]
 pub struct Directory {
     /// Each worker's shard, model and endpoint.
     owner: HashMap<WorkerId, (usize, Option<String>, SocketAddr)>,
+    /// Workers that may take new requests now: readiness, and whether a
+    /// role has anyone to pick, count these, not the kept unschedulable.
+    schedulable: HashSet<WorkerId>,
     per_shard: Vec<usize>,
     /// Workers per served model; `None` counts workers serving any model.
     models: HashMap<Option<String>, u32>,
@@ -23,6 +26,7 @@ impl Directory {
     pub fn new(shards: usize) -> Self {
         Directory {
             owner: HashMap::new(),
+            schedulable: HashSet::new(),
             per_shard: vec![0; shards.max(1)],
             models: HashMap::new(),
             at_endpoint: HashMap::new(),
@@ -44,6 +48,11 @@ impl Directory {
 
     pub fn len(&self) -> usize {
         self.owner.len()
+    }
+
+    /// Workers whose lifecycle is `Schedulable`.
+    pub fn schedulable_len(&self) -> usize {
+        self.schedulable.len()
     }
 
     pub fn worker_ids(&self) -> Vec<WorkerId> {
@@ -70,6 +79,11 @@ impl Directory {
         };
         self.count_model(spec.model.clone(), 1);
         self.owner.insert(spec.id, (shard, spec.model.clone(), spec.endpoint));
+        if spec.lifecycle == Lifecycle::Schedulable {
+            self.schedulable.insert(spec.id);
+        } else {
+            self.schedulable.remove(&spec.id);
+        }
         self.at_endpoint.insert(spec.endpoint, spec.id);
         shard
     }
@@ -83,6 +97,7 @@ impl Directory {
 
     pub fn remove(&mut self, id: WorkerId) -> Option<usize> {
         let (shard, model, endpoint) = self.owner.remove(&id)?;
+        self.schedulable.remove(&id);
         self.forget_endpoint(id, endpoint);
         self.per_shard[shard] -= 1;
         self.count_model(model, -1);

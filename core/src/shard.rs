@@ -82,6 +82,8 @@ pub struct LoadSnapshot {
     /// The block size the worker's KV events carry, when it differs from
     /// kvpick's: the most common silent misconfiguration (nothing matches).
     pub block_size_mismatch: Option<u32>,
+    /// Its lifecycle is `Schedulable`: it may take new requests now.
+    pub schedulable: bool,
 }
 
 #[derive(Debug)]
@@ -410,6 +412,7 @@ impl Shard {
                 requests: entry.load.requests(),
                 cached_blocks: self.index.worker_blocks(slot as Slot) as u64,
                 block_size_mismatch: entry.engine_block_size,
+                schedulable: entry.spec.lifecycle == Lifecycle::Schedulable,
             })
         })
     }

@@ -397,6 +397,7 @@ impl Stack {
             requests: 0,
             cached_blocks: 0,
             block_size_mismatch: None,
+            schedulable: false,
         })
     }
 

@@ -358,6 +358,11 @@ impl ShardedService {
         self.directory().len()
     }
 
+    /// Of those, the ones that may take new requests now.
+    pub fn schedulable_count(&self) -> usize {
+        self.directory().schedulable_len()
+    }
+
     /// Hands an event to the owning shard, in order with this producer's
     /// earlier events; waits while the ring is full.
     pub fn apply_kv_event(&self, producer: &mut Producer, worker: WorkerId, event: KvEvent) -> Result<(), EventError> {

@@ -97,7 +97,8 @@ fn reservation_lifecycle_moves_load_and_is_idempotent() {
             active_blocks: 3,
             requests: 1,
             cached_blocks: 0,
-            block_size_mismatch: None
+            block_size_mismatch: None,
+            schedulable: true,
         }
     );
     svc.prefill_complete(sel.id, T0).unwrap();
@@ -115,7 +116,8 @@ fn reservation_lifecycle_moves_load_and_is_idempotent() {
             active_blocks: 0,
             requests: 0,
             cached_blocks: 0,
-            block_size_mismatch: None
+            block_size_mismatch: None,
+            schedulable: true,
         }
     );
 }
@@ -192,6 +194,34 @@ fn errors_name_what_is_missing() {
     let mut odd = spec(5);
     odd.block_size = 16;
     assert_eq!(svc.upsert_worker(odd, T0), Err(WorkerError::BlockSizeMismatch { worker: 16, service: BS }));
+}
+
+/// A worker whose pod leaves Ready and comes back is the same engine: it is
+/// never picked meanwhile, and keeps its cache, its bookings and its place.
+#[test]
+fn an_unschedulable_worker_keeps_its_cache_and_load_until_schedulable_again() {
+    let mut svc = service(2, 2, RouterConfig::default());
+    let toks = tokens(64, 0);
+    store(&mut svc, 2, &toks);
+    let booked = reserve(&mut svc, 1, &toks);
+    assert_eq!(booked.worker, WorkerId(2));
+    let held = load(&svc, 2);
+    assert!(held.schedulable && held.requests == 1 && held.cached_blocks == 16);
+
+    let mut down = spec(2);
+    down.lifecycle = Lifecycle::Unschedulable;
+    svc.upsert_worker(down, T0).unwrap();
+    assert_eq!(load(&svc, 2), LoadSnapshot { schedulable: false, ..held });
+    // Its prefix is still known, but the request goes elsewhere.
+    assert!(svc.overlap_scores(&request(&svc, 0, &toks).prompt).contains(&(WorkerId(2), 16)));
+    assert_eq!(reserve(&mut svc, 2, &toks).worker, WorkerId(1));
+    svc.prefill_complete(booked.id, T0).unwrap();
+
+    svc.upsert_worker(spec(2), T0).unwrap();
+    let back = load(&svc, 2);
+    assert!(back.schedulable && back.requests == 1 && back.cached_blocks == 16);
+    assert_eq!(reserve(&mut svc, 3, &toks).worker, WorkerId(2));
+    svc.free_reservation(booked.id, T0).unwrap();
 }
 
 #[test]

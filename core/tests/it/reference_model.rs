@@ -54,6 +54,7 @@ impl NaiveWorker {
             requests: self.bookings.len() as u32,
             cached_blocks: self.blocks.len() as u64,
             block_size_mismatch: None,
+            schedulable: true,
         }
     }
 }

@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 
-use kvpick_core::WorkerId;
+use kvpick_core::{Lifecycle, WorkerId};
 use tracing::{debug, error, info, warn};
 
 use super::DiscoveryState;
@@ -185,8 +185,16 @@ impl Catalog {
             false
         });
         for (id, new) in wanted {
+            let ready = new.spec.lifecycle == Lifecycle::Schedulable;
             match current.get(&id) {
                 Some(old) if *old == new => continue,
+                // Readiness alone changed: the same engine, so its index,
+                // bookings and event subscription stay; only picking stops
+                // (or resumes).
+                Some(old) if old.same_but_lifecycle(&new) => {
+                    let now = if ready { "schedulable again: pod Ready" } else { "unschedulable: pod not Ready" };
+                    info!(worker = id.0, pod = name, endpoint = %new.spec.endpoint, "worker {now}");
+                }
                 Some(old) => {
                     info!(
                         worker = id.0,
@@ -199,6 +207,18 @@ impl Catalog {
                         new.publisher.endpoint
                     );
                     out.push(WorkerUpdate::Delete(id));
+                    if !ready {
+                        // A new engine that is not Ready yet is not taken on
+                        // until it is, like a new pod.
+                        info!(worker = id.0, pod = name, "replacing worker waits for its pod to be Ready");
+                        current.remove(&id);
+                        self.owners.remove(&id);
+                        continue;
+                    }
+                }
+                None if !ready => {
+                    debug!(worker = id.0, pod = name, "pod is not a worker until it is Ready");
+                    continue;
                 }
                 None => {
                     if let Some(other) = self.owners.get(&id) {
@@ -217,10 +237,7 @@ impl Catalog {
             out.push(WorkerUpdate::Upsert(Box::new(new)));
         }
         // A selected pod waiting to become a worker (other pods are noise).
-        if let Some(
-            reason @ (NotAWorker::NoIp | NotAWorker::NotReady | NotAWorker::Terminating | NotAWorker::NoGeneration),
-        ) = why_not
-        {
+        if let Some(reason @ (NotAWorker::NoIp | NotAWorker::Terminating | NotAWorker::NoGeneration)) = why_not {
             debug!(pod = name, "pod is not a worker: {reason}");
         }
         if !current.is_empty() {
@@ -232,7 +249,7 @@ impl Catalog {
     fn wanted(&self, name: &str) -> Result<BTreeMap<WorkerId, DiscoveredWorker>, NotAWorker> {
         let pool = self.pool_spec();
         let facts = self.pods.get(name);
-        let ip = PodFacts::worker_ip(facts, pool)?;
+        let (ip, ready) = PodFacts::worker_ip(facts, pool)?;
         let engine = match facts.map(|f| self.cfg.engine.resolve(&f.labels, f.images.iter().map(String::as_str))) {
             Some(Ok(engine)) => engine,
             Some(Err((fallback, why))) => {
@@ -255,7 +272,10 @@ impl Catalog {
             // At most 8 ports in a valid pool, far below u16::MAX.
             let rank = u16::try_from(rank).unwrap_or(u16::MAX);
             match DiscoveredWorker::new(&self.cfg, name, ip, port, rank, (engine, role)) {
-                Some(w) => {
+                Some(mut w) => {
+                    if !ready {
+                        w.spec.lifecycle = Lifecycle::Unschedulable;
+                    }
                     wanted.insert(w.id(), w);
                 }
                 None => warn!(

@@ -17,18 +17,23 @@
 //!   `kubernetes.io/service-name=<service>`: the other kvpick replicas
 //!   ([`peers`]).
 //!
-//! **Workers.** A pod is a worker while it matches the selector, has a pod
-//! IP, condition `Ready=True` and no deletion timestamp. Each of the pool's
-//! `spec.targetPorts` is one worker (`podIP:port`, one engine data-parallel
-//! rank), whose id is stable for (pod name, port): see [`worker_id`]. The
-//! pure reconciliation lives in `catalog`; `watch` only drives it.
+//! **Workers.** A pod becomes a worker when it matches the selector, has a
+//! pod IP, condition `Ready=True` and no deletion timestamp, and stays one
+//! until one of those but Ready fails: a worker whose pod leaves Ready is
+//! kept, `Lifecycle::Unschedulable` (not picked; its KV index, bookings and
+//! event subscription kept), so a failed readiness probe costs no cache.
+//! Each of the pool's `spec.targetPorts` is one worker (`podIP:port`, one
+//! engine data-parallel rank), whose id is stable for (pod name, port): see
+//! [`worker_id`]. The pure reconciliation lives in `catalog`; `watch` only
+//! drives it.
 //!
 //! **Output.** A [`Discovery`] handle carries
 //! - `updates`: a bounded channel of [`WorkerUpdate`]s (`Upsert` / `Delete`)
 //!   for the wiring to apply to the selection service and the KV-event
 //!   ingest. Replaying them in order from the start gives exactly the
-//!   current worker set: an id is never upserted twice without a delete in
-//!   between, nor deleted when absent.
+//!   current worker set: an id is upserted again without a delete in
+//!   between only to change its lifecycle (Ready lost or regained), and
+//!   never deleted when absent.
 //! - `state`: a `watch` of [`DiscoveryState`]; readiness is
 //!   [`DiscoveryState::is_ready`] (first full list of every watch done and a
 //!   valid pool present). A state is published only after every update that

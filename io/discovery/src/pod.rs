@@ -31,7 +31,6 @@ pub(crate) enum NotAWorker {
     NotSelected,
     Terminating,
     NoIp,
-    NotReady,
     /// Its role label says it serves no generation (an encoder).
     NoGeneration,
 }
@@ -44,7 +43,6 @@ impl fmt::Display for NotAWorker {
             NotAWorker::NotSelected => "labels no longer match the pool's selector",
             NotAWorker::Terminating => "pod terminating",
             NotAWorker::NoIp => "no pod IP",
-            NotAWorker::NotReady => "not Ready",
             NotAWorker::NoGeneration => "its role label says it serves no generation (encode)",
         })
     }
@@ -73,8 +71,11 @@ impl PodFacts {
         Some((name, facts))
     }
 
-    /// The pod's IP if it is a worker of `pool`, else why not.
-    pub fn worker_ip(facts: Option<&PodFacts>, pool: Option<&PoolSpec>) -> Result<IpAddr, NotAWorker> {
+    /// The pod's IP and whether it is Ready, if it is (or may become) a
+    /// worker of `pool`, else why not. A not-Ready pod is still one: the
+    /// catalog keeps a worker it already has, unschedulable, so a readiness
+    /// blip does not throw away its KV index and event subscription.
+    pub fn worker_ip(facts: Option<&PodFacts>, pool: Option<&PoolSpec>) -> Result<(IpAddr, bool), NotAWorker> {
         let pool = pool.ok_or(NotAWorker::NoPool)?;
         let facts = facts.ok_or(NotAWorker::Deleted)?;
         if !pool.selects(&facts.labels) {
@@ -84,10 +85,7 @@ impl PodFacts {
             return Err(NotAWorker::Terminating);
         }
         let ip = facts.ip.ok_or(NotAWorker::NoIp)?;
-        if !facts.ready {
-            return Err(NotAWorker::NotReady);
-        }
-        Ok(ip)
+        Ok((ip, facts.ready))
     }
 }
 
@@ -122,5 +120,22 @@ mod tests {
         assert_eq!(f.ip, None);
         assert!(!f.ready && f.terminating);
         assert!(PodFacts::from_pod(&pod(json!({"metadata": {}}))).is_none());
+    }
+
+    #[test]
+    fn a_not_ready_pod_is_a_worker_candidate_said_not_ready() {
+        let app = BTreeMap::from([("app".to_owned(), "vllm".to_owned())]);
+        let pool = PoolSpec { match_labels: app.clone(), target_ports: vec![8000] };
+        let ip: IpAddr = "10.1.2.3".parse().unwrap();
+        let facts = PodFacts { labels: app, ip: Some(ip), ready: false, terminating: false, images: Vec::new() };
+        assert_eq!(PodFacts::worker_ip(Some(&facts), Some(&pool)), Ok((ip, false)));
+        let ready = PodFacts { ready: true, ..facts.clone() };
+        assert_eq!(PodFacts::worker_ip(Some(&ready), Some(&pool)), Ok((ip, true)));
+        let dying = PodFacts { terminating: true, ..facts.clone() };
+        assert_eq!(PodFacts::worker_ip(Some(&dying), Some(&pool)), Err(NotAWorker::Terminating));
+        let no_ip = PodFacts { ip: None, ..facts.clone() };
+        assert_eq!(PodFacts::worker_ip(Some(&no_ip), Some(&pool)), Err(NotAWorker::NoIp));
+        assert_eq!(PodFacts::worker_ip(Some(&facts), None), Err(NotAWorker::NoPool));
+        assert_eq!(PodFacts::worker_ip(None, Some(&pool)), Err(NotAWorker::Deleted));
     }
 }

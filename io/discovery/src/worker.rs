@@ -82,15 +82,26 @@ impl DiscoveredWorker {
     pub fn id(&self) -> WorkerId {
         self.spec.id
     }
+
+    /// Equal to `other` in everything but `spec.lifecycle`: the same
+    /// engine, whose index and bookings carry over a readiness change.
+    pub(crate) fn same_but_lifecycle(&self, other: &DiscoveredWorker) -> bool {
+        let mut other = other.clone();
+        other.spec.lifecycle = self.spec.lifecycle;
+        *self == other
+    }
 }
 
 /// One change to the worker set, to be applied in order.
 ///
-/// Invariant of the stream: `Upsert(w)` comes only when `w.id()` is absent
-/// (new, or deleted just before), `Delete(id)` only when `id` is present. A
-/// worker whose endpoint or rank changes (pod IP change, target ports
-/// reordered) is a `Delete` followed by an `Upsert`: its KV index and
-/// bookings belonged to the old engine.
+/// Invariant of the stream: `Upsert(w)` comes when `w.id()` is absent (new,
+/// or deleted just before), or present with nothing changed but
+/// `spec.lifecycle` (its pod left or regained Ready: the worker is kept,
+/// only not picked meanwhile); `Delete(id)` only when `id` is present. A
+/// new worker is always `Schedulable`: a pod becomes a worker when it is
+/// first Ready. A worker whose endpoint or rank changes (pod IP change,
+/// target ports reordered) is a `Delete` followed by an `Upsert`: its KV
+/// index and bookings belonged to the old engine.
 #[derive(Clone, Debug, PartialEq)]
 pub enum WorkerUpdate {
     /// Boxed: a worker is ~200 bytes, a delete 8, and updates are rare.

@@ -282,7 +282,7 @@ impl KvPicker {
         let id = inner.ids.next_id();
         // Why the prefill leg is not even tried, if it is not.
         let skip = inner.prefill.as_ref().map(|(picker, config)| {
-            if picker.service().worker_count() == 0 {
+            if picker.service().schedulable_count() == 0 {
                 Some(PdRoute::NoPrefillWorker)
             } else if !config.may_split(prompt.isl_tokens) {
                 Some(PdRoute::ShortUncached)

@@ -22,6 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kvpick_core::Lifecycle;
 use kvpick_runtime::{Clock, RuntimeError, ShardedService, ThreadProducers};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -270,7 +271,9 @@ impl App {
                 for ticker in &tickers {
                     ticker.service().tick(ticker, clock.now()).await;
                     let loads = ticker.service().loads(ticker).await;
-                    unusable += loads.iter().filter(|l| l.block_size_mismatch.is_some()).count();
+                    // Of the schedulable workers: readiness weighs it
+                    // against their count.
+                    unusable += loads.iter().filter(|l| l.schedulable && l.block_size_mismatch.is_some()).count();
                 }
                 readiness.set_unusable_workers(unusable);
             }
@@ -419,7 +422,7 @@ impl Applier {
     /// Ready once a worker can take whole or decode requests: prefill
     /// workers alone serve none.
     fn report_readiness(&self) {
-        self.readiness.set_schedulable_workers(self.producers.service().worker_count());
+        self.readiness.set_schedulable_workers(self.producers.service().schedulable_count());
     }
 
     /// The selector that has worker `id` now.
@@ -442,12 +445,22 @@ impl Applier {
                     }
                     _ => &self.producers,
                 };
+                let schedulable = spec.lifecycle == Lifecycle::Schedulable;
+                let known = self.workers.get(id).is_some();
                 match producers.service().upsert_worker(producers, spec, self.clock.now()).await {
+                    // Its pod left or regained Ready: index, bookings and
+                    // the event subscription are kept.
+                    Ok(()) if known => {
+                        self.workers.insert(id, endpoint, schedulable);
+                        let now =
+                            if schedulable { "schedulable again" } else { "unschedulable until its pod is Ready" };
+                        tracing::info!(%endpoint, "worker {now}");
+                    }
                     Ok(()) => {
                         if let Err(error) = self.ingest.add(worker.publisher.clone()) {
                             tracing::error!(%endpoint, %error, "worker added without its KV events");
                         }
-                        self.workers.insert(id, endpoint);
+                        self.workers.insert(id, endpoint, schedulable);
                         let role = if self.prefill.is_some() { worker.role } else { Role::Both };
                         tracing::info!(%endpoint, engine = %worker.engine, %role, events = %worker.publisher.endpoint, replay = ?worker.publisher.replay_endpoint, "worker added");
                     }

@@ -21,11 +21,12 @@ use kvpick_router::tokenizer::{ErrorClass, ParityOutcome, TokenizerMetrics};
 /// The workers in service now, by id: kept by whoever applies the
 /// discovery updates, read by the scrape for labels and `ready_pods`.
 #[derive(Clone, Debug, Default)]
-pub struct WorkerNames(Arc<RwLock<BTreeMap<WorkerId, SocketAddr>>>);
+pub struct WorkerNames(Arc<RwLock<BTreeMap<WorkerId, (SocketAddr, bool)>>>);
 
 impl WorkerNames {
-    pub fn insert(&self, id: WorkerId, endpoint: SocketAddr) {
-        self.0.write().unwrap_or_else(PoisonError::into_inner).insert(id, endpoint);
+    /// Adds worker `id` or updates whether it is `schedulable`.
+    pub fn insert(&self, id: WorkerId, endpoint: SocketAddr, schedulable: bool) {
+        self.0.write().unwrap_or_else(PoisonError::into_inner).insert(id, (endpoint, schedulable));
     }
 
     pub fn remove(&self, id: WorkerId) {
@@ -40,12 +41,17 @@ impl WorkerNames {
         self.len() == 0
     }
 
+    /// Workers that may take new requests now (their pods are Ready).
+    pub fn schedulable(&self) -> usize {
+        self.0.read().unwrap_or_else(PoisonError::into_inner).values().filter(|(_, s)| *s).count()
+    }
+
     pub fn get(&self, id: WorkerId) -> Option<SocketAddr> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).get(&id).copied()
+        self.0.read().unwrap_or_else(PoisonError::into_inner).get(&id).map(|(a, _)| *a)
     }
 
     pub fn all(&self) -> Vec<(WorkerId, SocketAddr)> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).iter().map(|(k, v)| (*k, *v)).collect()
+        self.0.read().unwrap_or_else(PoisonError::into_inner).iter().map(|(k, (a, _))| (*k, *a)).collect()
     }
 }
 
@@ -130,9 +136,9 @@ fn ext_proc(e: &mut Exposition, sources: &Sources) {
     );
     e.gauge(
         "inference_pool_ready_pods",
-        "Workers (engine ranks) kvpick can route to now.",
+        "Workers (engine ranks) kvpick can route to now: those of Ready pods.",
         &[("name", pool)],
-        sources.workers.len() as f64,
+        sources.workers.schedulable() as f64,
     );
     e.histogram(
         "inference_extension_scheduler_e2e_duration_seconds",
@@ -506,7 +512,7 @@ async fn shard_families(
         .collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
     type Field = fn(&kvpick_core::LoadSnapshot) -> f64;
-    let families: [(&str, &str, Field); 5] = [
+    let families: [(&str, &str, Field); 6] = [
         ("kvpick_worker_prefill_tokens", "Prefill tokens booked on the worker.", |l| l.prefill_tokens as f64),
         ("kvpick_worker_active_blocks", "Decode blocks booked on the worker.", |l| l.active_blocks as f64),
         ("kvpick_worker_requests", "Requests booked on the worker.", |l| f64::from(l.requests)),
@@ -515,6 +521,11 @@ async fn shard_families(
             "kvpick_worker_block_size_mismatch",
             "The block size the worker's KV events carry when it is not kvpick's --block-size (0: they agree); its events are refused.",
             |l| f64::from(l.block_size_mismatch.unwrap_or(0)),
+        ),
+        (
+            "kvpick_worker_schedulable",
+            "1 if the worker may take new requests, 0 while its pod is not Ready (index and bookings kept).",
+            |l| f64::from(u8::from(l.schedulable)),
         ),
     ];
     for (family, help, field) in families {

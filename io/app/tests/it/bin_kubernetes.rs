@@ -17,7 +17,7 @@ fn port_of(zmq: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn routes_to_the_pools_ready_pods_and_drops_one_that_leaves() {
+async fn routes_to_the_pools_ready_pods_and_keeps_one_that_leaves_ready() {
     let fleet = fleet(1).await;
     let engine = fleet.endpoints()[0].clone();
     let kube = FakeKube::start(NS).await;
@@ -62,19 +62,46 @@ async fn routes_to_the_pools_ready_pods_and_drops_one_that_leaves() {
     };
     ready(1.0).await;
     let gateway = Gateway::connect(kvpick.ext_proc).await.unwrap_or_else(|e| panic!("{e}"));
-    let exchange = gateway.post("/v1/chat/completions", &chat("hello from the pool")).await;
+    // Long enough to fill whole KV blocks.
+    let prompt = "hello from the pool, ".repeat(20);
+    let exchange = gateway.post("/v1/chat/completions", &chat(&prompt)).await;
     let exchange = exchange.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((exchange.status, exchange.endpoint), (200, Some(engine.http)));
+    // The engine's KV events of that request reach the index.
+    let worker = engine.http.to_string();
+    let cached =
+        || async { value(&scrape(kvpick.metrics).await, "kvpick_worker_cached_blocks", &[("worker", &worker)]) };
+    let deadline = Instant::now() + WAIT;
+    while cached().await == 0.0 {
+        assert!(Instant::now() < deadline, "the engine's blocks never reached the index");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let blocks = cached().await;
 
     // The pod stops being Ready: no endpoint is left, so the gateway gets 503.
     kube.put(Kind::Pod, pod("vllm-0", APP, Some("127.0.0.1"), false));
     ready(0.0).await;
     let refused = gateway.post("/v1/chat/completions", &chat("anyone there")).await;
     assert_eq!(refused.unwrap_or_else(|e| panic!("{e}")).refused, Some(503));
+    let schedulable = value(&scrape(kvpick.metrics).await, "kvpick_worker_schedulable", &[("worker", &worker)]);
+    assert_eq!((schedulable, cached().await), (0.0, blocks), "kept, unschedulable, with its cache");
+
+    // Ready again: the same worker, its cache and event subscription kept.
+    kube.put(Kind::Pod, pod("vllm-0", APP, Some("127.0.0.1"), true));
+    ready(1.0).await;
+    assert!(cached().await >= blocks, "the index was cleared");
+    let again = gateway.post("/v1/chat/completions", &chat(&prompt)).await;
+    let again = again.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((again.status, again.endpoint), (200, Some(engine.http)));
 
     kvpick.signal("TERM");
-    let status = tokio::task::spawn_blocking(move || kvpick.wait_exit()).await.unwrap_or_else(|e| panic!("{e}"));
+    let (status, log) = tokio::task::spawn_blocking(move || (kvpick.wait_exit(), std::mem::take(&mut kvpick.log)))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(status.code(), Some(0));
+    let said = |what: &str| log.iter().any(|l| l.contains(what));
+    assert!(said("worker unschedulable until its pod is Ready") && said("worker schedulable again"));
+    assert!(!said("unsubscribed from KV events") && !said("worker removed"), "log:\n{}", log.join("\n"));
     kube.shutdown().await;
     fleet.shutdown().await;
 }

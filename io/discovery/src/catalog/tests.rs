@@ -25,26 +25,44 @@ fn facts(labels: &[(&str, &str)], ip: Option<&str>, ready: bool) -> PodFacts {
 }
 
 /// Applies updates the way the wiring will, checking the stream's
-/// invariant: no upsert of a present id, no delete of an absent one.
+/// invariant: a new worker is schedulable, an upsert of a present id
+/// changes its lifecycle and nothing else, no delete of an absent one.
 #[derive(Default)]
-struct Applied(BTreeMap<WorkerId, SocketAddr>);
+struct Applied(BTreeMap<WorkerId, (SocketAddr, Lifecycle)>);
 
 impl Applied {
     fn apply(&mut self, updates: &mut Vec<WorkerUpdate>) {
         for u in updates.drain(..) {
             match u {
                 WorkerUpdate::Upsert(w) => {
-                    assert!(self.0.insert(w.id(), w.spec.endpoint).is_none(), "duplicate upsert of {:?}", w.id())
+                    let new = (w.spec.endpoint, w.spec.lifecycle);
+                    match self.0.insert(w.id(), new) {
+                        None => assert_eq!(new.1, Lifecycle::Schedulable, "new worker {:?} not schedulable", w.id()),
+                        Some(old) => {
+                            assert!(
+                                old.0 == new.0 && old.1 != new.1,
+                                "upsert of present {:?}: {old:?} -> {new:?}",
+                                w.id()
+                            )
+                        }
+                    }
                 }
                 WorkerUpdate::Delete(id) => assert!(self.0.remove(&id).is_some(), "delete of absent {id:?}"),
             }
         }
     }
 
-    fn endpoints(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.0.values().map(ToString::to_string).collect();
-        v.sort();
-        v
+    /// Every worker's endpoint, and the schedulable ones'.
+    fn endpoints(&self) -> (Vec<String>, Vec<String>) {
+        let list = |schedulable_only: bool| {
+            let mut v: Vec<String> = (self.0.values())
+                .filter(|(_, l)| !schedulable_only || *l == Lifecycle::Schedulable)
+                .map(|(e, _)| e.to_string())
+                .collect();
+            v.sort();
+            v
+        };
+        (list(false), list(true))
     }
 }
 
@@ -84,7 +102,15 @@ impl Fixture {
         self.pod(Change::InitDone)
     }
 
+    /// The workers' endpoints; all are schedulable.
     fn endpoints(&self) -> Vec<String> {
+        let (all, schedulable) = self.all_endpoints();
+        assert_eq!(all, schedulable, "unschedulable workers");
+        all
+    }
+
+    /// Every worker's endpoint, and the schedulable ones'.
+    fn all_endpoints(&self) -> (Vec<String>, Vec<String>) {
         assert_eq!(self.cat.state().workers, self.applied.0.len());
         self.applied.endpoints()
     }
@@ -109,17 +135,34 @@ fn ready_selected_pods_with_an_ip_are_workers_one_per_port() {
     assert_eq!(f.endpoints(), ["10.0.0.1:8000", "10.0.0.1:8001"]);
     assert!(f.applied.0.contains_key(&worker_id(NS, "a", 8001)));
 
-    // b becomes ready, a unready, c gets its IP but is still unready.
+    // b becomes ready; a unready stays a worker, unschedulable; c gets its
+    // IP but, never Ready, is still none.
     f.pod(Change::Apply("b".into(), facts(APP, Some("10.0.0.2"), true)));
     f.pod(Change::Apply("a".into(), facts(APP, Some("10.0.0.1"), false)));
     f.pod(Change::Apply("c".into(), facts(APP, Some("10.0.0.3"), false)));
-    assert_eq!(f.endpoints(), ["10.0.0.2:8000", "10.0.0.2:8001"]);
+    let b = ["10.0.0.2:8000", "10.0.0.2:8001"];
+    let a_and_b = ["10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000", "10.0.0.2:8001"];
+    assert_eq!(f.all_endpoints(), (a_and_b.map(String::from).to_vec(), b.map(String::from).to_vec()));
 
     // The same facts again change nothing.
     f.pod(Change::Apply("b".into(), facts(APP, Some("10.0.0.2"), true)));
+    f.pod(Change::Apply("a".into(), facts(APP, Some("10.0.0.1"), false)));
     assert!(f.out.is_empty());
 
-    // Terminating, then deleted.
+    // a Ready again: the same workers, schedulable (no delete: the applier
+    // would panic on an upsert of a present id that changed more).
+    f.pod(Change::Apply("a".into(), facts(APP, Some("10.0.0.1"), true)));
+    assert_eq!(f.endpoints(), a_and_b);
+    // Unready with a new IP: a new engine, not taken on until it is Ready.
+    f.pod(Change::Apply("a".into(), facts(APP, Some("10.0.0.9"), false)));
+    assert_eq!(f.endpoints(), b);
+    f.pod(Change::Apply("a".into(), facts(APP, Some("10.0.0.9"), true)));
+    assert_eq!(f.endpoints(), ["10.0.0.2:8000", "10.0.0.2:8001", "10.0.0.9:8000", "10.0.0.9:8001"]);
+    f.pod(Change::Delete("a".into()));
+
+    // Unready, then terminating, then deleted.
+    f.pod(Change::Apply("b".into(), facts(APP, Some("10.0.0.2"), false)));
+    assert_eq!(f.all_endpoints(), (b.map(String::from).to_vec(), Vec::new()));
     let mut dying = facts(APP, Some("10.0.0.2"), true);
     dying.terminating = true;
     f.pod(Change::Apply("b".into(), dying));

@@ -2,6 +2,7 @@
 //! the pool change.
 
 use crate::support::{APP, Harness, Kind, NS, POOL, config, pod, pool, terminating};
+use kvpick_core::Lifecycle;
 use kvpick_discovery::{WorkerUpdate, worker_id};
 
 #[tokio::test]
@@ -21,8 +22,14 @@ async fn pods_become_workers_and_stop_being_ones() {
     // Ready / unready / gets an IP and becomes ready.
     h.fake.put(Kind::Pod, pod("vllm-1", APP, Some("10.0.0.2"), true));
     h.wait_endpoints(&["10.0.0.1:8000", "10.0.0.2:8000"]).await;
+    // Unready keeps the worker, unschedulable: one upsert, no delete.
+    let before = h.log.len();
     h.fake.put(Kind::Pod, pod("vllm-0", APP, Some("10.0.0.1"), false));
     h.wait_endpoints(&["10.0.0.2:8000"]).await;
+    let id0 = worker_id(NS, "vllm-0", 8000);
+    assert_eq!(h.workers[&id0].spec.lifecycle, Lifecycle::Unschedulable);
+    assert!(matches!(&h.log[before..], [WorkerUpdate::Upsert(u)] if u.id() == id0), "{:?}", &h.log[before..]);
+    assert_eq!(h.state().workers, 2);
     h.fake.put(Kind::Pod, pod("vllm-2", APP, Some("10.0.0.3"), true));
     h.wait_endpoints(&["10.0.0.2:8000", "10.0.0.3:8000"]).await;
 
@@ -87,9 +94,24 @@ async fn every_target_port_is_a_worker_whose_kv_ports_follow_its_rank() {
         assert_eq!((w.spec.max_num_batched_tokens, w.spec.total_kv_blocks), (Some(8192), Some(4096)));
     }
 
-    // One pod going unready takes all three of its ranks away.
+    // One pod going unready makes all three of its ranks unschedulable,
+    // and Ready again schedulable: the same workers, never deleted.
+    let before = h.log.len();
     h.fake.put(Kind::Pod, pod("dp-0", APP, Some("10.0.0.1"), false));
     h.wait_endpoints(&["10.0.0.2:3000", "10.0.0.2:3002", "10.0.0.2:3004"]).await;
+    assert_eq!(h.state().workers, 6);
+    h.fake.put(Kind::Pod, pod("dp-0", APP, Some("10.0.0.1"), true));
+    h.wait_endpoints(&[
+        "10.0.0.1:3000",
+        "10.0.0.1:3002",
+        "10.0.0.1:3004",
+        "10.0.0.2:3000",
+        "10.0.0.2:3002",
+        "10.0.0.2:3004",
+    ])
+    .await;
+    let updates = &h.log[before..];
+    assert!(updates.len() == 6 && updates.iter().all(|u| matches!(u, WorkerUpdate::Upsert(_))), "{updates:?}");
     h.shutdown().await;
 }
 

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kvpick_core::WorkerId;
+use kvpick_core::{Lifecycle, WorkerId};
 use kvpick_discovery::{DiscoveredWorker, Discovery, DiscoveryConfig, DiscoveryState, WorkerUpdate};
 use tokio::time::Instant;
 
@@ -49,10 +49,15 @@ impl Harness {
 
     fn apply(&mut self, update: WorkerUpdate) {
         match &update {
-            WorkerUpdate::Upsert(w) => {
-                let old = self.workers.insert(w.id(), (**w).clone());
-                assert!(old.is_none(), "duplicate upsert of {:?} ({}): had {old:?}", w.id(), w.spec.endpoint);
-            }
+            WorkerUpdate::Upsert(w) => match self.workers.insert(w.id(), (**w).clone()) {
+                None => assert_eq!(w.spec.lifecycle, Lifecycle::Schedulable, "new worker {:?} unschedulable", w.id()),
+                Some(mut old) => {
+                    // Only a readiness change may upsert a present worker.
+                    let was = old.spec.lifecycle;
+                    old.spec.lifecycle = w.spec.lifecycle;
+                    assert!(old == **w && was != w.spec.lifecycle, "upsert of present {:?}: had {old:?}", w.id());
+                }
+            },
             WorkerUpdate::Delete(id) => {
                 assert!(self.workers.remove(id).is_some(), "delete of absent worker {id:?}");
             }
@@ -74,9 +79,13 @@ impl Harness {
         self.disc.peers.borrow().clone()
     }
 
-    /// Applied workers' endpoints, sorted.
+    /// Applied schedulable workers' endpoints, sorted (a worker whose pod
+    /// left Ready is kept, unschedulable).
     pub fn endpoints(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.workers.values().map(|w| w.spec.endpoint.to_string()).collect();
+        let mut v: Vec<String> = (self.workers.values())
+            .filter(|w| w.spec.lifecycle == Lifecycle::Schedulable)
+            .map(|w| w.spec.endpoint.to_string())
+            .collect();
         v.sort();
         v
     }
@@ -114,11 +123,11 @@ impl Harness {
         }
     }
 
-    /// Waits until exactly `want` (sorted `ip:port`s) are the workers, and
-    /// the published state counts them.
+    /// Waits until exactly `want` (sorted `ip:port`s) are the schedulable
+    /// workers, and the published state counts every applied worker.
     pub async fn wait_endpoints(&mut self, want: &[&str]) {
         let what = format!("workers {want:?}");
-        self.wait_for(&what, |h| h.endpoints() == want && h.state().workers == want.len()).await;
+        self.wait_for(&what, |h| h.endpoints() == want && h.state().workers == h.workers.len()).await;
     }
 
     pub async fn shutdown(self) {
