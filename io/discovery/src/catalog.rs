@@ -18,7 +18,7 @@ use super::DiscoveryState;
 use super::config::DiscoveryConfig;
 use super::engine::{ENGINE_LABEL, EngineKind};
 use super::peers::{SliceFacts, peer_set};
-use super::pod::{NotAWorker, PodFacts};
+use super::pod::{NotAWorker, PodFacts, PodRun};
 use super::pool::{PoolSpec, PoolSpecError};
 use super::role::Role;
 use super::store::{Change, Effect, Store};
@@ -42,8 +42,8 @@ pub(crate) struct Catalog {
     /// `None` without a peer service.
     slices: Option<Store<SliceFacts>>,
     peers: BTreeSet<SocketAddr>,
-    /// Handed-out workers by pod name.
-    workers: BTreeMap<String, BTreeMap<WorkerId, DiscoveredWorker>>,
+    /// Handed-out workers by pod name, with the run of the pod they are.
+    workers: BTreeMap<String, (PodRun, BTreeMap<WorkerId, DiscoveredWorker>)>,
     /// Pod of each handed-out worker: the worker count, and the guard
     /// against two (pod, port) pairs hashing to one id.
     owners: HashMap<WorkerId, String>,
@@ -170,7 +170,11 @@ impl Catalog {
     /// and the pool say they should be.
     fn reconcile_pod(&mut self, name: &str, out: &mut Vec<WorkerUpdate>) {
         let wanted = self.wanted(name);
-        let mut current = self.workers.remove(name).unwrap_or_default();
+        let (old_run, mut current) = self.workers.remove(name).unwrap_or_default();
+        let run = self.pods.get(name).map(|f| f.run.clone()).unwrap_or_default();
+        // Restarted containers or a recreated pod: new engines, whose
+        // workers are replaced even where nothing else changed.
+        let restarted = !current.is_empty() && old_run != run;
         let why_not = wanted.as_ref().err().copied();
         let wanted = wanted.unwrap_or_default();
 
@@ -187,11 +191,11 @@ impl Catalog {
         for (id, new) in wanted {
             let ready = new.spec.lifecycle == Lifecycle::Schedulable;
             match current.get(&id) {
-                Some(old) if *old == new => continue,
+                Some(old) if *old == new && !restarted => continue,
                 // Readiness alone changed: the same engine, so its index,
                 // bookings and event subscription stay; only picking stops
                 // (or resumes).
-                Some(old) if old.same_but_lifecycle(&new) => {
+                Some(old) if old.same_but_lifecycle(&new) && !restarted => {
                     let now = if ready { "schedulable again: pod Ready" } else { "unschedulable: pod not Ready" };
                     info!(worker = id.0, pod = name, endpoint = %new.spec.endpoint, "worker {now}");
                 }
@@ -200,6 +204,7 @@ impl Catalog {
                         worker = id.0,
                         pod = name,
                         rank = new.rank,
+                        restarted,
                         "worker replaced: endpoint {} -> {}, kv events {} -> {}",
                         old.spec.endpoint,
                         new.spec.endpoint,
@@ -241,7 +246,7 @@ impl Catalog {
             debug!(pod = name, "pod is not a worker: {reason}");
         }
         if !current.is_empty() {
-            self.workers.insert(name.to_owned(), current);
+            self.workers.insert(name.to_owned(), (run, current));
         }
     }
 

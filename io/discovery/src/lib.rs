@@ -22,6 +22,9 @@
 //! until one of those but Ready fails: a worker whose pod leaves Ready is
 //! kept, `Lifecycle::Unschedulable` (not picked; its KV index, bookings and
 //! event subscription kept), so a failed readiness probe costs no cache.
+//! A worker whose IP, rank, engine or role changes, or whose pod's
+//! containers restarted (or the pod was recreated under its name), is a new
+//! engine: replaced, and while the pod is not Ready, dropped until it is.
 //! Each of the pool's `spec.targetPorts` is one worker (`podIP:port`, one
 //! engine data-parallel rank), whose id is stable for (pod name, port): see
 //! [`worker_id`]. The pure reconciliation lives in `catalog`; `watch` only

@@ -21,6 +21,18 @@ pub(crate) struct PodFacts {
     pub terminating: bool,
     /// Its containers' images, to guess the engine from (`engine`).
     pub images: Vec<String>,
+    /// Which run of its containers this is.
+    pub run: PodRun,
+}
+
+/// A run of a pod's containers: its `metadata.uid` (a pod recreated under
+/// the same name gets a new one) and its containers' restarts. A new run
+/// is a new engine, its cache empty: a worker kept through a spell out of
+/// Ready must not carry the old run's index over a restart.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PodRun {
+    pub uid: Option<String>,
+    pub restarts: u64,
 }
 
 /// Why a pod is not (or no longer) a worker; said in the log line.
@@ -67,6 +79,12 @@ impl PodFacts {
                 .as_ref()
                 .map(|s| s.containers.iter().filter_map(|c| c.image.clone()).collect())
                 .unwrap_or_default(),
+            run: PodRun {
+                uid: pod.metadata.uid.clone(),
+                restarts: (status.and_then(|s| s.container_statuses.as_ref()).into_iter().flatten())
+                    .map(|c| u64::try_from(c.restart_count).unwrap_or(0))
+                    .sum(),
+            },
         };
         Some((name, facts))
     }
@@ -101,14 +119,18 @@ mod tests {
     #[test]
     fn facts_of_a_ready_pod_and_of_others() {
         let (name, facts) = PodFacts::from_pod(&pod(json!({
-            "metadata": {"name": "vllm-0", "labels": {"app": "vllm"}},
+            "metadata": {"name": "vllm-0", "labels": {"app": "vllm"}, "uid": "4f1c"},
             "status": {"podIP": "10.1.2.3", "conditions": [
                 {"type": "PodScheduled", "status": "True"},
                 {"type": "Ready", "status": "True"},
+            ], "containerStatuses": [
+                {"name": "vllm", "image": "vllm", "imageID": "", "ready": true, "restartCount": 2},
+                {"name": "sidecar", "image": "s", "imageID": "", "ready": true, "restartCount": 1},
             ]},
         })))
         .unwrap();
         assert_eq!(name, "vllm-0");
+        assert_eq!(facts.run, PodRun { uid: Some("4f1c".into()), restarts: 3 });
         assert_eq!(facts.ip, Some("10.1.2.3".parse().unwrap()));
         assert!(facts.ready && !facts.terminating);
 
@@ -127,7 +149,14 @@ mod tests {
         let app = BTreeMap::from([("app".to_owned(), "vllm".to_owned())]);
         let pool = PoolSpec { match_labels: app.clone(), target_ports: vec![8000] };
         let ip: IpAddr = "10.1.2.3".parse().unwrap();
-        let facts = PodFacts { labels: app, ip: Some(ip), ready: false, terminating: false, images: Vec::new() };
+        let facts = PodFacts {
+            labels: app,
+            ip: Some(ip),
+            ready: false,
+            terminating: false,
+            images: Vec::new(),
+            run: PodRun::default(),
+        };
         assert_eq!(PodFacts::worker_ip(Some(&facts), Some(&pool)), Ok((ip, false)));
         let ready = PodFacts { ready: true, ..facts.clone() };
         assert_eq!(PodFacts::worker_ip(Some(&ready), Some(&pool)), Ok((ip, true)));

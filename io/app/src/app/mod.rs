@@ -262,19 +262,19 @@ impl App {
         // admissions they unblock need the tick too, and readiness the
         // count of workers whose events carry another block size.
         let tickers: Vec<ThreadProducers> = std::iter::once(producers.clone()).chain(prefill_producers).collect();
+        let decode = producers.clone();
         let readiness = health.readiness();
         tasks.push(tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_millis(250));
             loop {
                 every.tick().await;
-                let mut unusable = 0;
                 for ticker in &tickers {
                     ticker.service().tick(ticker, clock.now()).await;
-                    let loads = ticker.service().loads(ticker).await;
-                    // Of the schedulable workers: readiness weighs it
-                    // against their count.
-                    unusable += loads.iter().filter(|l| l.schedulable && l.block_size_mismatch.is_some()).count();
                 }
+                // Readiness weighs it against the schedulable workers of
+                // whole or decode requests, so it counts those alone.
+                let loads = decode.service().loads(&decode).await;
+                let unusable = loads.iter().filter(|l| l.schedulable && l.block_size_mismatch.is_some()).count();
                 readiness.set_unusable_workers(unusable);
             }
         }));

@@ -21,6 +21,7 @@ fn facts(labels: &[(&str, &str)], ip: Option<&str>, ready: bool) -> PodFacts {
         ready,
         terminating: false,
         images: vec!["vllm/vllm-openai:v0.26.0".into()],
+        run: PodRun::default(),
     }
 }
 
@@ -193,7 +194,7 @@ fn each_pod_gets_its_engine_from_its_label_or_images() {
         .cat
         .workers
         .values()
-        .flat_map(|ws| ws.values())
+        .flat_map(|(_, ws)| ws.values())
         .map(|w| (w.pod.clone(), w.engine, w.publisher.endpoint.clone()))
         .collect();
     let mut got = cat_workers;
@@ -241,7 +242,7 @@ fn each_pod_gets_its_role_from_the_peers_labels() {
         ],
     );
     let mut got: Vec<(String, Role)> =
-        f.cat.workers.values().flat_map(|ws| ws.values()).map(|w| (w.pod.clone(), w.role)).collect();
+        f.cat.workers.values().flat_map(|(_, ws)| ws.values()).map(|w| (w.pod.clone(), w.role)).collect();
     got.sort();
     let want = [("agg", Role::Both), ("d", Role::Decode), ("odd", Role::Both), ("p", Role::Prefill)];
     assert_eq!(got, want.map(|(p, r)| (p.to_owned(), r)), "an encoder is no worker; an unknown role is aggregated");
@@ -265,6 +266,41 @@ fn an_ip_change_is_a_delete_then_an_upsert_of_the_same_id() {
     assert!(matches!(&f.out[..], [WorkerUpdate::Delete(d), WorkerUpdate::Upsert(w)] if *d == id && w.id() == id));
     f.applied.apply(&mut f.out);
     assert_eq!(f.endpoints(), ["10.0.0.9:8000"]);
+}
+
+/// Restarted containers (or the pod recreated under its name) are new
+/// engines: the kept worker is replaced, never carried over Ready.
+#[test]
+fn a_restarted_pod_is_a_new_worker_whether_or_not_it_left_ready() {
+    let mut f = Fixture::new();
+    let run = |restarts, ready| PodFacts {
+        run: PodRun { uid: Some("u1".into()), restarts },
+        ..facts(APP, Some("10.0.0.1"), ready)
+    };
+    f.listed_with(Some(spec(APP, &[8000])), vec![("a", run(0, true))]);
+    let id = worker_id(NS, "a", 8000);
+    let replaced = |out: &[WorkerUpdate]| matches!(out, [WorkerUpdate::Delete(d), WorkerUpdate::Upsert(w)] if *d == id && w.id() == id);
+
+    // Out of Ready, restarted meanwhile: dropped until Ready, then new.
+    f.pod(Change::Apply("a".into(), run(0, false)));
+    f.cat.on_pod(Change::Apply("a".into(), run(1, false)), &mut f.out);
+    assert_eq!(f.out, [WorkerUpdate::Delete(id)]);
+    f.applied.apply(&mut f.out);
+    f.pod(Change::Apply("a".into(), run(1, true)));
+    assert_eq!(f.endpoints(), ["10.0.0.1:8000"]);
+
+    // Restarted without kvpick seeing it leave Ready.
+    f.cat.on_pod(Change::Apply("a".into(), run(2, true)), &mut f.out);
+    assert!(replaced(&f.out), "{:?}", f.out);
+    f.applied.apply(&mut f.out);
+
+    // Recreated under the same name (a new uid).
+    let again = PodFacts { run: PodRun { uid: Some("u2".into()), restarts: 0 }, ..facts(APP, Some("10.0.0.1"), true) };
+    f.cat.on_pod(Change::Apply("a".into(), again.clone()), &mut f.out);
+    assert!(replaced(&f.out), "{:?}", f.out);
+    f.applied.apply(&mut f.out);
+    f.pod(Change::Apply("a".into(), again));
+    assert!(f.out.is_empty());
 }
 
 #[test]
