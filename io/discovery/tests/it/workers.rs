@@ -74,15 +74,8 @@ async fn every_target_port_is_a_worker_whose_kv_ports_follow_its_rank() {
     h.fake.put(Kind::InferencePool, pool(POOL, APP, &[3000, 3002, 3004]));
     h.fake.put(Kind::Pod, pod("dp-0", APP, Some("10.0.0.1"), true));
     h.fake.put(Kind::Pod, pod("dp-1", APP, Some("10.0.0.2"), true));
-    h.wait_endpoints(&[
-        "10.0.0.1:3000",
-        "10.0.0.1:3002",
-        "10.0.0.1:3004",
-        "10.0.0.2:3000",
-        "10.0.0.2:3002",
-        "10.0.0.2:3004",
-    ])
-    .await;
+    let both = ["10.0.0.1:3000", "10.0.0.1:3002", "10.0.0.1:3004", "10.0.0.2:3000", "10.0.0.2:3002", "10.0.0.2:3004"];
+    h.wait_endpoints(&both).await;
     for (rank, port) in [3000u16, 3002, 3004].into_iter().enumerate() {
         let w = &h.workers[&worker_id(NS, "dp-1", port)];
         let rank = u16::try_from(rank).unwrap();
@@ -98,18 +91,10 @@ async fn every_target_port_is_a_worker_whose_kv_ports_follow_its_rank() {
     // and Ready again schedulable: the same workers, never deleted.
     let before = h.log.len();
     h.fake.put(Kind::Pod, pod("dp-0", APP, Some("10.0.0.1"), false));
-    h.wait_endpoints(&["10.0.0.2:3000", "10.0.0.2:3002", "10.0.0.2:3004"]).await;
+    h.wait_endpoints(&both[3..]).await;
     assert_eq!(h.state().workers, 6);
     h.fake.put(Kind::Pod, pod("dp-0", APP, Some("10.0.0.1"), true));
-    h.wait_endpoints(&[
-        "10.0.0.1:3000",
-        "10.0.0.1:3002",
-        "10.0.0.1:3004",
-        "10.0.0.2:3000",
-        "10.0.0.2:3002",
-        "10.0.0.2:3004",
-    ])
-    .await;
+    h.wait_endpoints(&both).await;
     let updates = &h.log[before..];
     assert!(updates.len() == 6 && updates.iter().all(|u| matches!(u, WorkerUpdate::Upsert(_))), "{updates:?}");
     h.shutdown().await;
