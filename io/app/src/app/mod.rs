@@ -451,7 +451,6 @@ impl Applier {
                     // Its pod left or regained Ready: index, bookings and
                     // the event subscription are kept.
                     Ok(()) if known => {
-                        self.workers.insert(id, endpoint, schedulable);
                         let now =
                             if schedulable { "schedulable again" } else { "unschedulable until its pod is Ready" };
                         tracing::info!(%endpoint, "worker {now}");
@@ -460,7 +459,7 @@ impl Applier {
                         if let Err(error) = self.ingest.add(worker.publisher.clone()) {
                             tracing::error!(%endpoint, %error, "worker added without its KV events");
                         }
-                        self.workers.insert(id, endpoint, schedulable);
+                        self.workers.insert(id, endpoint);
                         let role = if self.prefill.is_some() { worker.role } else { Role::Both };
                         tracing::info!(%endpoint, engine = %worker.engine, %role, events = %worker.publisher.endpoint, replay = ?worker.publisher.replay_endpoint, "worker added");
                     }

@@ -19,14 +19,13 @@ use kvpick_kv_events::IngestMetrics;
 use kvpick_router::tokenizer::{ErrorClass, ParityOutcome, TokenizerMetrics};
 
 /// The workers in service now, by id: kept by whoever applies the
-/// discovery updates, read by the scrape for labels and `ready_pods`.
+/// discovery updates, read by the scrape for labels.
 #[derive(Clone, Debug, Default)]
-pub struct WorkerNames(Arc<RwLock<BTreeMap<WorkerId, (SocketAddr, bool)>>>);
+pub struct WorkerNames(Arc<RwLock<BTreeMap<WorkerId, SocketAddr>>>);
 
 impl WorkerNames {
-    /// Adds worker `id` or updates whether it is `schedulable`.
-    pub fn insert(&self, id: WorkerId, endpoint: SocketAddr, schedulable: bool) {
-        self.0.write().unwrap_or_else(PoisonError::into_inner).insert(id, (endpoint, schedulable));
+    pub fn insert(&self, id: WorkerId, endpoint: SocketAddr) {
+        self.0.write().unwrap_or_else(PoisonError::into_inner).insert(id, endpoint);
     }
 
     pub fn remove(&self, id: WorkerId) {
@@ -41,17 +40,12 @@ impl WorkerNames {
         self.len() == 0
     }
 
-    /// Workers that may take new requests now (their pods are Ready).
-    pub fn schedulable(&self) -> usize {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).values().filter(|(_, s)| *s).count()
-    }
-
     pub fn get(&self, id: WorkerId) -> Option<SocketAddr> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).get(&id).map(|(a, _)| *a)
+        self.0.read().unwrap_or_else(PoisonError::into_inner).get(&id).copied()
     }
 
     pub fn all(&self) -> Vec<(WorkerId, SocketAddr)> {
-        self.0.read().unwrap_or_else(PoisonError::into_inner).iter().map(|(k, (a, _))| (*k, *a)).collect()
+        self.0.read().unwrap_or_else(PoisonError::into_inner).iter().map(|(k, v)| (*k, *v)).collect()
     }
 }
 
@@ -138,7 +132,8 @@ fn ext_proc(e: &mut Exposition, sources: &Sources) {
         "inference_pool_ready_pods",
         "Workers (engine ranks) kvpick can route to now: those of Ready pods.",
         &[("name", pool)],
-        sources.workers.schedulable() as f64,
+        // The selectors' directories know which workers are schedulable.
+        sources.service.iter().chain(&sources.prefill).map(|p| p.service().schedulable_count()).sum::<usize>() as f64,
     );
     e.histogram(
         "inference_extension_scheduler_e2e_duration_seconds",
