@@ -100,8 +100,9 @@ impl DiscoveredWorker {
 /// only not picked meanwhile); `Delete(id)` only when `id` is present. A
 /// new worker is always `Schedulable`: a pod becomes a worker when it is
 /// first Ready. A worker whose endpoint or rank changes (pod IP change,
-/// target ports reordered) is a `Delete` followed by an `Upsert`: its KV
-/// index and bookings belonged to the old engine.
+/// target ports reordered), or whose pod restarted its containers or was
+/// recreated, is a `Delete` followed by an `Upsert` (the `Upsert` only once
+/// the pod is Ready): its KV index and bookings belonged to the old engine.
 #[derive(Clone, Debug, PartialEq)]
 pub enum WorkerUpdate {
     /// Boxed: a worker is ~200 bytes, a delete 8, and updates are rare.
