@@ -75,6 +75,9 @@ counters! {
     lost_batches,
     /// Batches received twice and dropped.
     duplicate_batches,
+    /// Batches overtaken by a later one on the way and dropped (their gap
+    /// already healed or lost), not taken for a restart.
+    late_batches,
     /// Sequence numbers going back: engine restarts (index cleared).
     engine_restarts,
     /// Live connections back after a drop whose replay held the engine's

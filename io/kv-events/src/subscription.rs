@@ -8,6 +8,7 @@ use super::apply::{BatchApplier, Outlet};
 use super::config::{IngestConfig, Publisher, millis_i32};
 use super::metrics::{IngestMetrics, WorkerMetrics, add};
 use super::replay::ReplaySession;
+use crate::wire::batch_ts;
 use crate::wire::frames::{FrameError, ReplayReply, parse_live, parse_replay};
 use crate::wire::sequencer::{ReplayEnd, ReplayKind, Sequencer, Step};
 
@@ -64,7 +65,7 @@ impl Subscription {
         Ok(Subscription {
             applier: BatchApplier::new(publisher.worker),
             gauges: metrics.register(publisher.worker),
-            sequencer: Sequencer::new(can_replay, cfg.replay_buffer_limit),
+            sequencer: Sequencer::new(can_replay, cfg.replay_buffer_limit).with_stamps(|payload| batch_ts(payload)),
             publisher,
             ctx: ctx.clone(),
             cfg: Arc::clone(cfg),
@@ -263,6 +264,10 @@ impl Subscription {
                 tracing::warn!(worker, "KV event replay given up: too many live batches buffered meanwhile");
             }
             Step::Duplicate { .. } => add(&counters.duplicate_batches, 1),
+            Step::Late { seq } => {
+                add(&counters.late_batches, 1);
+                tracing::debug!(worker, seq, last_seq = ?self.sequencer.last(), "KV event batch overtaken by a later one: dropped");
+            }
             Step::Rebuild => {
                 add(&counters.rebuilds, 1);
                 tracing::info!(

@@ -335,7 +335,7 @@ fn discovery_families(e: &mut Exposition, m: &DiscoveryMetrics) {
 
 fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerNames) {
     let c = ingest.snapshot();
-    let counters: [(&str, &str, u64); 24] = [
+    let counters: [(&str, &str, u64); 25] = [
         (
             "kvpick_kv_event_batches_applied_total",
             "KV-event batches decoded and applied, live or replayed.",
@@ -407,6 +407,11 @@ fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerN
         ),
         ("kvpick_kv_event_batches_replayed_total", "Batches applied from replays.", c.replayed_batches),
         ("kvpick_kv_event_batches_duplicate_total", "Batches received twice and dropped.", c.duplicate_batches),
+        (
+            "kvpick_kv_event_batches_late_total",
+            "Batches overtaken by a later one on the way and dropped (their gap healed by replay or counted lost).",
+            c.late_batches,
+        ),
         (
             "kvpick_kv_event_socket_errors_total",
             "KV-event sockets that could not be opened or failed, and drain endpoints that are not http:// URIs.",

@@ -370,6 +370,30 @@ pub fn decode_batch(payload: &[u8]) -> Result<DecodedBatch, WireError> {
     Ok(batch)
 }
 
+/// The batch's stamp (its `ts`, the engine's wall clock when it was made),
+/// read without decoding its events; `None` for a payload that is not a
+/// batch. Tells a batch overtaken on the way from a restarted engine's
+/// (see the sequencer).
+pub fn batch_ts(payload: &[u8]) -> Option<f64> {
+    let mut r = Reader::new(payload);
+    match r.token("batch").ok()? {
+        Token::Array(n) if n >= 1 => read_ts(&mut r).ok(),
+        Token::Map(n) => {
+            for _ in 0..n {
+                match r.token("batch key").ok()? {
+                    Token::Str(b"ts") => return read_ts(&mut r).ok(),
+                    key => {
+                        r.skip_contents(key, "batch key").ok()?;
+                        r.skip("batch field").ok()?;
+                    }
+                }
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
 fn read_ts(r: &mut Reader<'_>) -> Result<f64, WireError> {
     let at = r.pos();
     match r.token("ts")? {

@@ -16,6 +16,15 @@
 //!   buffered during a replay, only the live stream going back counts: one
 //!   at or below `last` because the replay already applied it is a
 //!   duplicate.
+//! - Except a late batch: at most [`LATE_WINDOW`] behind `last` and stamped
+//!   no later than the last batch applied (each batch carries its engine's
+//!   wall-clock `ts`). A restarted engine's batches are stamped after
+//!   everything its old run sent, so this is a batch overtaken on the way,
+//!   not a new run: it is dropped ([`Step::Late`]). Its number was already
+//!   handled: the batch that overtook it opened a gap replay, which applied
+//!   it from the engine's buffer or reported it lost. Clearing the worker
+//!   for it would forget a cache the engine still holds. Only with stamps
+//!   ([`Sequencer::with_stamps`]); without, the rule above holds.
 //! - On subscribing, and on a first batch (after connecting, or a restart)
 //!   with `seq > 0`: a catch-up replay from 0 relearns what the engine's
 //!   replay buffer still holds.
@@ -23,6 +32,13 @@
 //!   reports loss; a gap replay reports whatever it could not heal.
 
 use std::collections::VecDeque;
+
+/// How far behind the last batch applied a batch may be and still count
+/// as late rather than as a restart's (given its stamp): batches overtaken
+/// on the way are a few behind. The bound keeps an engine restarted with
+/// its clock stepped back from passing for a late batch for long: past
+/// this many batches, its new run is taken for one.
+pub const LATE_WINDOW: u64 = 64;
 
 /// What the caller must do, in emission order.
 #[derive(Debug, PartialEq, Eq)]
@@ -42,6 +58,9 @@ pub enum Step<P> {
     AbandonReplay,
     /// Batch `seq` was already applied; dropped.
     Duplicate { seq: u64 },
+    /// Batch `seq` arrived after a later one (overtaken on the way, not a
+    /// restart); dropped: its gap was healed or reported lost already.
+    Late { seq: u64 },
     /// Clear the worker's index: a reconnect's answer holds the engine's
     /// whole history, which is applied next.
     Rebuild,
@@ -108,6 +127,10 @@ impl<P> Pending<P> {
 #[derive(Debug)]
 pub struct Sequencer<P> {
     last: Option<u64>,
+    /// Stamp of the last batch applied, when it had one.
+    last_stamp: Option<f64>,
+    /// Reads a batch's stamp (the engine's wall-clock `ts`).
+    stamp: fn(&P) -> Option<f64>,
     pending: Option<Pending<P>>,
     can_replay: bool,
     buffer_limit: usize,
@@ -117,7 +140,20 @@ impl<P> Sequencer<P> {
     /// `buffer_limit`: most live batches held during a replay; one more
     /// abandons the replay (a stuck replay must not grow memory forever).
     pub fn new(can_replay: bool, buffer_limit: usize) -> Self {
-        Sequencer { last: None, pending: None, can_replay, buffer_limit: buffer_limit.max(1) }
+        Sequencer {
+            last: None,
+            last_stamp: None,
+            stamp: |_| None,
+            pending: None,
+            can_replay,
+            buffer_limit: buffer_limit.max(1),
+        }
+    }
+
+    /// Reads each batch's stamp with `stamp`, so that a late batch is told
+    /// from a restart (see the module docs).
+    pub fn with_stamps(self, stamp: fn(&P) -> Option<f64>) -> Self {
+        Sequencer { stamp, ..self }
     }
 
     /// Sequence number of the last batch applied in this run.
@@ -151,6 +187,9 @@ impl<P> Sequencer<P> {
         // too (an engine restarted after publishing only batch 0 sends 0
         // again; taken for a duplicate, its run was never learned).
         if seq <= last {
+            if self.late(seq, last, &payload) {
+                return out.push(Step::Late { seq });
+            }
             out.push(Step::Clear);
             self.last = None;
             self.live(seq, payload, out);
@@ -352,8 +391,19 @@ impl<P> Sequencer<P> {
         self.pending = Some(Pending::new(kind, from, VecDeque::from([(seq, payload)])));
     }
 
+    /// Whether batch `seq`, at or behind `last`, was overtaken on the way
+    /// rather than sent by a restarted engine.
+    fn late(&self, seq: u64, last: u64, payload: &P) -> bool {
+        let stamped_before = match ((self.stamp)(payload), self.last_stamp) {
+            (Some(stamp), Some(last_stamp)) => stamp <= last_stamp,
+            _ => false,
+        };
+        stamped_before && last - seq < LATE_WINDOW
+    }
+
     fn apply(&mut self, seq: u64, payload: P, replayed: bool, out: &mut Vec<Step<P>>) {
         self.last = Some(seq);
+        self.last_stamp = (self.stamp)(&payload);
         out.push(Step::Apply { seq, payload, replayed });
     }
 }

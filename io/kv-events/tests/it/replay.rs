@@ -218,3 +218,27 @@ fn a_replay_silent_every_time_is_given_up_after_its_attempts() {
     assert_eq!(cached_blocks(&svc, 1), 0, "block 0 removed; 2 an orphan of the lost 1");
     ingest.shutdown().unwrap();
 }
+
+/// A batch overtaken by the next one on the way: the overtaker opens a gap
+/// that replay heals, and the late batch, stamped before the last one
+/// applied, is dropped, not taken for a restart (which would clear blocks
+/// the engine still holds).
+#[test]
+fn a_batch_overtaken_on_the_way_is_late_not_a_restart() {
+    let (svc, ingest, mut publisher) = one_publisher("kv", true, config(WAIT));
+    publisher.publish(0, chain_batch(0));
+    publisher.publish(1, chain_batch(1));
+    let overtaken = chain_batch(2);
+    publisher.record(2, overtaken.clone());
+    publisher.publish(3, chain_batch(3));
+    assert_eq!(publisher.serve_replay(ReplayLayout::WithTopic), 2, "the gap's replay");
+    wait_for_seq(&ingest, 1, 3);
+    publisher.send_frames(&[b"kv", &2u64.to_be_bytes(), &overtaken]);
+    publisher.publish(4, chain_batch(4));
+
+    wait_for_seq(&ingest, 1, 4);
+    assert_eq!((overlap(&svc, 1, 5), cached_blocks(&svc, 1)), (5, 5));
+    let m = ingest.metrics().snapshot();
+    assert_eq!((m.late_batches, m.engine_restarts, m.lost_batches, m.gaps), (1, 0, 0, 1));
+    ingest.shutdown().unwrap();
+}

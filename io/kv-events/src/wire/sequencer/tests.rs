@@ -445,3 +445,116 @@ fn an_unanswered_replay_asked_again_starts_where_it_did() {
     s.reconnected(&mut out);
     assert_eq!(s.silent_replays(), 0);
 }
+
+/// Batches with stamps: `(seq, ts)`.
+type Stamped = (u64, f64);
+
+fn stamped(can_replay: bool) -> Sequencer<Stamped> {
+    Sequencer::new(can_replay, 8).with_stamps(|&(_, ts)| Some(ts))
+}
+
+fn live_stamped(s: &mut Sequencer<Stamped>, batches: &[Stamped]) -> Vec<Step<Stamped>> {
+    let mut out = Vec::new();
+    for &batch in batches {
+        s.live(batch.0, batch, &mut out);
+    }
+    out
+}
+
+fn replayed_stamped(s: &mut Sequencer<Stamped>, batches: &[Stamped]) -> Vec<Step<Stamped>> {
+    let mut out = Vec::new();
+    for &batch in batches {
+        s.replayed(batch.0, batch, &mut out);
+    }
+    out
+}
+
+fn applied_stamped(steps: &[Step<Stamped>]) -> Vec<u64> {
+    steps.iter().filter_map(|s| if let Step::Apply { seq, .. } = s { Some(*seq) } else { None }).collect()
+}
+
+#[test]
+fn a_batch_overtaken_after_its_gap_was_healed_is_late_not_a_restart() {
+    let mut s = stamped(true);
+    live_stamped(&mut s, &[(0, 1.0), (1, 2.0)]);
+    // 3 overtakes 2: a gap, healed by replay.
+    let out = live_stamped(&mut s, &[(3, 4.0)]);
+    assert_eq!(out[1], Step::Replay { from: 2, kind: ReplayKind::Gap });
+    assert_eq!(applied_stamped(&replayed_stamped(&mut s, &[(2, 3.0), (3, 4.0)])), [2, 3]);
+    let mut out = Vec::new();
+    s.end_replay(ReplayEnd::Completed, &mut out);
+    assert_eq!(out, [Step::Duplicate { seq: 3 }]);
+    // Then 2 itself: late, dropped; the stream goes on.
+    let out = live_stamped(&mut s, &[(2, 3.0), (4, 5.0)]);
+    assert_eq!(out, [Step::Late { seq: 2 }, Step::Apply { seq: 4, payload: (4, 5.0), replayed: false }]);
+}
+
+#[test]
+fn a_batch_overtaken_during_the_replay_is_late_when_the_replay_ends() {
+    let mut s = stamped(true);
+    live_stamped(&mut s, &[(0, 1.0), (1, 2.0), (3, 4.0), (2, 3.0)]);
+    replayed_stamped(&mut s, &[(2, 3.0), (3, 4.0)]);
+    let mut out = Vec::new();
+    s.end_replay(ReplayEnd::Completed, &mut out);
+    assert_eq!(out, [Step::Duplicate { seq: 3 }, Step::Late { seq: 2 }]);
+    assert_eq!(s.last(), Some(3));
+}
+
+#[test]
+fn without_replay_the_overtaken_batch_stays_lost_and_is_not_applied_out_of_order() {
+    let mut s = stamped(false);
+    let out = live_stamped(&mut s, &[(0, 1.0), (2, 3.0), (1, 2.0), (3, 4.0)]);
+    assert_eq!(
+        out,
+        [
+            Step::Apply { seq: 0, payload: (0, 1.0), replayed: false },
+            Step::Gap { from: 1, to: 1 },
+            Step::Lost { from: 1, to: 1, cause: LossCause::NoReplayEndpoint },
+            Step::Apply { seq: 2, payload: (2, 3.0), replayed: false },
+            Step::Late { seq: 1 },
+            Step::Apply { seq: 3, payload: (3, 4.0), replayed: false },
+        ]
+    );
+}
+
+#[test]
+fn a_restart_is_stamped_later_and_still_clears() {
+    let mut s = stamped(false);
+    live_stamped(&mut s, &[(0, 1.0), (1, 2.0), (2, 3.0)]);
+    // Restarted after one batch: its 1 is newer than anything seen.
+    let out = live_stamped(&mut s, &[(0, 10.0), (1, 11.0)]);
+    assert_eq!(out[0], Step::Clear);
+    assert_eq!(applied_stamped(&out), [0, 1]);
+    // The same number twice with the same stamp is not a restart either.
+    assert_eq!(live_stamped(&mut s, &[(1, 11.0)]), [Step::Late { seq: 1 }]);
+}
+
+#[test]
+fn far_behind_is_a_restart_even_stamped_earlier() {
+    // An engine restarted with its clock stepped back: taken for late only
+    // within the window.
+    let mut s = stamped(false);
+    let first: Vec<Stamped> = (0..=LATE_WINDOW).map(|seq| (seq, 100.0 + seq as f64)).collect();
+    live_stamped(&mut s, &first);
+    assert_eq!(live_stamped(&mut s, &[(1, 50.0)]), [Step::Late { seq: 1 }]);
+    let out = live_stamped(&mut s, &[(0, 50.0)]);
+    assert_eq!(out[0], Step::Clear, "{LATE_WINDOW} behind");
+}
+
+#[test]
+fn batch_ts_reads_both_envelopes_and_refuses_the_rest() {
+    // [ts, events, dp_rank] and {"events": [], "ts": ts}, as vLLM and
+    // SGLang send them (msgpack, ts a float64).
+    let array = [0x93, 0xcb, 0x41, 0xd9, 0x99, 0x99, 0x99, 0x99, 0x99, 0x9a, 0x90, 0xc0];
+    assert_eq!(
+        crate::wire::batch_ts(&array),
+        Some(f64::from_be_bytes([0x41, 0xd9, 0x99, 0x99, 0x99, 0x99, 0x99, 0x9a]))
+    );
+    let map =
+        [0x82, 0xa6, b'e', b'v', b'e', b'n', b't', b's', 0x90, 0xa2, b't', b's', 0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0];
+    assert_eq!(crate::wire::batch_ts(&map), Some(1.0));
+    assert_eq!(crate::wire::batch_ts(&[0x90]), None, "empty array");
+    assert_eq!(crate::wire::batch_ts(&[0x81, 0xa1, b'x', 0x01]), None, "no ts");
+    assert_eq!(crate::wire::batch_ts(&[0xc1]), None, "not msgpack");
+    assert_eq!(crate::wire::batch_ts(&[]), None);
+}
