@@ -245,6 +245,13 @@ impl Engine {
         self.publisher.set_stalled(stalled);
     }
 
+    /// Sends KV-event batches in swapped pairs (each after the one numbered
+    /// next) while `reordering`; on turning it off, a batch still waiting
+    /// goes out.
+    pub fn set_events_reordered(&self, reordering: bool) {
+        self.publisher.set_reordering(reordering);
+    }
+
     /// Loses this fraction (0–1) of the batches from now on; lost batches
     /// still use a sequence number and stay replayable.
     pub fn set_drop_fraction(&self, fraction: f64) {

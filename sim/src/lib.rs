@@ -21,7 +21,8 @@
 //! same order: same tokens, hashes, events and virtual timings.
 //!
 //! Fault knobs, per engine: drop a fraction of event batches (healable by
-//! replay), stall events or the whole scheduler, restart (sequence numbers
+//! replay), send them out of order (swapped pairs), stall events or the
+//! whole scheduler, restart (sequence numbers
 //! from 0, cache emptied, optional `AllBlocksCleared`), shut down.
 //!
 //! Not modelled: preemption (a request reserves its prompt and completion

@@ -14,6 +14,11 @@
 //!   goes out on PUB: the subscriber sees a gap that replay can heal.
 //! - **stall**: batches are held, without a sequence number, until the
 //!   stall ends (vLLM's publisher queue behind a stuck thread).
+//! - **reorder**: batches go out in swapped pairs, each numbered batch
+//!   after the next one (N+1, then N): a batch overtaken on the way. A
+//!   single ZMQ connection keeps order; this is the fault a relay or a
+//!   second path would add, and what a subscriber must not take for a
+//!   restart. An odd batch left when it ends goes out then.
 //! - **restart**: sequence numbers start again at 0, the replay buffer and
 //!   held batches are forgotten, and optionally `AllBlocksCleared` goes out
 //!   first (as seq 0).
@@ -43,6 +48,7 @@ enum PublisherCommand {
     Batch(Vec<CacheEvent>),
     SetDropFraction(f64),
     SetStalled(bool),
+    SetReordering(bool),
     SetReplayDown(bool),
     Restart { announce_clear: bool },
     Stop,
@@ -61,6 +67,8 @@ pub struct PublisherStats {
     pub buffered: u64,
     /// Batches held by a stall.
     pub held: u64,
+    /// Batches sent after the one numbered next (reorder knob).
+    pub overtaken: u64,
     /// Replay requests answered.
     pub replays: u64,
     /// Batches sent in replay answers.
@@ -82,6 +90,7 @@ struct Counters {
     next_seq: AtomicU64,
     buffered: AtomicU64,
     held: AtomicU64,
+    overtaken: AtomicU64,
     replays: AtomicU64,
     replayed: AtomicU64,
     bad_replay_requests: AtomicU64,
@@ -153,6 +162,8 @@ impl Publisher {
             next_seq: 0,
             held: VecDeque::new(),
             stalled: false,
+            reordering: false,
+            overtaken: None,
             replay_down: false,
             drop_fraction: 0.0,
             rng: fastrand::Rng::with_seed(cfg.seed ^ 0xd809_ba7c_4e55_0000),
@@ -209,6 +220,10 @@ impl Publisher {
         self.send(PublisherCommand::SetStalled(stalled));
     }
 
+    pub(crate) fn set_reordering(&self, reordering: bool) {
+        self.send(PublisherCommand::SetReordering(reordering));
+    }
+
     pub(crate) fn set_replay_down(&self, down: bool) {
         self.send(PublisherCommand::SetReplayDown(down));
     }
@@ -230,6 +245,7 @@ impl Publisher {
             next_seq: get(&c.next_seq),
             buffered: get(&c.buffered),
             held: get(&c.held),
+            overtaken: get(&c.overtaken),
             replays: get(&c.replays),
             replayed: get(&c.replayed),
             bad_replay_requests: get(&c.bad_replay_requests),
@@ -284,6 +300,9 @@ struct PublisherLoop {
     next_seq: u64,
     held: VecDeque<Vec<u8>>,
     stalled: bool,
+    reordering: bool,
+    /// A numbered batch waiting for the next one to overtake it.
+    overtaken: Option<(u64, Vec<u8>)>,
     /// Replay requests are read and dropped, as if they never arrived.
     replay_down: bool,
     drop_fraction: f64,
@@ -328,6 +347,12 @@ impl PublisherLoop {
             PublisherCommand::Batch(events) => self.submit(&events),
             PublisherCommand::SetDropFraction(fraction) => self.drop_fraction = fraction,
             PublisherCommand::SetReplayDown(down) => self.replay_down = down,
+            PublisherCommand::SetReordering(reordering) => {
+                self.reordering = reordering;
+                if !reordering && let Some((seq, payload)) = self.overtaken.take() {
+                    self.send_live(seq, &payload);
+                }
+            }
             PublisherCommand::SetStalled(stalled) => {
                 self.stalled = stalled;
                 while !self.stalled
@@ -341,6 +366,7 @@ impl PublisherLoop {
                 self.next_seq = 0;
                 self.buffer.clear();
                 self.held.clear();
+                self.overtaken = None;
                 self.counters.next_seq.store(0, Ordering::Relaxed);
                 self.counters.buffered.store(0, Ordering::Relaxed);
                 self.counters.held.store(0, Ordering::Relaxed);
@@ -371,20 +397,33 @@ impl PublisherLoop {
         if dropped {
             self.counters.dropped.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(engine = %self.name, seq, "dropping a KV-event batch (fault knob)");
-        } else {
-            let frames: [&[u8]; 3] = [&self.topic, &seq.to_be_bytes(), &payload];
-            match self.publish.send_multipart(frames, zmq::DONTWAIT) {
-                Ok(()) => {
-                    self.counters.sent.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(error) => {
-                    self.counters.dropped.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(engine = %self.name, seq, %error, "KV-event batch not sent");
+        } else if self.reordering {
+            match self.overtaken.take() {
+                None => self.overtaken = Some((seq, payload.clone())),
+                Some((earlier, held)) => {
+                    self.send_live(seq, &payload);
+                    self.send_live(earlier, &held);
+                    self.counters.overtaken.fetch_add(1, Ordering::Relaxed);
                 }
             }
+        } else {
+            self.send_live(seq, &payload);
         }
         self.buffer.push(seq, payload);
         self.counters.buffered.store(self.buffer.len() as u64, Ordering::Relaxed);
+    }
+
+    fn send_live(&self, seq: u64, payload: &[u8]) {
+        let frames: [&[u8]; 3] = [&self.topic, &seq.to_be_bytes(), payload];
+        match self.publish.send_multipart(frames, zmq::DONTWAIT) {
+            Ok(()) => {
+                self.counters.sent.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(error) => {
+                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(engine = %self.name, seq, %error, "KV-event batch not sent");
+            }
+        }
     }
 
     fn serve_replays(&mut self) {

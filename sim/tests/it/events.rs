@@ -219,3 +219,24 @@ async fn a_replay_socket_down_answers_nothing_until_it_is_back() {
     assert_eq!(replay(&engine.endpoints().replay, 0).len(), 2, "batch 0 and the end marker once back");
     engine.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reordered_batches_go_out_in_swapped_pairs_and_an_odd_one_on_healing() {
+    let engine = Engine::start(config(EventEncoding::Array, ReplayLayout::WithTopic)).await.expect("engine starts");
+    let sub = Subscriber::connect(&engine.endpoints().events);
+    engine.set_events_reordered(true);
+    for i in 0..3 {
+        generate(&engine, tokens(i, 4)).await;
+    }
+    let live = sub.drain(QUIET);
+    assert_eq!(live.iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![1, 0], "2 waits for an overtaker");
+    // Each batch is stamped when it is made: the overtaken one is older.
+    assert!(live[1].1.ts < live[0].1.ts);
+    engine.set_events_reordered(false);
+    assert_eq!(sub.drain(QUIET).iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![2], "let go on healing");
+    generate(&engine, tokens(3, 4)).await;
+    assert_eq!(sub.drain(QUIET).iter().map(|(s, _)| *s).collect::<Vec<_>>(), vec![3], "in order again");
+    let stats = engine.stats().await.expect("stats").publisher;
+    assert_eq!((stats.overtaken, stats.sent, stats.dropped), (1, 4, 0));
+    engine.shutdown().await;
+}

@@ -27,6 +27,9 @@ pub enum Kind {
     DropEvents,
     /// The engine's publisher holds its batches, then sends them late.
     StallEvents,
+    /// The engine's batches arrive in swapped pairs: each after the one
+    /// numbered next.
+    ReorderEvents,
     /// The engine's replay socket answers nothing while half its batches
     /// are lost: kvpick's replays go unanswered until it is back.
     ReplayDown,
@@ -63,9 +66,10 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order the schedule rotates through them.
-    pub const ALL: [Kind; 14] = [
+    pub const ALL: [Kind; 15] = [
         Kind::DropEvents,
         Kind::StallEvents,
+        Kind::ReorderEvents,
         Kind::ReplayDown,
         Kind::RestartAnnounced,
         Kind::RestartSilent,
@@ -84,6 +88,7 @@ impl Kind {
         match self {
             Kind::DropEvents => "drop-events",
             Kind::StallEvents => "stall-events",
+            Kind::ReorderEvents => "reorder-events",
             Kind::ReplayDown => "replay-down",
             Kind::RestartAnnounced => "restart-announced",
             Kind::RestartSilent => "restart-silent",
@@ -118,7 +123,7 @@ impl Kind {
     /// are drained over HTTP, with no ZMQ stream to drop from, stall or
     /// replay.
     fn applies_to(self, flavour: Flavour) -> bool {
-        let zmq_only = matches!(self, Kind::DropEvents | Kind::StallEvents | Kind::ReplayDown);
+        let zmq_only = matches!(self, Kind::DropEvents | Kind::StallEvents | Kind::ReorderEvents | Kind::ReplayDown);
         !(zmq_only && flavour == Flavour::Trtllm)
     }
 
@@ -127,6 +132,8 @@ impl Kind {
     pub fn seen_by(self) -> Option<&'static [&'static str]> {
         match self {
             Kind::DropEvents => Some(&["kvpick_kv_event_gaps_total"]),
+            // Each overtaking batch opens a gap; the overtaken one is late.
+            Kind::ReorderEvents => Some(&["kvpick_kv_event_batches_late_total"]),
             Kind::ReplayDown => Some(&["kvpick_kv_event_replays_retried_total"]),
             Kind::RestartAnnounced | Kind::RestartSilent => Some(&["kvpick_kv_event_engine_restarts_total"]),
             // Its sequence going back, or, when the new run has overtaken
@@ -149,6 +156,18 @@ impl Kind {
     }
 }
 
+impl Kind {
+    /// Counters this fault must not move: what it would be mistaken for.
+    /// A batch overtaken on the way is not an engine restart; clearing the
+    /// worker for one would forget a cache the engine still holds.
+    pub fn not_seen_by(self) -> &'static [&'static str] {
+        match self {
+            Kind::ReorderEvents => &["kvpick_kv_event_engine_restarts_total", "kvpick_kv_event_rebuilds_total"],
+            _ => &[],
+        }
+    }
+}
+
 /// One fault: a kind, and the engine it befalls when it befalls one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fault {
@@ -166,8 +185,9 @@ impl fmt::Display for Fault {
 }
 
 /// Counters whose movement the report shows for each fault.
-pub const WATCHED: [&str; 18] = [
+pub const WATCHED: [&str; 19] = [
     "kvpick_kv_event_gaps_total",
+    "kvpick_kv_event_batches_late_total",
     "kvpick_kv_event_replays_total",
     "kvpick_kv_event_replays_resumed_total",
     "kvpick_kv_event_replays_retried_total",
@@ -220,6 +240,11 @@ pub async fn inject(fault: Fault, hold: Duration, fleet: &SoakFleet, traffic: &T
             fleet.with(i, |e| e.set_events_stalled(true)).await;
             tokio::time::sleep(hold).await;
             fleet.with(i, |e| e.set_events_stalled(false)).await;
+        }
+        Kind::ReorderEvents => {
+            fleet.with(i, |e| e.set_events_reordered(true)).await;
+            tokio::time::sleep(hold).await;
+            fleet.with(i, |e| e.set_events_reordered(false)).await;
         }
         Kind::ReplayDown => {
             fleet.with(i, |e| (e.set_replay_down(true), e.set_drop_fraction(DROP_FRACTION))).await;

@@ -61,7 +61,8 @@ const USAGE: &str = "usage: kvpick-soak [flags]
                          server, pods on loopback addresses) or static (a
                          workers file) (kubernetes)
   --faults K,K,...|all|none  fault kinds, rotated (all that the discovery
-                         mode allows): drop-events, stall-events, replay-down,
+                         mode allows): drop-events, stall-events,
+                         reorder-events, replay-down,
                          restart-announced, restart-silent, kill,
                          worker-removed, watch-cut, watch-expired, api-errors
                          (the last three: kubernetes only), tokenizer-down,
@@ -323,6 +324,7 @@ async fn soak(o: &Options, out: &std::path::Path, fleet: &Arc<SoakFleet>) -> Res
         let after = serve.probe.scrape_surely().await?;
         check.moved = moved(&before, &after);
         check.seen_by = fault.and_then(|f| f.kind.seen_by());
+        check.not_seen_by = fault.map_or(&[], |f| f.kind.not_seen_by());
         if !check.balanced() {
             eprintln!("kvpick-soak: books did not balance after {label}: {}", check.detail);
         }

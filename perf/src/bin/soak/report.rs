@@ -54,6 +54,8 @@ pub struct Checkpoint {
     pub moved: Vec<(&'static str, f64)>,
     /// The counters the fault must show in (one of them).
     pub seen_by: Option<&'static [&'static str]>,
+    /// The counters the fault must not move (what it is not).
+    pub not_seen_by: &'static [&'static str],
 }
 
 impl Checkpoint {
@@ -64,6 +66,11 @@ impl Checkpoint {
     /// Whether the fault showed in its counter (true when it has none).
     pub fn seen(&self) -> bool {
         self.seen_by.is_none_or(|families| self.moved.iter().any(|(f, d)| families.contains(f) && *d > 0.0))
+    }
+
+    /// The counters it must not move that moved.
+    pub fn mistaken_for(&self) -> Vec<&'static str> {
+        self.moved.iter().filter(|(f, d)| self.not_seen_by.contains(f) && *d > 0.0).map(|(f, _)| *f).collect()
     }
 }
 
@@ -170,6 +177,17 @@ impl Report {
                 c.fault_seconds,
                 c.seen_by.unwrap_or_default().join(" or ")
             ));
+        }
+        for c in &self.checkpoints {
+            let wrong = c.mistaken_for();
+            if !wrong.is_empty() {
+                out.push(format!(
+                    "{} (at {:.1} s) moved {}, which it must not",
+                    c.label,
+                    c.fault_seconds,
+                    wrong.join(" and ")
+                ));
+            }
         }
         let missed: Vec<&str> =
             self.options.faults.iter().filter(|k| !self.injected.contains(k)).map(|k| k.name()).collect();
