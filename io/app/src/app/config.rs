@@ -33,6 +33,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// Whether the process may be given transparent huge pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HugePages {
+    /// Opted out (the default): resident memory tracks live data.
+    Never,
+    /// As the allocator and the system's setting decide.
+    Allowed,
+}
+
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
     pub discovery: DiscoveryMode,
@@ -54,6 +63,7 @@ pub struct ServeConfig {
     pub log_format: LogFormat,
     pub log_filter: String,
     pub profile: Option<PathBuf>,
+    pub huge_pages: HugePages,
     /// The debug view on the metrics port.
     pub debug_endpoints: bool,
     /// `None`: requests are not traced.
@@ -190,6 +200,10 @@ impl ServeConfig {
             log_format,
             log_filter: v.get(var::LOG_LEVEL).unwrap_or("info").to_owned(),
             profile: v.get(var::PROFILE).map(PathBuf::from),
+            huge_pages: match v.one_of(var::TRANSPARENT_HUGE_PAGES, &["never", "allowed"])? {
+                Some("allowed") => HugePages::Allowed,
+                _ => HugePages::Never,
+            },
             debug_endpoints: v.boolean(var::DEBUG_ENDPOINTS)?.unwrap_or(false),
             tracing: tracing(v)?,
             kv_events,

@@ -28,7 +28,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-pub use config::{ConfigError, DiscoveryMode, LogFormat, ServeConfig};
+pub use config::{ConfigError, DiscoveryMode, HugePages, LogFormat, ServeConfig};
 
 use self::otlp::TraceExport;
 use crate::metrics::MetricsServer;

@@ -100,6 +100,7 @@ pub const SHUTDOWN_GRACE_MS: &str = "KVPICK_SHUTDOWN_GRACE_MS";
 pub const LOG_FORMAT: &str = "KVPICK_LOG_FORMAT";
 pub const LOG_LEVEL: &str = "KVPICK_LOG";
 pub const PROFILE: &str = "KVPICK_PROFILE";
+pub const TRANSPARENT_HUGE_PAGES: &str = "KVPICK_TRANSPARENT_HUGE_PAGES";
 pub const DEBUG_ENDPOINTS: &str = "KVPICK_DEBUG_ENDPOINTS";
 /// OpenTelemetry's own names, so a collector's usual manifest applies.
 pub const OTLP_ENDPOINT: &str = "OTEL_EXPORTER_OTLP_ENDPOINT";
@@ -416,6 +417,12 @@ pub const SETTINGS: &[Setting] = &[
         "Log filter, e.g. `info` or `kvpick_app=debug,info` (per-request lines are at debug)",
     ),
     s(PROFILE, "profile", None, "Write a CPU flame graph (SVG) of the whole run to this file at exit"),
+    s(
+        TRANSPARENT_HUGE_PAGES,
+        "transparent-huge-pages",
+        Some("never"),
+        "`never`: opt the process out of transparent huge pages (PR_SET_THP_DISABLE), so resident memory is what kvpick uses: mimalloc asks for huge pages for its arenas, and khugepaged later fills whole 2 MiB pages around a few live objects (a one-time step of about 20 MiB in a long run); `allowed`: leave it to the allocator and the system's setting",
+    ),
     s(
         DEBUG_ENDPOINTS,
         "debug-endpoints",

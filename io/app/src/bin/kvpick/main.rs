@@ -19,6 +19,7 @@ mod approx_prefix;
 mod demo;
 #[cfg(feature = "demo")]
 mod demo_model;
+mod huge_pages;
 mod inspect;
 mod logging;
 mod profile;
@@ -128,10 +129,14 @@ fn serve(values: &Values) -> ExitCode {
         eprintln!("kvpick: {error}");
         return ExitCode::from(2);
     }
+    if let Err(error) = huge_pages::apply(config.huge_pages) {
+        tracing::warn!(%error, "could not opt out of transparent huge pages; resident memory may step up once khugepaged reaches kvpick");
+    }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         allocator = ALLOCATOR_NAME,
         io_threads = config.io_threads,
+        huge_pages_disabled = huge_pages::disabled(),
         "kvpick serve starting"
     );
     let profiler = match profile::Profiler::start(config.profile.as_deref()) {
