@@ -1,12 +1,14 @@
 //! The whole per-message path of the ingest thread without sockets — frame
-//! parsing (live and both replay layouts), sequencing with replays, payload
-//! decoding and applying to a shard — driven by arbitrary bytes.
+//! parsing (live and both replay layouts), sequencing with replays (reading
+//! each batch's stamp, as the ingest thread does, so late batches are told
+//! from restarts), payload decoding and applying to a shard — driven by
+//! arbitrary bytes.
 #![no_main]
 
 use kvpick_core::{KvEvent, Shard, WorkerId, WorkerSpec};
-use kvpick_kv_events::wire::decode_batch;
 use kvpick_kv_events::wire::frames::{ReplayReply, parse_live, parse_replay};
 use kvpick_kv_events::wire::sequencer::{ReplayEnd, Sequencer, Step};
+use kvpick_kv_events::wire::{batch_ts, decode_batch};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| run(data));
@@ -19,7 +21,7 @@ fn run(data: &[u8]) {
     let worker = WorkerId(1);
     let mut shard = Shard::new();
     shard.upsert_worker(WorkerSpec::new(worker, std::net::SocketAddr::from(([127, 0, 0, 1], 8000)), 16));
-    let mut sequencer: Sequencer<Vec<u8>> = Sequencer::new(true, 8);
+    let mut sequencer: Sequencer<Vec<u8>> = Sequencer::new(true, 8).with_stamps(|payload| batch_ts(payload));
     let mut steps = Vec::new();
     let mut rest = data;
     let mut last_applied: Option<u64> = None;
