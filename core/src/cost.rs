@@ -44,6 +44,10 @@ pub struct RouterConfig {
     /// Session affinity: a request's `sticky` worker is chosen while its
     /// cost is at most this fraction above the cheapest (0: only on a tie).
     pub session_margin: f64,
+    /// Memory budget of the KV index, shared evenly by the shards; past
+    /// it the coldest blocks are evicted. `None`: no budget (the serve
+    /// command always sets one).
+    pub index_max_bytes: Option<u64>,
 }
 
 /// How a candidate worker is costed for a request.
@@ -115,6 +119,7 @@ impl Default for RouterConfig {
             copy_weight: DEFAULT_COPY_WEIGHT,
             tpot_target: None,
             session_margin: DEFAULT_SESSION_MARGIN,
+            index_max_bytes: None,
         }
     }
 }

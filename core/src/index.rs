@@ -12,6 +12,10 @@
 //! A worker whose engine evicted a block while keeping a child ("holes")
 //! is tracked exactly (count of orphaned blocks) and scanned block by block
 //! until the hole is gone, so results never depend on the shortcut.
+//!
+//! A memory budget caps the shard's (block, worker) entries: past it, the
+//! index evicts leaves, the longest-stored first (see `eviction`), and an
+//! evicted block simply stops matching.
 
 use std::collections::HashMap;
 
@@ -21,9 +25,24 @@ use crate::event::EngineBlockHash;
 use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
 use crate::slot_set::{Slot, SlotSet};
 
+mod eviction;
+
+use eviction::EvictionQueue;
+
 /// Probe distance of the jump search. 32 keeps a 512-block prompt at 16
 /// probes plus 5 per drop-out group (perf/ measures 16, 32 and 64).
 pub const JUMP: usize = 32;
+
+/// Bytes one (block, worker) entry costs, for turning a memory budget into
+/// an entry cap: the index's tables by capacity plus the eviction queue,
+/// with headroom for the tables' doubling (perf/README.md, "Index memory
+/// budget", measures it by resident memory).
+pub const ENTRY_BYTES: u64 = 160;
+
+/// A shard's entry cap when `max_bytes` is shared by `shards` shards.
+pub fn max_entries_per_shard(max_bytes: Option<u64>, shards: usize) -> Option<u64> {
+    max_bytes.map(|bytes| (bytes / ENTRY_BYTES / shards.max(1) as u64).max(1))
+}
 
 // Keys are engine or xxh3 hashes, uniformly distributed already: a
 // one-multiply hasher (FxHash) is enough and cheaper than SipHash or aHash.
@@ -35,6 +54,8 @@ struct StoredBlock {
     parent: Option<EngineBlockHash>,
     /// Held blocks whose parent is this one.
     children: u32,
+    /// Its newest entry in the eviction queue (0 with no budget).
+    stamp: u32,
 }
 
 #[derive(Default, Debug)]
@@ -83,6 +104,9 @@ pub struct Applied {
     /// Removals of blocks the worker did not hold (already evicted, or
     /// stored by an event we skipped).
     pub unknown_removed: u64,
+    /// Entries given up to stay within the memory budget, of any worker
+    /// of the shard (the engine still holds them; kvpick forgets them).
+    pub evicted: u64,
 }
 
 #[derive(Default, Debug)]
@@ -92,9 +116,33 @@ pub struct KvIndex {
     /// Slots whose blocks must be scanned one by one (see module docs).
     needs_scan: SlotSet,
     entries: u64,
+    /// The most entries the index keeps; `None`: no budget.
+    max_entries: Option<u64>,
+    eviction: EvictionQueue,
+    /// Evicted (slot, engine hash) pairs, when asked to keep them.
+    evicted_log: Option<Vec<(Slot, EngineBlockHash)>>,
 }
 
 impl KvIndex {
+    /// An index that keeps at most `max_entries` (block, worker) entries.
+    pub fn with_max_entries(max_entries: Option<u64>) -> Self {
+        KvIndex { max_entries, ..KvIndex::default() }
+    }
+
+    pub fn max_entries(&self) -> Option<u64> {
+        self.max_entries
+    }
+
+    /// Keeps every eviction from now on for [`KvIndex::take_evicted`]:
+    /// tests mirror them into a reference index.
+    pub fn record_evictions(&mut self) {
+        self.evicted_log.get_or_insert_with(Vec::new);
+    }
+
+    pub fn take_evicted(&mut self) -> Vec<(Slot, EngineBlockHash)> {
+        self.evicted_log.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
     pub fn add_worker(&mut self, slot: Slot) {
         let slot = slot as usize;
         if self.workers.len() <= slot {
@@ -186,7 +234,8 @@ impl KvIndex {
             if let Some(parent) = parent_engine.and_then(|p| worker.blocks.get_mut(&p)) {
                 parent.children += 1;
             }
-            worker.blocks.insert(engine, StoredBlock { seq, parent: parent_engine, children });
+            let stamp = if self.max_entries.is_some() { self.eviction.push_back(slot, engine) } else { 0 };
+            worker.blocks.insert(engine, StoredBlock { seq, parent: parent_engine, children, stamp });
             if seed != HashSeed::default() {
                 worker.seeds.insert(engine, seed);
             }
@@ -202,53 +251,114 @@ impl KvIndex {
         }
         self.entries += applied.stored;
         self.refresh_scan_flag(slot);
+        applied.evicted = self.enforce_budget();
         Ok(applied)
     }
 
     pub fn remove(&mut self, slot: Slot, block_hashes: &[EngineBlockHash]) -> Result<Applied, EventError> {
-        let Some(Some(worker)) = self.workers.get_mut(slot as usize) else {
+        if !matches!(self.workers.get(slot as usize), Some(Some(_))) {
             return Err(EventError::UnknownWorker);
-        };
+        }
         let mut applied = Applied::default();
-        for engine in block_hashes {
-            let Some(block) = worker.blocks.remove(engine) else {
+        for &engine in block_hashes {
+            if self.remove_block(slot, engine) {
+                applied.removed += 1;
+            } else {
                 applied.unknown_removed += 1;
-                continue;
-            };
-            worker.seeds.remove(engine);
-            if let Some(parent) = block.parent {
-                match worker.blocks.get_mut(&parent) {
-                    Some(held) => held.children -= 1,
-                    None => {
-                        // This block was an orphan; one fewer hangs off `parent`.
-                        worker.orphans -= 1;
-                        if let Some((count, _)) = worker.orphaned_children.get_mut(&parent) {
-                            *count -= 1;
-                            if *count == 0 {
-                                worker.orphaned_children.remove(&parent);
-                            }
+            }
+        }
+        self.refresh_scan_flag(slot);
+        Ok(applied)
+    }
+
+    /// Forgets one block of one worker; false if it did not hold it.
+    fn remove_block(&mut self, slot: Slot, engine: EngineBlockHash) -> bool {
+        let Some(Some(worker)) = self.workers.get_mut(slot as usize) else { return false };
+        let Some(block) = worker.blocks.remove(&engine) else { return false };
+        worker.seeds.remove(&engine);
+        if let Some(parent) = block.parent {
+            match worker.blocks.get_mut(&parent) {
+                Some(held) => {
+                    held.children -= 1;
+                    if held.children == 0 && self.max_entries.is_some() {
+                        held.stamp = self.eviction.push_front(slot, parent);
+                    }
+                }
+                None => {
+                    // This block was an orphan; one fewer hangs off `parent`.
+                    worker.orphans -= 1;
+                    if let Some((count, _)) = worker.orphaned_children.get_mut(&parent) {
+                        *count -= 1;
+                        if *count == 0 {
+                            worker.orphaned_children.remove(&parent);
                         }
                     }
                 }
             }
-            if block.children > 0 {
-                worker.orphans += u64::from(block.children);
-                worker.orphaned_children.insert(*engine, (block.children, block.seq));
-            }
-            match worker.dup_refs.get_mut(&block.seq) {
-                Some(refs) => {
-                    *refs -= 1;
-                    if *refs == 0 {
-                        worker.dup_refs.remove(&block.seq);
-                    }
-                }
-                None => release_holder(&mut self.holders, block.seq, slot),
-            }
-            applied.removed += 1;
         }
-        self.entries -= applied.removed;
-        self.refresh_scan_flag(slot);
-        Ok(applied)
+        if block.children > 0 {
+            worker.orphans += u64::from(block.children);
+            worker.orphaned_children.insert(engine, (block.children, block.seq));
+        }
+        match worker.dup_refs.get_mut(&block.seq) {
+            Some(refs) => {
+                *refs -= 1;
+                if *refs == 0 {
+                    worker.dup_refs.remove(&block.seq);
+                }
+            }
+            None => release_holder(&mut self.holders, block.seq, slot),
+        }
+        self.entries -= 1;
+        true
+    }
+
+    /// Evicts until the index is within its budget; returns how many.
+    fn enforce_budget(&mut self) -> u64 {
+        let Some(max) = self.max_entries else { return 0 };
+        let mut evicted = 0;
+        while self.entries > max {
+            let Some((slot, engine)) = self.next_victim() else { break };
+            self.remove_block(slot, engine);
+            self.refresh_scan_flag(slot);
+            if let Some(log) = &mut self.evicted_log {
+                log.push((slot, engine));
+            }
+            evicted += 1;
+        }
+        if self.eviction.len() > 2 * self.entries as usize + 1024 {
+            let workers = &self.workers;
+            self.eviction.retain(|q| {
+                workers
+                    .get(q.slot as usize)
+                    .and_then(Option::as_ref)
+                    .and_then(|w| w.blocks.get(&q.engine))
+                    .is_some_and(|b| b.stamp == q.stamp && b.children == 0)
+            });
+        }
+        evicted
+    }
+
+    /// The next block to evict: the queue's first live leaf.
+    fn next_victim(&mut self) -> Option<(Slot, EngineBlockHash)> {
+        while let Some(q) = self.eviction.pop() {
+            let held = self.worker(q.slot).and_then(|w| w.blocks.get(&q.engine));
+            if held.is_some_and(|b| b.stamp == q.stamp && b.children == 0) {
+                return Some((q.slot, q.engine));
+            }
+        }
+        // No leaf is queued, yet entries remain: only blocks that are each
+        // other's descendants are left, which hostile events can forge (a
+        // block re-stored under its own child). Take any block of the
+        // fullest worker; it is scanned block by block from then on.
+        let (slot, worker) = self
+            .workers
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, w)| Some((slot, w.as_ref()?)))
+            .max_by_key(|(_, w)| w.blocks.len())?;
+        let engine = *worker.blocks.keys().next()?;
+        Some((slot as Slot, engine))
     }
 
     /// Forgets everything the worker held.
@@ -352,7 +462,7 @@ impl KvIndex {
             .flatten()
             .map(|w| table(&w.blocks) + table(&w.dup_refs) + table(&w.orphaned_children) + table(&w.seeds))
             .sum();
-        table(&self.holders) + spilled + workers
+        table(&self.holders) + spilled + workers + self.eviction.capacity_bytes()
     }
 }
 

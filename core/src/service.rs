@@ -13,7 +13,8 @@ use crate::cost::{Candidate, RouterConfig};
 use crate::directory::Directory;
 use crate::event::KvEvent;
 use crate::hashing::HashSeed;
-use crate::index::{Applied, EventError};
+use crate::event::EngineBlockHash;
+use crate::index::{Applied, EventError, max_entries_per_shard};
 use crate::pick::{Decision, PickPolicy};
 use crate::prompt::Prompt;
 use crate::request::{Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError};
@@ -35,12 +36,13 @@ impl SelectionService {
     /// `shards` ≥ 1; `block_size` is the engines' `--block-size`, used to
     /// hash prompts.
     pub fn new(cfg: RouterConfig, block_size: u32, shards: usize) -> Self {
+        let max_index_entries = max_entries_per_shard(cfg.index_max_bytes, shards);
         SelectionService {
             rng: fastrand::Rng::with_seed(cfg.seed),
             ledger: AdmissionLedger::new(cfg.queue_capacity),
             calibration: Calibration::new(cfg.calibration.clone()),
             policy: PickPolicy::new(cfg, block_size),
-            shards: (0..shards.max(1)).map(|_| Shard::new()).collect(),
+            shards: (0..shards.max(1)).map(|_| Shard::with_max_index_entries(max_index_entries)).collect(),
             directory: Directory::new(shards),
             candidates: Vec::new(),
             costs: Vec::new(),
@@ -65,6 +67,17 @@ impl SelectionService {
 
     pub fn stats(&self) -> ServiceStats {
         self.ledger.stats()
+    }
+
+    /// Keeps every shard's index evictions for [`Self::take_evictions`].
+    pub fn record_evictions(&mut self) {
+        self.shards.iter_mut().for_each(Shard::record_evictions);
+    }
+
+    /// The (worker, engine hash) pairs the shards evicted since the last
+    /// call, to stay within `RouterConfig::index_max_bytes`.
+    pub fn take_evictions(&mut self) -> Vec<(WorkerId, EngineBlockHash)> {
+        self.shards.iter_mut().flat_map(Shard::take_evictions).collect()
     }
 
     pub fn shard_stats(&self) -> ShardStats {

@@ -9,7 +9,7 @@ use std::collections::{BinaryHeap, HashMap};
 use crate::booking::{Booking, BookingEvent, ReservationId};
 use crate::clock::Millis;
 use crate::cost::Candidate;
-use crate::event::KvEvent;
+use crate::event::{EngineBlockHash, KvEvent};
 use crate::hashing::SequenceHash;
 use crate::index::{Applied, EventError, KvIndex};
 use crate::load::WorkerLoad;
@@ -47,6 +47,8 @@ pub struct ShardStats {
     pub blocks_stored: u64,
     pub blocks_removed: u64,
     pub unknown_removals: u64,
+    /// Entries given up to the index's memory budget.
+    pub blocks_evicted: u64,
     pub leases_expired: u64,
     /// (block, worker) entries in the index now (a gauge, not a counter).
     pub index_entries: u64,
@@ -64,6 +66,7 @@ impl ShardStats {
             blocks_stored: self.blocks_stored + other.blocks_stored,
             blocks_removed: self.blocks_removed + other.blocks_removed,
             unknown_removals: self.unknown_removals + other.unknown_removals,
+            blocks_evicted: self.blocks_evicted + other.blocks_evicted,
             leases_expired: self.leases_expired + other.leases_expired,
             index_entries: self.index_entries + other.index_entries,
             index_bytes: self.index_bytes + other.index_bytes,
@@ -145,6 +148,26 @@ pub struct Shard {
 impl Shard {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A shard whose index keeps at most `max_index_entries` entries.
+    pub fn with_max_index_entries(max_index_entries: Option<u64>) -> Self {
+        Shard { index: KvIndex::with_max_entries(max_index_entries), ..Self::default() }
+    }
+
+    /// Keeps the index's evictions for [`Shard::take_evictions`].
+    pub fn record_evictions(&mut self) {
+        self.index.record_evictions();
+    }
+
+    /// The (worker, engine hash) pairs evicted since the last call.
+    pub fn take_evictions(&mut self) -> Vec<(WorkerId, EngineBlockHash)> {
+        let slots = &self.slots;
+        self.index
+            .take_evicted()
+            .into_iter()
+            .filter_map(|(slot, hash)| Some((slots.get(slot as usize)?.as_ref()?.spec.id, hash)))
+            .collect()
     }
 
     pub fn stats(&self) -> ShardStats {
@@ -234,6 +257,7 @@ impl Shard {
                 self.stats.blocks_stored += applied.stored;
                 self.stats.blocks_removed += applied.removed;
                 self.stats.unknown_removals += applied.unknown_removed;
+                self.stats.blocks_evicted += applied.evicted;
             }
             Err(EventError::UnknownParent(_)) => self.stats.unknown_parent_events += 1,
             Err(EventError::BlockSizeMismatch { event, .. }) => {

@@ -151,6 +151,7 @@ impl ShardedService {
             admissions: Arc::new(Mutex::new(Ledger::new(cfg.queue_capacity))),
             picking: Arc::new(Picking::new(PickPolicy::new(cfg.clone(), block_size))),
             spin,
+            max_index_entries: kvpick_core::index::max_entries_per_shard(cfg.index_max_bytes, count),
         };
         let shards: SharedShards = (0..count).map(|_| Arc::new(ShardShared::default())).collect();
         let mut threads = Vec::with_capacity(count);

@@ -176,13 +176,15 @@ pub(crate) struct LoopShared {
     pub admissions: Admissions,
     pub picking: Arc<Picking>,
     pub spin: Duration,
+    /// Each shard's index budget, in entries.
+    pub max_index_entries: Option<u64>,
 }
 
 impl ShardLoop {
     pub(crate) fn new(shared: Arc<ShardShared>, common: &LoopShared) -> Self {
         ShardLoop {
             spin: SpinPolicy::new(common.spin),
-            shard: Shard::new(),
+            shard: Shard::with_max_index_entries(common.max_index_entries),
             rings: Vec::new(),
             shared,
             clock: common.clock.clone(),

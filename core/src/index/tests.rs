@@ -215,3 +215,5 @@ fn continuations_inherit_their_chains_seed() {
     index.store(0, None, &[1], &toks[..4], BS, HashSeed::default()).unwrap();
     assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 1)]);
 }
+
+mod budget;

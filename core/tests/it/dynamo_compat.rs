@@ -8,6 +8,9 @@
 //!    `SelectionService` (1, 2 and 4 shards), to Dynamo's single-threaded
 //!    `RadixTree`, and to a plain model of what every engine holds; the
 //!    per-worker overlap scores of all of them must be identical.
+//!    Under a memory budget, each kvpick service gets its own `RadixTree`,
+//!    told of every eviction as a removal: the two must still agree (an
+//!    evicted block simply stops matching), and kvpick stays in budget.
 //! 3. Where the two routers legitimately differ, focused tests pin both
 //!    behaviours and say which one is right (the generator of 2 stays away
 //!    from those cases; see `Model::store_op`).
@@ -23,7 +26,7 @@ use dynamo_kv_router::protocols::{
 use kvpick_core::hashing::{
     HashSeed, SequenceHash, XXH3_SEED, local_block_hashes, next_sequence_hash, sequence_hashes,
 };
-use kvpick_core::index::{Applied, JUMP};
+use kvpick_core::index::{Applied, ENTRY_BYTES, JUMP};
 use kvpick_core::{EventError, KvEvent, Millis, Prompt, RouterConfig, SelectionService, WorkerId, WorkerSpec};
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -151,6 +154,8 @@ struct Routers {
     services: Vec<SelectionService>,
     tree: RadixTree,
     event_id: u64,
+    /// The one service has a budget: its evictions are removals to Dynamo.
+    mirror_evictions: bool,
 }
 
 impl Routers {
@@ -168,7 +173,25 @@ impl Routers {
                 service
             })
             .collect();
-        Routers { block_size, lora, services, tree: RadixTree::new(), event_id: 0 }
+        Routers { block_size, lora, services, tree: RadixTree::new(), event_id: 0, mirror_evictions: false }
+    }
+
+    /// One service of `shards` shards, each keeping at most `per_shard`
+    /// entries.
+    fn budgeted(workers: u64, block_size: u32, lora: Option<&'static str>, shards: usize, per_shard: u64) -> Self {
+        let cfg = RouterConfig { index_max_bytes: Some(per_shard * ENTRY_BYTES * shards as u64), ..Default::default() };
+        let mut routers = Routers::new(workers, block_size, lora, &[]);
+        let mut service = SelectionService::new(cfg, block_size, shards);
+        service.record_evictions();
+        for i in 1..=workers {
+            let endpoint = format!("10.0.0.{i}:8000").parse().expect("valid socket address");
+            service
+                .upsert_worker(WorkerSpec::new(WorkerId(i), endpoint, block_size), Millis(0))
+                .expect("the worker's block size is the service's");
+        }
+        routers.services.push(service);
+        routers.mirror_evictions = true;
+        routers
     }
 
     fn seed(&self) -> HashSeed {
@@ -189,10 +212,23 @@ impl Routers {
     ) -> (Result<Applied, EventError>, Result<(), KvCacheEventError>) {
         let results: Vec<_> = self.services.iter_mut().map(|s| s.apply_kv_event(WorkerId(worker), &event)).collect();
         assert!(results.windows(2).all(|w| w[0] == w[1]), "shard counts disagree on {event:?}: {results:?}");
-        self.event_id += 1;
-        let dynamo =
-            self.tree.apply_event(RouterEvent::new(worker, KvCacheEvent { event_id: self.event_id, data, dp_rank: 0 }));
+        let dynamo = self.apply_to_dynamo(worker, data);
+        if self.mirror_evictions {
+            for (evicted_from, hash) in self.services[0].take_evictions() {
+                let data = KvCacheEventData::Removed(KvCacheRemoveData {
+                    block_hashes: vec![ExternalSequenceBlockHash(hash)],
+                });
+                // Dynamo may have dropped the block already, with an
+                // evicted ancestor (section 3): only lookups must agree.
+                let _ = self.apply_to_dynamo(evicted_from.0, data);
+            }
+        }
         (results[0].clone(), dynamo)
+    }
+
+    fn apply_to_dynamo(&mut self, worker: u64, data: KvCacheEventData) -> Result<(), KvCacheEventError> {
+        self.event_id += 1;
+        self.tree.apply_event(RouterEvent::new(worker, KvCacheEvent { event_id: self.event_id, data, dp_rank: 0 }))
     }
 
     /// One `BlockStored`: engine hashes `hashes`, tokens `tokens` (exactly
@@ -859,8 +895,58 @@ fn run(s: &Scenario) -> Coverage {
     coverage
 }
 
+/// Feeds one scenario's engine events to kvpick under a budget of
+/// `per_shard` entries per shard and to a `RadixTree` told of kvpick's
+/// evictions; every lookup must score the same on both. Returns the
+/// evictions seen.
+fn run_budgeted(s: &Scenario, shards: usize, per_shard: u64) -> u64 {
+    let mut model = Model::new(s);
+    let mut routers = Routers::budgeted(s.workers as u64, s.block_size, s.lora, shards, per_shard);
+    for (step, op) in s.ops.iter().enumerate() {
+        match op {
+            Op::Store { worker, parent, blocks, tokens } => {
+                let w = worker % s.workers;
+                let Some(store) = model.store_op(w, parent, *blocks, *tokens) else { continue };
+                // A parent kvpick evicted is unknown to both.
+                let (ours, theirs) = routers.store(w as u64 + 1, store.parent, &store.hashes, &store.tokens);
+                assert_eq!(ours.is_ok(), theirs.is_ok(), "step {step}: {op:?}: {ours:?} against {theirs:?}");
+            }
+            Op::Remove { worker, mode, picks, unknown, reverse } => {
+                let w = worker % s.workers;
+                let (hashes, _, _) = model.remove_op(w, *mode, picks, unknown, *reverse);
+                if !hashes.is_empty() {
+                    routers.remove(w as u64 + 1, &hashes);
+                }
+            }
+            Op::Clear { worker } => {
+                let w = worker % s.workers;
+                model.held[w].clear();
+                routers.clear(w as u64 + 1);
+            }
+            Op::Lookup { kind, deepest, pick, at, tokens } => {
+                let prompt = model.lookup_tokens(*kind, *deepest, pick, at, *tokens);
+                let ours = routers.kvpick(&prompt);
+                assert_eq!(ours, routers.dynamo_scores(&prompt), "step {step}: {shards} shards, {op:?}");
+            }
+        }
+        let entries = routers.services[0].shard_stats().index_entries;
+        assert!(entries <= per_shard * shards as u64, "step {step}: {entries} entries over budget");
+    }
+    routers.services[0].shard_stats().blocks_evicted
+}
+
 proptest! {
     #![proptest_config(config(96))]
+
+    #[test]
+    fn a_budgeted_index_matches_dynamo_told_of_its_evictions(
+        s in prop_oneof![3 => scenario(false), 1 => scenario(true)],
+        per_shard in 1u64..24,
+    ) {
+        for shards in [1, 2, 4] {
+            run_budgeted(&s, shards, per_shard);
+        }
+    }
 
     #[test]
     fn overlap_scores_match_dynamo_radix_tree(s in prop_oneof![3 => scenario(false), 1 => scenario(true)]) {
@@ -886,6 +972,18 @@ fn generator_reaches_deep_chains_holes_and_unknown_parents() {
     assert!(total.deep_lookups > 0, "{total:?}");
     assert!(total.lookups_with_holes > 0, "{total:?}");
     assert!(total.unknown_parent_stores > 0, "{total:?}");
+}
+
+/// The budgeted runs above do evict (a generator change cannot quietly
+/// keep every scenario under budget).
+#[test]
+fn budgeted_scenarios_evict() {
+    let mut runner = TestRunner::deterministic();
+    let evicted: u64 = (0..10)
+        .map(|_| scenario(true).new_tree(&mut runner).expect("the strategy always generates").current())
+        .map(|s| [1, 2, 4].iter().map(|&shards| run_budgeted(&s, shards, 4)).sum::<u64>())
+        .sum();
+    assert!(evicted > 100, "{evicted} evictions");
 }
 
 // ---------------------------------------------------------------------------

@@ -8,6 +8,7 @@ use std::time::Duration;
 use kvpick_core::{CostModel, EngineRates, RouterConfig};
 use kvpick_runtime::{RuntimeChoice, RuntimeConfig, RuntimeKind};
 
+use super::index_budget::default_max_bytes;
 use super::otlp::TracingConfig;
 use super::settings::{self as var, SettingError, Values};
 use kvpick_discovery::{DiscoveryConfig, EngineSetting};
@@ -396,6 +397,8 @@ fn router(v: &Values, max_num_batched_tokens: Option<u64>) -> Result<RouterConfi
     if tpot.is_some() {
         router.tpot_target = tpot;
     }
+    // Below a mebibyte the cap is a few thousand blocks: a typo, not a plan.
+    router.index_max_bytes = Some(v.bytes(var::INDEX_MAX_BYTES, 1 << 20)?.unwrap_or_else(default_max_bytes));
     if let Some(on) = v.boolean(var::CALIBRATE)? {
         router.calibration.enabled = on;
     }

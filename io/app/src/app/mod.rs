@@ -15,6 +15,7 @@
 //! shards and the ingest run on threads of their own.
 
 pub mod config;
+mod index_budget;
 pub mod otlp;
 pub mod settings;
 
@@ -264,12 +265,19 @@ impl App {
         let tickers: Vec<ThreadProducers> = std::iter::once(producers.clone()).chain(prefill_producers).collect();
         let decode = producers.clone();
         let readiness = health.readiness();
+        let index_max_bytes = config.router.index_max_bytes;
         tasks.push(tokio::spawn(async move {
             let mut every = tokio::time::interval(Duration::from_millis(250));
-            loop {
+            let mut evictions = index_budget::EvictionLog::default();
+            for round in 0u64.. {
                 every.tick().await;
                 for ticker in &tickers {
                     ticker.service().tick(ticker, clock.now()).await;
+                }
+                // Every 10 s: the stats visit every shard.
+                if round % 40 == 0 {
+                    let stats = decode.service().shard_stats(&decode).await;
+                    evictions.observe(&stats, index_max_bytes, std::time::Instant::now());
                 }
                 // Readiness weighs it against the schedulable workers of
                 // whole or decode requests, so it counts those alone.

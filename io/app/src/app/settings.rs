@@ -93,6 +93,7 @@ pub const ROUTER_SEED: &str = "DYN_ROUTER_SEED";
 pub const FALLBACK_ENDPOINTS: &str = "KVPICK_FALLBACK_ENDPOINTS";
 pub const FALLBACKS_IN_HEADER: &str = "KVPICK_FALLBACKS_IN_HEADER";
 pub const SHARDS: &str = "KVPICK_SHARDS";
+pub const INDEX_MAX_BYTES: &str = "KVPICK_INDEX_MAX_BYTES";
 pub const SHARD_CPUS: &str = "KVPICK_SHARD_CPUS";
 pub const RUNTIME: &str = "KVPICK_RUNTIME";
 pub const IO_THREADS: &str = "KVPICK_IO_THREADS";
@@ -380,6 +381,12 @@ pub const SETTINGS: &[Setting] = &[
         "Put the fallback list in the x-gateway-destination-endpoint header too (agentgateway answers 503 to a list there: keep false for it)",
     ),
     s(
+        INDEX_MAX_BYTES,
+        "index-max-bytes",
+        None,
+        "Memory budget of the KV index, in bytes or with a suffix (`512Mi`, `2Gi`, `1G`); past it the blocks stored longest ago are evicted, leaves first, and stop matching (default: a quarter of the memory kvpick may use: its cgroup's limit, else the machine's)",
+    ),
+    s(
         SHARDS,
         "shards",
         None,
@@ -598,6 +605,14 @@ impl Values {
         self.parse(var, &allowed, |t| t.replace('_', "").parse::<T>().ok().filter(|n| *n >= min && *n <= max))
     }
 
+    /// A byte count of at least `min`: digits, optionally followed by a
+    /// decimal (`k`, `M`, `G`, `T`) or binary (`Ki`, `Mi`, `Gi`, `Ti`)
+    /// suffix, as Kubernetes writes quantities.
+    pub fn bytes(&self, var: &str, min: u64) -> Result<Option<u64>, SettingError> {
+        let allowed = format!("expected bytes of at least {min}, e.g. 536870912, 512Mi or 2G");
+        self.parse(var, &allowed, |t| parse_bytes(t).filter(|n| *n >= min))
+    }
+
     pub fn number(&self, var: &str, min: f64) -> Result<Option<f64>, SettingError> {
         let allowed = format!("expected a number of at least {min}");
         self.parse(var, &allowed, |t| t.parse::<f64>().ok().filter(|n| n.is_finite() && *n >= min))
@@ -620,6 +635,26 @@ impl Values {
         let allowed = format!("expected one of {}", choices.join(", "));
         self.parse(var, &allowed, |t| choices.iter().copied().find(|c| c.eq_ignore_ascii_case(t)))
     }
+}
+
+/// `512Mi` → 536870912; `None` for anything else, or an overflow.
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let text = text.trim().replace('_', "");
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let unit: u64 = match suffix {
+        "" => 1,
+        "k" | "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => return None,
+    };
+    digits.parse::<u64>().ok()?.checked_mul(unit)
 }
 
 #[cfg(test)]
@@ -654,5 +689,24 @@ mod tests {
         assert_eq!((vars.len(), flags.len()), (nv, nf));
         // clap itself checks the command is well formed.
         command("kvpick", "").debug_assert();
+    }
+
+    #[test]
+    fn byte_counts_take_kubernetes_suffixes() {
+        assert_eq!(parse_bytes("536870912"), Some(536_870_912));
+        assert_eq!(parse_bytes("512Mi"), Some(512 << 20));
+        assert_eq!(parse_bytes("2Gi"), Some(2 << 30));
+        assert_eq!(parse_bytes("1G"), Some(1_000_000_000));
+        assert_eq!(parse_bytes("64k"), Some(64_000));
+        assert_eq!(parse_bytes("1_000"), Some(1_000));
+        for bad in ["", "Mi", "-1", "1.5Gi", "2GB", "1 Gi", "99999999999999999999", "20000000Ti"] {
+            assert_eq!(parse_bytes(bad), None, "{bad:?}");
+        }
+        let values = Values::from_pairs([(INDEX_MAX_BYTES, "1Ki")]);
+        let error = values.bytes(INDEX_MAX_BYTES, 1 << 20).err().map(|e| e.to_string());
+        assert_eq!(
+            error.as_deref(),
+            Some("KVPICK_INDEX_MAX_BYTES=\"1Ki\" is not valid: expected bytes of at least 1048576, e.g. 536870912, 512Mi or 2G")
+        );
     }
 }

@@ -137,6 +137,7 @@ fn serve(values: &Values) -> ExitCode {
         allocator = ALLOCATOR_NAME,
         io_threads = config.io_threads,
         huge_pages_disabled = huge_pages::disabled(),
+        index_max_bytes = config.router.index_max_bytes,
         "kvpick serve starting"
     );
     let profiler = match profile::Profiler::start(config.profile.as_deref()) {

@@ -1,0 +1,147 @@
+//! The memory budget: which blocks go, and that what stays is exactly an
+//! unbudgeted index minus the evicted blocks.
+
+use super::*;
+
+fn budgeted(max: u64, workers: Slot) -> KvIndex {
+    let mut index = KvIndex::with_max_entries(Some(max));
+    index.record_evictions();
+    for slot in 0..workers {
+        index.add_worker(slot);
+    }
+    index
+}
+
+#[test]
+fn the_longest_stored_conversation_goes_first_tail_to_root() {
+    let mut index = budgeted(10, 1);
+    store(&mut index, 0, None, 100, &tokens(4, 0));
+    store(&mut index, 0, None, 200, &tokens(4, 1000));
+    assert_eq!(index.take_evicted(), vec![]);
+    let applied = store(&mut index, 0, None, 300, &tokens(4, 2000));
+    assert_eq!(applied, Applied { stored: 4, evicted: 2, ..Applied::default() });
+    // The first conversation's last two blocks: its head still matches.
+    assert_eq!(index.take_evicted(), vec![(0, 103), (0, 102)]);
+    assert_eq!(index.entries(), 10);
+    assert_eq!(matches(&index, &prompt(&tokens(4, 0))), vec![(0, 2)]);
+    assert_eq!(matches(&index, &prompt(&tokens(4, 1000))), vec![(0, 4)]);
+    // Eviction never leaves a hole, so the jump search needs no scan.
+    assert!(index.needs_scan.is_empty());
+    store(&mut index, 0, None, 400, &tokens(3, 3000));
+    assert_eq!(index.take_evicted(), vec![(0, 101), (0, 100), (0, 203)]);
+    assert_eq!(matches(&index, &prompt(&tokens(4, 0))), vec![]);
+}
+
+#[test]
+fn a_shared_prefix_outlives_the_conversations_on_it() {
+    let mut index = budgeted(8, 1);
+    let system = tokens(2, 0);
+    store(&mut index, 0, None, 10, &system);
+    for turn in 0..5u64 {
+        store(&mut index, 0, Some(11), 100 * (turn + 1), &tokens(2, 1000 * (turn as u32 + 1)));
+    }
+    // The system prompt was stored first, yet only conversations went.
+    assert!(index.take_evicted().iter().all(|&(_, hash)| hash >= 100));
+    assert_eq!(matches(&index, &prompt(&system)), vec![(0, 2)]);
+    assert_eq!(index.entries(), 8);
+}
+
+#[test]
+fn the_budget_is_shared_by_the_workers_of_a_shard() {
+    let mut index = budgeted(6, 2);
+    store(&mut index, 0, None, 100, &tokens(4, 0));
+    store(&mut index, 1, None, 200, &tokens(4, 0));
+    assert_eq!(index.take_evicted(), vec![(0, 103), (0, 102)]);
+    assert_eq!(matches(&index, &prompt(&tokens(4, 0))), vec![(0, 2), (1, 4)]);
+}
+
+#[test]
+fn stale_queue_entries_do_not_pile_up_without_pressure() {
+    let mut index = budgeted(1_000_000, 1);
+    for round in 0..2_000u64 {
+        store(&mut index, 0, None, round * 10, &tokens(4, round as u32 * 100));
+        index.remove(0, &[round * 10, round * 10 + 1, round * 10 + 2, round * 10 + 3]).unwrap();
+    }
+    assert_eq!(index.entries(), 0);
+    assert!(index.eviction.len() <= 1024 + 4, "{} queued", index.eviction.len());
+}
+
+#[test]
+fn forged_cycles_are_evicted_too() {
+    // A re-stored under its own child B: neither is ever a leaf.
+    let mut index = budgeted(2, 1);
+    index.store(0, None, &[1], &tokens(1, 0), BS, HashSeed::default()).unwrap();
+    index.store(0, Some(1), &[2], &tokens(1, 10), BS, HashSeed::default()).unwrap();
+    index.remove(0, &[1]).unwrap();
+    index.store(0, Some(2), &[1], &tokens(1, 20), BS, HashSeed::default()).unwrap();
+    assert_eq!(index.entries(), 2);
+    let applied = index.store(0, Some(2), &[3], &tokens(1, 30), BS, HashSeed::default()).unwrap();
+    assert_eq!(applied.evicted, 1);
+    assert_eq!(index.entries(), 2);
+}
+
+/// Random stores, removals and clears on four workers, far past a small
+/// budget: after every event the budgeted index holds no more than its
+/// cap and answers exactly as an unbudgeted one that was told of each
+/// eviction as a removal ("evicted blocks simply stop matching").
+#[test]
+fn a_budgeted_index_is_an_unbudgeted_one_minus_its_evictions() {
+    const WORKERS: Slot = 4;
+    let mut rng = fastrand::Rng::with_seed(7);
+    for max in [1, 5, 40, 300] {
+        let mut capped = budgeted(max, WORKERS);
+        let mut mirror = KvIndex::default();
+        (0..WORKERS).for_each(|slot| mirror.add_worker(slot));
+        // Conversations: a few shared system prompts, then turns.
+        let mut held: Vec<Vec<u64>> = vec![Vec::new(); WORKERS as usize];
+        let mut next_hash = 1u64;
+        let probes: Vec<Vec<SequenceHash>> = (0..6).map(|p| prompt(&tokens(24, p * 50))).collect();
+        let (mut evicted, mut matched) = (0, 0);
+        for _ in 0..3_000 {
+            let slot = rng.u32(0..WORKERS);
+            let mine = &mut held[slot as usize];
+            match rng.u8(0..40) {
+                0..=27 => {
+                    let parent = if mine.is_empty() || rng.bool() { None } else { Some(mine[rng.usize(..mine.len())]) };
+                    let n = rng.usize(1..6);
+                    let hashes: Vec<u64> = (0..n as u64).map(|i| next_hash + i).collect();
+                    next_hash += n as u64;
+                    let toks = tokens(n, rng.u32(0..6) * 50 + rng.u32(0..3) * 4);
+                    let a = capped.store(slot, parent, &hashes, &toks, BS, HashSeed::default());
+                    let b = mirror.store(slot, parent, &hashes, &toks, BS, HashSeed::default());
+                    assert_eq!(a.as_ref().map(|x| x.stored), b.as_ref().map(|x| x.stored));
+                    if a.is_ok() {
+                        mine.extend(&hashes);
+                    }
+                }
+                28..=38 if !mine.is_empty() => {
+                    let gone: Vec<u64> = (0..rng.usize(1..4)).map(|_| mine[rng.usize(..mine.len())]).collect();
+                    capped.remove(slot, &gone).unwrap();
+                    mirror.remove(slot, &gone).unwrap();
+                }
+                39 => {
+                    capped.clear(slot);
+                    mirror.clear(slot);
+                    mine.clear();
+                }
+                _ => {}
+            }
+            for (slot, hash) in capped.take_evicted() {
+                evicted += 1;
+                assert_eq!(mirror.remove(slot, &[hash]).unwrap().removed, 1, "evicted a block it held");
+            }
+            assert!(capped.entries() <= max, "{} entries over a cap of {max}", capped.entries());
+            assert_eq!(capped.entries(), mirror.entries());
+            for slot in 0..WORKERS {
+                assert_eq!(capped.worker_blocks(slot), mirror.worker_blocks(slot));
+            }
+            for probe in &probes {
+                let found = matches(&capped, probe);
+                matched += found.len();
+                assert_eq!(found, matches(&mirror, probe));
+            }
+        }
+        // The run exercised what it claims to: evictions, and probes that hit.
+        assert!(evicted > 100 && matched > 100, "cap {max}: {evicted} evicted, {matched} matches");
+    }
+}
