@@ -37,7 +37,7 @@ pub const JUMP: usize = 32;
 /// an entry cap: the index's tables by capacity plus the eviction queue,
 /// with headroom for the tables' doubling (perf/README.md, "Index memory
 /// budget", measures it by resident memory).
-pub const ENTRY_BYTES: u64 = 160;
+pub const ENTRY_BYTES: u64 = 208;
 
 /// A shard's entry cap when `max_bytes` is shared by `shards` shards.
 pub fn max_entries_per_shard(max_bytes: Option<u64>, shards: usize) -> Option<u64> {

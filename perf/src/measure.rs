@@ -326,6 +326,16 @@ pub struct Memory {
 }
 
 impl Memory {
+    /// [`Memory::now`] once mimalloc has returned what was freed: it
+    /// purges lazily, on later allocator activity, so a reading straight
+    /// after a burst of frees (a table's resize) counts dead pages.
+    pub fn settled() -> Option<Memory> {
+        // SAFETY: mi_collect takes no pointer and may be called at any
+        // time from any thread; `force` also collects abandoned pages.
+        unsafe { libmimalloc_sys::mi_collect(true) };
+        Memory::now()
+    }
+
     /// `None` where `/proc` is missing or unreadable.
     pub fn now() -> Option<Memory> {
         let status = std::fs::read_to_string("/proc/self/status").ok()?;

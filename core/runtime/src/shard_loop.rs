@@ -519,6 +519,7 @@ mod tests {
             admissions: Arc::new(Mutex::new(crate::admissions::Ledger::new(16))),
             picking: Arc::new(Picking::new(kvpick_core::PickPolicy::new(Default::default(), 16))),
             spin: Duration::ZERO,
+            max_index_entries: None,
         };
         ShardLoop::new(Arc::default(), &common)
     }

@@ -69,6 +69,7 @@ fn live_shard_threads() -> usize {
 /// Random operations applied to both services, answers compared one by one.
 fn equivalent(seed: u64, shards: usize, kind: RuntimeKind, cfg: RouterConfig) {
     let mut rng = fastrand::Rng::with_seed(seed);
+    let budgeted = cfg.index_max_bytes.is_some();
     let mut facade = SelectionService::new(cfg.clone(), BS, shards);
     let threaded =
         ShardedService::start(cfg, BS, runtime(shards, kind), Clock::manual(Millis(0))).expect("runtime starts");
@@ -186,7 +187,9 @@ fn equivalent(seed: u64, shards: usize, kind: RuntimeKind, cfg: RouterConfig) {
             );
         }
     }
-    assert_eq!(facade.shard_stats(), block_on(threaded.shard_stats(&producer)));
+    let stats = facade.shard_stats();
+    assert_eq!(stats, block_on(threaded.shard_stats(&producer)));
+    assert!(!budgeted || stats.blocks_evicted > 0, "the budget never bit: {stats:?}");
     assert_eq!(facade.stats(), threaded.stats());
     threaded.shutdown();
 }
@@ -200,6 +203,12 @@ fn configs() -> Vec<RouterConfig> {
             queue_capacity: 3,
             queue_timeout: Duration::from_secs(20),
             temperature: 0.5,
+            ..RouterConfig::default()
+        },
+        // An index budget small enough that every run evicts.
+        RouterConfig {
+            lease: Duration::from_secs(60),
+            index_max_bytes: Some(24 * kvpick_core::index::ENTRY_BYTES),
             ..RouterConfig::default()
         },
     ]

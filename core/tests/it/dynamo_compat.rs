@@ -915,13 +915,16 @@ fn run_budgeted(s: &Scenario, shards: usize, per_shard: u64) -> u64 {
                 let w = worker % s.workers;
                 let (hashes, _, _) = model.remove_op(w, *mode, picks, unknown, *reverse);
                 if !hashes.is_empty() {
-                    routers.remove(w as u64 + 1, &hashes);
+                    // Dynamo reports hashes it no longer holds; kvpick counts them.
+                    let (ours, _) = routers.remove(w as u64 + 1, &hashes);
+                    assert!(ours.is_ok(), "step {step}: {op:?}: {ours:?}");
                 }
             }
             Op::Clear { worker } => {
                 let w = worker % s.workers;
                 model.held[w].clear();
-                routers.clear(w as u64 + 1);
+                let (ours, theirs) = routers.clear(w as u64 + 1);
+                assert!(ours.is_ok() && theirs.is_ok(), "step {step}: {op:?}: {ours:?}, {theirs:?}");
             }
             Op::Lookup { kind, deepest, pick, at, tokens } => {
                 let prompt = model.lookup_tokens(*kind, *deepest, pick, at, *tokens);

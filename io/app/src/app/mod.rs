@@ -15,6 +15,7 @@
 //! shards and the ingest run on threads of their own.
 
 pub mod config;
+pub mod huge_pages;
 mod index_budget;
 pub mod otlp;
 pub mod settings;

@@ -706,7 +706,9 @@ mod tests {
         let error = values.bytes(INDEX_MAX_BYTES, 1 << 20).err().map(|e| e.to_string());
         assert_eq!(
             error.as_deref(),
-            Some("KVPICK_INDEX_MAX_BYTES=\"1Ki\" is not valid: expected bytes of at least 1048576, e.g. 536870912, 512Mi or 2G")
+            Some(
+                "KVPICK_INDEX_MAX_BYTES=\"1Ki\" is not valid: expected bytes of at least 1048576, e.g. 536870912, 512Mi or 2G"
+            )
         );
     }
 }

@@ -19,7 +19,7 @@ mod approx_prefix;
 mod demo;
 #[cfg(feature = "demo")]
 mod demo_model;
-mod huge_pages;
+
 mod inspect;
 mod logging;
 mod profile;
@@ -29,7 +29,7 @@ use std::process::ExitCode;
 
 use clap::{Arg, ArgAction, Command};
 use kvpick_app::app::settings::{self, Values};
-use kvpick_app::app::{App, ServeConfig};
+use kvpick_app::app::{App, ServeConfig, huge_pages};
 
 #[cfg(not(feature = "jemalloc"))]
 #[global_allocator]

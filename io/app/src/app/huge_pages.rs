@@ -10,7 +10,7 @@
 //! process's: it covers every mapping, existing and future, and is read
 //! by the kernel on each fault and by khugepaged.
 
-use kvpick_app::app::HugePages;
+use super::HugePages;
 
 /// Applies `choice`; the error is the kernel's, for a warning (the process
 /// runs on either way).
