@@ -2,7 +2,8 @@
 //! parsing (live and both replay layouts), sequencing with replays (reading
 //! each batch's stamp, as the ingest thread does, so late batches are told
 //! from restarts), payload decoding and applying to a shard — driven by
-//! arbitrary bytes.
+//! arbitrary bytes. The shard's index has a budget of a few entries, so
+//! hostile chains drive its eviction too.
 #![no_main]
 
 use kvpick_core::{KvEvent, Shard, WorkerId, WorkerSpec};
@@ -13,13 +14,16 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| run(data));
 
+/// The index budget, in entries: small enough for short frames to pass it.
+const INDEX_CAP: u64 = 8;
+
 /// Splits `data` into messages: byte 0 of each picks live / replay / replay
 /// end-failure / replay gone quiet (asked again) / subscribing (catch-up) /
 /// live connection back (reconnect), byte 1 the frame count, then frames as `len (1 byte) +
 /// bytes`. Panics only if an invariant of the ingest path breaks.
 fn run(data: &[u8]) {
     let worker = WorkerId(1);
-    let mut shard = Shard::new();
+    let mut shard = Shard::with_max_index_entries(Some(INDEX_CAP));
     shard.upsert_worker(WorkerSpec::new(worker, std::net::SocketAddr::from(([127, 0, 0, 1], 8000)), 16));
     let mut sequencer: Sequencer<Vec<u8>> = Sequencer::new(true, 8).with_stamps(|payload| batch_ts(payload));
     let mut steps = Vec::new();
@@ -60,6 +64,8 @@ fn run(data: &[u8]) {
                     if let Ok(batch) = decode_batch(&payload) {
                         for event in batch.events {
                             let _ = shard.apply_event(worker, &event.event);
+                            let held = shard.index().entries();
+                            assert!(held <= INDEX_CAP, "{held} entries over a budget of {INDEX_CAP}");
                         }
                     }
                 }
