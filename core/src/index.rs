@@ -14,8 +14,10 @@
 //! until the hole is gone, so results never depend on the shortcut.
 //!
 //! A memory budget caps the shard's (block, worker) entries: past it, the
-//! index evicts leaves, the longest-stored first (see `eviction`), and an
-//! evicted block simply stops matching.
+//! index evicts leaves, the longest-stored first (see `eviction`). An
+//! evicted block stops matching, and so do blocks the engine stores after
+//! it (their parent is unknown): they could not have matched past it
+//! anyway, since only a prefix held from its first block matches.
 
 use std::collections::HashMap;
 
@@ -37,7 +39,7 @@ pub const JUMP: usize = 32;
 /// an entry cap: the index's tables by capacity plus the eviction queue,
 /// with headroom for the tables' doubling (perf/README.md, "Index memory
 /// budget", measures it by resident memory).
-pub const ENTRY_BYTES: u64 = 208;
+pub const ENTRY_BYTES: u64 = 224;
 
 /// A shard's entry cap when `max_bytes` is shared by `shards` shards.
 pub fn max_entries_per_shard(max_bytes: Option<u64>, shards: usize) -> Option<u64> {
@@ -215,7 +217,22 @@ impl KvIndex {
         };
         let mut parent_engine = parent;
         let mut applied = Applied::default();
-        for (&engine, tokens) in block_hashes.iter().zip(token_ids.chunks_exact(block_size as usize)) {
+        // One event never stores more than the whole budget: the tables
+        // would grow past it before eviction could run. The chain's head is
+        // kept (only a prefix can match); the rest counts as evicted.
+        let most_new = self.max_entries.unwrap_or(u64::MAX);
+        for (i, (&engine, tokens)) in block_hashes.iter().zip(token_ids.chunks_exact(block_size as usize)).enumerate() {
+            if applied.stored >= most_new && !worker.blocks.contains_key(&engine) {
+                let mut dropped: Vec<EngineBlockHash> =
+                    block_hashes[i..].iter().copied().filter(|hash| !worker.blocks.contains_key(hash)).collect();
+                dropped.sort_unstable();
+                dropped.dedup();
+                applied.evicted += dropped.len() as u64;
+                if let Some(log) = &mut self.evicted_log {
+                    log.extend(dropped.into_iter().map(|hash| (slot, hash)));
+                }
+                break;
+            }
             if let Some(existing) = worker.blocks.get(&engine) {
                 // Already held: the chain continues from what we recorded, so
                 // a child's parent sequence hash is always its parent's.
@@ -251,7 +268,7 @@ impl KvIndex {
         }
         self.entries += applied.stored;
         self.refresh_scan_flag(slot);
-        applied.evicted = self.enforce_budget();
+        applied.evicted += self.enforce_budget();
         Ok(applied)
     }
 
@@ -268,6 +285,7 @@ impl KvIndex {
             }
         }
         self.refresh_scan_flag(slot);
+        self.compact_queue();
         Ok(applied)
     }
 
@@ -275,7 +293,10 @@ impl KvIndex {
     fn remove_block(&mut self, slot: Slot, engine: EngineBlockHash) -> bool {
         let Some(Some(worker)) = self.workers.get_mut(slot as usize) else { return false };
         let Some(block) = worker.blocks.remove(&engine) else { return false };
-        worker.seeds.remove(&engine);
+        shrink_if_sparse(&mut worker.blocks);
+        if worker.seeds.remove(&engine).is_some() {
+            shrink_if_sparse(&mut worker.seeds);
+        }
         if let Some(parent) = block.parent {
             match worker.blocks.get_mut(&parent) {
                 Some(held) => {
@@ -318,6 +339,10 @@ impl KvIndex {
         let Some(max) = self.max_entries else { return 0 };
         let mut evicted = 0;
         while self.entries > max {
+            let Some(slot) = self.tainted_worker() else { break };
+            evicted += self.evict_worker(slot);
+        }
+        while self.entries > max {
             let Some((slot, engine)) = self.next_victim() else { break };
             self.remove_block(slot, engine);
             self.refresh_scan_flag(slot);
@@ -326,6 +351,12 @@ impl KvIndex {
             }
             evicted += 1;
         }
+        self.compact_queue();
+        evicted
+    }
+
+    /// Drops stale queue entries once they outnumber the live ones.
+    fn compact_queue(&mut self) {
         if self.eviction.len() > 2 * self.entries as usize + 1024 {
             let workers = &self.workers;
             self.eviction.retain(|q| {
@@ -336,7 +367,24 @@ impl KvIndex {
                     .is_some_and(|b| b.stamp == q.stamp && b.children == 0)
             });
         }
-        evicted
+    }
+
+    /// A worker whose engine reported a hash again with other content
+    /// (`tainted`): what kvpick holds for it no longer describes its cache
+    /// and may form cycles no leaf-first eviction reaches (a block
+    /// re-stored under its own descendant). Under pressure it goes first.
+    fn tainted_worker(&self) -> Option<Slot> {
+        self.needs_scan.iter().find(|&slot| self.worker(slot).is_some_and(|w| w.tainted))
+    }
+
+    /// Forgets a whole worker's blocks as evictions.
+    fn evict_worker(&mut self, slot: Slot) -> u64 {
+        if let (Some(log), Some(worker)) =
+            (&mut self.evicted_log, self.workers.get(slot as usize).and_then(Option::as_ref))
+        {
+            log.extend(worker.blocks.keys().map(|&hash| (slot, hash)));
+        }
+        self.clear(slot).removed
     }
 
     /// The next block to evict: the queue's first live leaf.
@@ -471,7 +519,19 @@ fn release_holder(holders: &mut U64Map<SequenceHash, SlotSet>, seq: SequenceHash
         set.remove(slot);
         if set.is_empty() {
             holders.remove(&seq);
+            shrink_if_sparse(holders);
         }
+    }
+}
+
+/// Hash tables keep their largest size: one that once held a worker's
+/// whole cache (a replay, a burst before eviction caught up) would keep
+/// that memory after the blocks left. A quarter full, it halves to twice
+/// its length, so shrinking costs O(1) amortised per removal.
+fn shrink_if_sparse<K: std::hash::Hash + Eq, V>(map: &mut U64Map<K, V>) {
+    const SMALL: usize = 1024;
+    if map.capacity() > SMALL && map.len() * 4 < map.capacity() {
+        map.shrink_to(map.len() * 2);
     }
 }
 

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvpick_core::Lifecycle;
+use kvpick_core::shard::ShardStats;
 use kvpick_runtime::{Clock, RuntimeError, ShardedService, ThreadProducers};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -275,9 +276,12 @@ impl App {
                 for ticker in &tickers {
                     ticker.service().tick(ticker, clock.now()).await;
                 }
-                // Every 10 s: the stats visit every shard.
+                // Every 10 s: the stats visit every shard of both selectors.
                 if round % 40 == 0 {
-                    let stats = decode.service().shard_stats(&decode).await;
+                    let mut stats = ShardStats::default();
+                    for ticker in &tickers {
+                        stats = stats.merge(ticker.service().shard_stats(ticker).await);
+                    }
                     evictions.observe(&stats, index_max_bytes, std::time::Instant::now());
                 }
                 // Readiness weighs it against the schedulable workers of

@@ -449,11 +449,17 @@ async fn shard_families(
     e.gauge("kvpick_index_bytes", "Approximate heap bytes of the KV index.", &[], stats.index_bytes as f64);
     e.counter("kvpick_index_blocks_stored_total", "Blocks stored into the index.", &[], stats.blocks_stored);
     e.counter("kvpick_index_blocks_removed_total", "Blocks removed from the index.", &[], stats.blocks_removed);
+    // Each selector's index has its own budget; a prefill selector's
+    // evictions count here too.
+    let prefill_evicted = match prefill {
+        Some(p) => p.service().shard_stats(p).await.blocks_evicted,
+        None => 0,
+    };
     e.counter(
         "kvpick_index_blocks_evicted_total",
         "Blocks the index forgot to stay within --index-max-bytes (the engine may still hold them).",
         &[],
-        stats.blocks_evicted,
+        stats.blocks_evicted + prefill_evicted,
     );
     e.counter("kvpick_index_events_rejected_total", "KV events the shards refused.", &[], stats.events_rejected);
     e.counter(
