@@ -131,10 +131,6 @@ impl KvIndex {
         KvIndex { max_entries, ..KvIndex::default() }
     }
 
-    pub fn max_entries(&self) -> Option<u64> {
-        self.max_entries
-    }
-
     /// Keeps every eviction from now on for [`KvIndex::take_evicted`]:
     /// tests mirror them into a reference index.
     pub fn record_evictions(&mut self) {
