@@ -28,6 +28,7 @@ pub mod outage;
 pub mod pick;
 pub mod prompt;
 pub mod queue;
+pub mod replica;
 pub mod request;
 pub mod service;
 pub mod shard;
