@@ -25,12 +25,14 @@ use crate::hashing::SequenceHash;
 use crate::worker::WorkerId;
 
 mod digest;
+mod exactly_once;
 mod inbox;
 mod outbox;
 #[cfg(test)]
 mod tests;
 
 pub use digest::LiveDigest;
+pub use exactly_once::ExactlyOnce;
 pub use inbox::{Inbox, InboxStats, Received};
 pub use outbox::Outbox;
 

@@ -45,3 +45,6 @@ pub mod health {
     pub use tonic_health::pb::*;
     pub use tonic_health::server::{HealthReporter, HealthService, health_reporter};
 }
+
+/// `kvpick.peer.v1`: what kvpick replicas send each other (bookings).
+pub mod peer;

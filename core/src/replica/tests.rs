@@ -36,43 +36,26 @@ fn inbox() -> Inbox {
     Inbox::new(A, InboxConfig::default())
 }
 
-/// The booking state a replica's shards reach by applying `apply` in
-/// order, checked as they would check it: a second `Reserved` of a live
-/// id, or any change to an id that is not live, is a defect here (the
-/// inbox must apply each change exactly once).
-#[derive(Default, Debug, PartialEq)]
-struct Shards {
-    live: HashMap<ReservationId, (WorkerId, bool, Millis)>,
-}
+/// The shards of the replica the inbox feeds, checked to apply each
+/// change exactly once.
+#[derive(Default, Debug)]
+struct Shards(ExactlyOnce);
 
 impl Shards {
     fn apply(&mut self, events: &[BookingEvent]) {
-        for event in events {
-            match event {
-                BookingEvent::Reserved(b) => {
-                    assert!(
-                        self.live.insert(b.id, (b.worker, false, b.lease_until)).is_none(),
-                        "{:?} booked twice",
-                        b.id
-                    )
-                }
-                BookingEvent::PrefillComplete(id) => {
-                    let held = self.live.get_mut(id).unwrap_or_else(|| panic!("{id:?} completed but not live"));
-                    assert!(!held.1, "{id:?} completed twice");
-                    held.1 = true;
-                }
-                BookingEvent::Renewed { id, .. } => assert!(self.live.contains_key(id), "{id:?} renewed but not live"),
-                BookingEvent::Freed(id) => assert!(self.live.remove(id).is_some(), "{id:?} freed but not live"),
-            }
+        if let Err(defect) = self.0.apply(events) {
+            panic!("{defect}");
         }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.live.is_empty()
     }
 
     fn matches(&self, outbox: &Outbox) -> bool {
         let theirs: HashMap<ReservationId, (WorkerId, bool)> =
             outbox.snapshot(NOW).bookings.iter().map(|b| (b.id, (b.worker, b.prefill_done))).collect();
-        let ours: HashMap<ReservationId, (WorkerId, bool)> =
-            self.live.iter().map(|(id, (worker, done, _))| (*id, (*worker, *done))).collect();
-        theirs == ours
+        theirs == self.0.live
     }
 }
 
@@ -100,7 +83,7 @@ fn an_ordered_stream_is_applied_once_and_frees_everything() {
         assert!(outbox.record(&BookingEvent::Freed(ReservationId(id)), NOW));
     }
     shards.apply(&inbox.receive(&outbox.take_batch().expect("two frees"), NOW, everyone).apply);
-    assert!(shards.live.is_empty());
+    assert!(shards.is_empty());
     assert_eq!((inbox.live(), inbox.last_seq()), (0, 5));
     assert_eq!(inbox.check(&outbox.digest()), None);
 }
@@ -309,7 +292,7 @@ fn a_gone_origin_is_forgotten_and_its_return_resyncs() {
     outbox.record(&reserved(2, 8), NOW);
     shards.apply(&inbox.receive(&outbox.take_batch().expect("two"), NOW, everyone).apply);
     shards.apply(&inbox.forget());
-    assert!(shards.live.is_empty());
+    assert!(shards.is_empty());
     // The partition heals: the same incarnation goes on, and resyncs.
     outbox.record(&BookingEvent::Freed(ReservationId(1)), NOW);
     let received = inbox.receive(&outbox.take_batch().expect("one"), NOW, everyone);
@@ -427,7 +410,7 @@ fn a_lossy_link_converges_and_applies_every_change_once() {
         seen.new_incarnations += stats.new_incarnations;
         seen.dropped_while_resyncing += stats.dropped_while_resyncing;
         shards.apply(&inbox.forget());
-        assert!(shards.live.is_empty(), "seed {seed}");
+        assert!(shards.is_empty(), "seed {seed}");
     }
     // The link did lose, repeat and restart (the test is not vacuous).
     assert!(seen.gaps > 100 && seen.resyncs > 100, "{seen:?}");

@@ -1,0 +1,61 @@
+//! Peer frames (`kvpick.peer.v1`) from a replica that may lie, through
+//! `kvpick_replica::decode` into one origin's `Inbox`.
+//!
+//! The input is a sequence of frames, each a little-endian `u16` length
+//! and that many bytes. Invariants: no panic; a frame that decodes
+//! encodes back to bytes that decode to the same frame; the changes the
+//! inbox hands the shards apply each booking change exactly once (never a
+//! booking twice, never a change to one that is not live) and only on
+//! workers this replica knows; forgetting the origin frees everything.
+
+#![no_main]
+
+use kvpick_core::clock::Millis;
+use kvpick_core::replica::{ExactlyOnce, Inbox, InboxConfig, ReplicaId};
+use kvpick_core::worker::WorkerId;
+use kvpick_replica::{Frame, Limits, decode, encode};
+use libfuzzer_sys::fuzz_target;
+
+/// The workers this replica knows: the even ones.
+fn known(worker: WorkerId) -> bool {
+    worker.0 % 2 == 0
+}
+
+fuzz_target!(|data: &[u8]| {
+    // Small caps so the fuzzer reaches them.
+    let limits = Limits {
+        max_frame_bytes: 4096,
+        max_events_per_batch: 16,
+        max_bookings_per_snapshot: 16,
+        max_blocks_per_booking: 8,
+        max_prefill_tokens: 1 << 16,
+    };
+    let mut inbox = Inbox::new(ReplicaId(1), InboxConfig::default());
+    let mut shards = ExactlyOnce::default();
+    let mut rest = data;
+    let mut now = Millis(0);
+    while rest.len() >= 2 {
+        let len = usize::from(u16::from_le_bytes([rest[0], rest[1]])).min(rest.len() - 2);
+        let (bytes, tail) = rest[2..].split_at(len);
+        rest = tail;
+        now = Millis(now.0 + 7);
+        let Ok(frame) = decode(bytes, &limits) else { continue };
+        assert_eq!(decode(&encode(&frame), &limits).as_ref(), Ok(&frame), "re-encoding changed the frame");
+        let apply = match &frame {
+            Frame::Batch(batch) => inbox.receive(batch, now, known).apply,
+            Frame::Snapshot(snapshot) => inbox.resync(snapshot, now, known),
+            Frame::Digest(digest) => {
+                inbox.check(digest);
+                Vec::new()
+            }
+            Frame::Resync(_) => Vec::new(),
+        };
+        if let Err(defect) = shards.apply(&apply) {
+            panic!("{defect} after {frame:?}");
+        }
+        assert!(shards.live.values().all(|(worker, _)| known(*worker)), "a stranger was booked");
+        assert!(shards.live.len() <= inbox.live());
+    }
+    shards.apply(&inbox.forget()).expect("forgetting frees what is live");
+    assert!(shards.live.is_empty(), "forgetting the origin left {:?}", shards.live);
+});

@@ -1,0 +1,231 @@
+//! `kvpick.peer.v1` frames to core's replica values and back.
+
+use std::sync::Arc;
+
+use kvpick_core::booking::ReservationId;
+use kvpick_core::hashing::SequenceHash;
+use kvpick_core::replica::{Batch, Digest, Incarnation, LiveDigest, PeerBooking, PeerEvent, ReplicaId, Snapshot};
+use kvpick_core::worker::WorkerId;
+use kvpick_proto::peer as pb;
+use prost::Message;
+
+#[cfg(test)]
+mod tests;
+
+/// How much one frame may claim. A peer is trusted with bookings, not
+/// with this replica's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Checked before decoding.
+    pub max_frame_bytes: usize,
+    pub max_events_per_batch: usize,
+    pub max_bookings_per_snapshot: usize,
+    /// A prompt's blocks, hashed or not: 65,536 blocks of 16 tokens is a
+    /// million tokens.
+    pub max_blocks_per_booking: usize,
+    /// Prefill tokens one booking may claim.
+    pub max_prefill_tokens: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frame_bytes: 16 << 20,
+            max_events_per_batch: 4096,
+            max_bookings_per_snapshot: 65_536,
+            max_blocks_per_booking: 65_536,
+            max_prefill_tokens: 1 << 24,
+        }
+    }
+}
+
+/// Asks `origin` for a snapshot of its live bookings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResyncRequest {
+    pub origin: ReplicaId,
+    pub incarnation: Incarnation,
+    /// The asker holds the origin's events before this one.
+    pub from_seq: u64,
+}
+
+/// One decoded, validated frame.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Frame {
+    Batch(Batch),
+    Snapshot(Snapshot),
+    Digest(Digest),
+    Resync(ResyncRequest),
+}
+
+/// Why a frame was refused (nothing of it is applied).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {bytes} bytes is over the {max}-byte cap")]
+    TooLarge { bytes: usize, max: usize },
+    #[error("frame is not a kvpick.peer.v1 PeerFrame: {0}")]
+    Malformed(String),
+    #[error("frame has no body (or one this version does not know)")]
+    NoBody,
+    #[error("event {index} of the batch has no kind (or one this version does not know)")]
+    NoEventKind { index: usize },
+    #[error("{what} of {count} is over the cap of {max}")]
+    OverCap { what: &'static str, count: usize, max: usize },
+    #[error("sequence number {first_seq} with {events} events is not possible (numbers start at 1)")]
+    BadSequence { first_seq: u64, events: usize },
+    #[error("origin 0 or incarnation 0 is not a replica")]
+    NoOrigin,
+}
+
+impl FrameError {
+    /// A short name for a metric label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FrameError::TooLarge { .. } => "too_large",
+            FrameError::Malformed(_) => "malformed",
+            FrameError::NoBody => "no_body",
+            FrameError::NoEventKind { .. } => "no_event_kind",
+            FrameError::OverCap { .. } => "over_cap",
+            FrameError::BadSequence { .. } => "bad_sequence",
+            FrameError::NoOrigin => "no_origin",
+        }
+    }
+}
+
+pub fn encode(frame: &Frame) -> Vec<u8> {
+    let body = match frame {
+        Frame::Batch(batch) => pb::peer_frame::Body::Batch(pb::Batch {
+            origin: batch.origin.0,
+            incarnation: batch.incarnation.0,
+            first_seq: batch.first_seq,
+            events: batch.events.iter().map(event_to_pb).collect(),
+        }),
+        Frame::Snapshot(snapshot) => pb::peer_frame::Body::Snapshot(pb::Snapshot {
+            origin: snapshot.origin.0,
+            incarnation: snapshot.incarnation.0,
+            last_seq: snapshot.last_seq,
+            bookings: snapshot.bookings.iter().map(booking_to_pb).collect(),
+        }),
+        Frame::Digest(digest) => pb::peer_frame::Body::Digest(pb::Digest {
+            origin: digest.origin.0,
+            incarnation: digest.incarnation.0,
+            last_seq: digest.last_seq,
+            live: digest.live.live,
+            sum: digest.live.sum,
+        }),
+        Frame::Resync(request) => pb::peer_frame::Body::Resync(pb::ResyncRequest {
+            origin: request.origin.0,
+            incarnation: request.incarnation.0,
+            from_seq: request.from_seq,
+        }),
+    };
+    pb::PeerFrame { body: Some(body) }.encode_to_vec()
+}
+
+pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Frame, FrameError> {
+    if bytes.len() > limits.max_frame_bytes {
+        return Err(FrameError::TooLarge { bytes: bytes.len(), max: limits.max_frame_bytes });
+    }
+    let frame = pb::PeerFrame::decode(bytes).map_err(|e| FrameError::Malformed(e.to_string()))?;
+    match frame.body.ok_or(FrameError::NoBody)? {
+        pb::peer_frame::Body::Batch(batch) => {
+            let (origin, incarnation) = replica(batch.origin, batch.incarnation)?;
+            cap("events of a batch", batch.events.len(), limits.max_events_per_batch)?;
+            let in_range = batch.first_seq > 0 && batch.first_seq.checked_add(batch.events.len() as u64).is_some();
+            if !in_range {
+                return Err(FrameError::BadSequence { first_seq: batch.first_seq, events: batch.events.len() });
+            }
+            let events = batch
+                .events
+                .into_iter()
+                .enumerate()
+                .map(|(index, event)| event_from_pb(index, event, limits))
+                .collect::<Result<_, _>>()?;
+            Ok(Frame::Batch(Batch { origin, incarnation, first_seq: batch.first_seq, events }))
+        }
+        pb::peer_frame::Body::Snapshot(snapshot) => {
+            let (origin, incarnation) = replica(snapshot.origin, snapshot.incarnation)?;
+            cap("bookings of a snapshot", snapshot.bookings.len(), limits.max_bookings_per_snapshot)?;
+            let bookings =
+                snapshot.bookings.into_iter().map(|b| booking_from_pb(b, limits)).collect::<Result<_, _>>()?;
+            Ok(Frame::Snapshot(Snapshot { origin, incarnation, last_seq: snapshot.last_seq, bookings }))
+        }
+        pb::peer_frame::Body::Digest(digest) => {
+            let (origin, incarnation) = replica(digest.origin, digest.incarnation)?;
+            let live = LiveDigest { live: digest.live, sum: digest.sum };
+            Ok(Frame::Digest(Digest { origin, incarnation, last_seq: digest.last_seq, live }))
+        }
+        pb::peer_frame::Body::Resync(request) => {
+            let (origin, incarnation) = replica(request.origin, request.incarnation)?;
+            if request.from_seq == 0 {
+                return Err(FrameError::BadSequence { first_seq: 0, events: 0 });
+            }
+            Ok(Frame::Resync(ResyncRequest { origin, incarnation, from_seq: request.from_seq }))
+        }
+    }
+}
+
+fn replica(origin: u64, incarnation: u64) -> Result<(ReplicaId, Incarnation), FrameError> {
+    // Zero is what an absent field decodes to: a frame without them.
+    if origin == 0 || incarnation == 0 {
+        return Err(FrameError::NoOrigin);
+    }
+    Ok((ReplicaId(origin), Incarnation(incarnation)))
+}
+
+fn cap(what: &'static str, count: usize, max: usize) -> Result<(), FrameError> {
+    if count > max {
+        return Err(FrameError::OverCap { what, count, max });
+    }
+    Ok(())
+}
+
+fn event_to_pb(event: &PeerEvent) -> pb::Event {
+    let kind = match event {
+        PeerEvent::Reserved(booking) => pb::event::Kind::Reserved(booking_to_pb(booking)),
+        PeerEvent::PrefillComplete(id) => pb::event::Kind::PrefillComplete(id.0),
+        PeerEvent::Renewed { id, lease_left_ms } => {
+            pb::event::Kind::Renewed(pb::Renewed { id: id.0, lease_left_ms: *lease_left_ms })
+        }
+        PeerEvent::Freed(id) => pb::event::Kind::Freed(id.0),
+    };
+    pb::Event { kind: Some(kind) }
+}
+
+fn event_from_pb(index: usize, event: pb::Event, limits: &Limits) -> Result<PeerEvent, FrameError> {
+    Ok(match event.kind.ok_or(FrameError::NoEventKind { index })? {
+        pb::event::Kind::Reserved(booking) => PeerEvent::Reserved(booking_from_pb(booking, limits)?),
+        pb::event::Kind::PrefillComplete(id) => PeerEvent::PrefillComplete(ReservationId(id)),
+        pb::event::Kind::Renewed(renewed) => {
+            PeerEvent::Renewed { id: ReservationId(renewed.id), lease_left_ms: renewed.lease_left_ms }
+        }
+        pb::event::Kind::Freed(id) => PeerEvent::Freed(ReservationId(id)),
+    })
+}
+
+fn booking_to_pb(booking: &PeerBooking) -> pb::Booking {
+    pb::Booking {
+        id: booking.id.0,
+        worker: booking.worker.0,
+        seq_hashes: booking.seq_hashes.iter().map(|h| h.0).collect(),
+        unhashed_blocks: booking.unhashed_blocks,
+        prefill_tokens: booking.prefill_tokens,
+        lease_left_ms: booking.lease_left_ms,
+        prefill_done: booking.prefill_done,
+    }
+}
+
+fn booking_from_pb(booking: pb::Booking, limits: &Limits) -> Result<PeerBooking, FrameError> {
+    // Both count: unhashed blocks are booked as load too.
+    let blocks = booking.seq_hashes.len().saturating_add(booking.unhashed_blocks as usize);
+    cap("blocks of a booking", blocks, limits.max_blocks_per_booking)?;
+    cap("prefill tokens of a booking", booking.prefill_tokens as usize, limits.max_prefill_tokens as usize)?;
+    Ok(PeerBooking {
+        id: ReservationId(booking.id),
+        worker: WorkerId(booking.worker),
+        seq_hashes: booking.seq_hashes.into_iter().map(SequenceHash).collect::<Arc<[_]>>(),
+        unhashed_blocks: booking.unhashed_blocks,
+        prefill_tokens: booking.prefill_tokens,
+        lease_left_ms: booking.lease_left_ms,
+        prefill_done: booking.prefill_done,
+    })
+}
