@@ -240,6 +240,39 @@ impl SelectionService {
         Ok(())
     }
 
+    /// Applies a booking change another replica made (as its `Inbox`
+    /// hands it over), so this replica's picks count the load it booked.
+    /// A `Reserved` goes to its worker's shard; the rest to the shard that
+    /// holds the booking. Freeing or finishing a prefill admits what waits.
+    pub fn apply_peer_booking(&mut self, event: BookingEvent, now: Millis) -> Result<(), BookingError> {
+        let id = event.id();
+        match event {
+            BookingEvent::Reserved(booking) => {
+                let shard =
+                    self.directory.shard_of(booking.worker).ok_or(BookingError::UnknownWorker(booking.worker))?;
+                // Also refused: an id this replica queued (ids are unique
+                // across replicas, so that is a peer's defect).
+                self.ledger.check_new(id).map_err(|_| BookingError::Duplicate(id))?;
+                self.ledger.claim(id, shard).map_err(|_| BookingError::Duplicate(id))?;
+                self.shards[shard].apply_booking(BookingEvent::Reserved(booking)).inspect_err(|_| {
+                    self.ledger.release(id);
+                })
+            }
+            BookingEvent::Freed(_) => {
+                let shard = self.ledger.release(id).ok_or(BookingError::NotFound(id))?;
+                self.shards[shard].apply_booking(event)?;
+                self.admit_waiting(now);
+                Ok(())
+            }
+            BookingEvent::PrefillComplete(_) | BookingEvent::Renewed { .. } => {
+                let shard = self.ledger.owner(id).ok_or(BookingError::NotFound(id))?;
+                self.shards[shard].apply_booking(event)?;
+                self.admit_waiting(now);
+                Ok(())
+            }
+        }
+    }
+
     /// A measured time to first token on `worker`, from booking to the
     /// first streamed chunk, against the selection's `predicted_ttft_ns`:
     /// calibrates the worker's speed (see `Calibration`).

@@ -597,3 +597,66 @@ fn a_worker_whose_events_carry_another_block_size_is_flagged_until_they_agree() 
     assert_eq!(load(&svc, 1).block_size_mismatch, None);
     assert_eq!(load(&svc, 1).cached_blocks, 2);
 }
+
+/// Two replicas of one fleet: what one books reaches the other through
+/// its outbox and the other's inbox, and is applied there exactly as
+/// booked, so both cost the fleet's load alike; freeing undoes it.
+#[test]
+fn a_peer_replicas_bookings_count_here_as_its_own_do() {
+    use crate::replica::{Inbox, InboxConfig, Incarnation, Outbox, ReplicaId};
+
+    for shards in [1, 2] {
+        let cfg = RouterConfig::default();
+        let (mut a, mut b) = (service(3, shards, cfg.clone()), service(3, shards, cfg));
+        let mut outbox = Outbox::new(ReplicaId(1), Incarnation(1));
+        let mut inbox = Inbox::new(ReplicaId(1), InboxConfig::default());
+        let mut send = |a: &SelectionService, b: &mut SelectionService, event: BookingEvent| {
+            assert!(outbox.record(&event, T0));
+            let batch = outbox.take_batch().unwrap();
+            let known: Vec<WorkerId> = b.worker_ids();
+            for event in inbox.receive(&batch, T0, |w| known.contains(&w)).apply {
+                b.apply_peer_booking(event, T0).unwrap();
+            }
+            assert_eq!(a.loads(), b.loads(), "{shards} shards");
+        };
+        let toks = tokens(40, 0);
+        let picked = reserve(&mut a, 7, &toks);
+        let booking = a.booking(ReservationId(7)).unwrap().clone();
+        send(&a, &mut b, BookingEvent::Reserved(booking));
+        assert_eq!(b.active_reservations(), 1);
+        assert_eq!(b.booking(ReservationId(7)).map(|bk| bk.worker), Some(picked.worker));
+        // Without sharing, B would put the same request on the same idle
+        // worker; sharing, it avoids the one A loaded.
+        assert_ne!(reserve(&mut b, 8, &tokens(40, 1000)).worker, picked.worker);
+        b.free_reservation(ReservationId(8), T0).unwrap();
+
+        a.prefill_complete(ReservationId(7), T0).unwrap();
+        send(&a, &mut b, BookingEvent::PrefillComplete(ReservationId(7)));
+        a.free_reservation(ReservationId(7), T0).unwrap();
+        send(&a, &mut b, BookingEvent::Freed(ReservationId(7)));
+        assert_eq!(b.active_reservations(), 0);
+    }
+}
+
+#[test]
+fn a_peer_cannot_book_twice_or_on_an_unknown_worker() {
+    let mut svc = service(2, 1, RouterConfig::default());
+    let mine = reserve(&mut svc, 1, &tokens(8, 0));
+    let mut booking = svc.booking(ReservationId(1)).unwrap().clone();
+    assert_eq!(
+        svc.apply_peer_booking(BookingEvent::Reserved(booking.clone()), T0),
+        Err(BookingError::Duplicate(ReservationId(1)))
+    );
+    booking.id = ReservationId(2);
+    booking.worker = WorkerId(99);
+    assert_eq!(
+        svc.apply_peer_booking(BookingEvent::Reserved(booking.clone()), T0),
+        Err(BookingError::UnknownWorker(WorkerId(99)))
+    );
+    assert_eq!(svc.apply_peer_booking(BookingEvent::Freed(ReservationId(2)), T0), Err(BookingError::NotFound(ReservationId(2))));
+    booking.worker = mine.worker;
+    svc.apply_peer_booking(BookingEvent::Reserved(booking), T0).unwrap();
+    assert_eq!(svc.active_reservations(), 2);
+    svc.apply_peer_booking(BookingEvent::Freed(ReservationId(2)), T0).unwrap();
+    assert_eq!(svc.active_reservations(), 1);
+}
