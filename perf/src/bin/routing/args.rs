@@ -25,7 +25,10 @@ pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
   --policies LIST       of random, round-robin, least-loaded, approx-prefix, llm-d-precise,
                         sglang-cache-aware, kvpick, kvpick-dynamo, kvpick-dynamo-tuned,
                         kvpick-skewed-priors, oracle (default: all of these), and with --pd
-                        kvpick-pd, llm-d-pd, random-pd
+                        kvpick-pd, llm-d-pd, random-pd; kvpick-x2, kvpick-x4: kvpick as 2 or 4
+                        replicas behind a round-robin gateway, sharing bookings, and
+                        kvpick-x2-unshared, kvpick-x4-unshared: the same without sharing
+  --peer-delay-ms F     the kvpick-x2/x4 replicas' booking changes reach their peers this late (default 1)
   --prefill-load-scale F  kvpick-dynamo's and the oracle's prefill_load_scale (default 1, Dynamo's default)
   --pd P+D              a disaggregated fleet: P prefill engines, then D decode engines (e.g. 2+6); the
                         policies default to kvpick (aggregated, on all P+D engines), kvpick-pd, llm-d-pd
@@ -72,6 +75,11 @@ pub enum PolicyName {
     LlmdPd,
     /// Every request split, both engines at random.
     RandomPd,
+    /// kvpick as replicas behind a round-robin gateway (`replicas.rs`).
+    KvpickX2,
+    KvpickX2Unshared,
+    KvpickX4,
+    KvpickX4Unshared,
 }
 
 impl PolicyName {
@@ -81,8 +89,8 @@ impl PolicyName {
 
     /// Every name `--policies` knows: the aggregated ones, then the
     /// disaggregated fleets' own.
-    pub const ALL: [PolicyName; 14] = {
-        let mut all = [PolicyName::Random; 14];
+    pub const ALL: [PolicyName; 18] = {
+        let mut all = [PolicyName::Random; 18];
         let mut i = 0;
         while i < Self::AGGREGATED.len() {
             all[i] = Self::AGGREGATED[i];
@@ -91,8 +99,18 @@ impl PolicyName {
         all[11] = PolicyName::KvpickPd;
         all[12] = PolicyName::LlmdPd;
         all[13] = PolicyName::RandomPd;
+        let mut j = 0;
+        while j < Self::REPLICAS.len() {
+            all[14 + j] = Self::REPLICAS[j];
+            j += 1;
+        }
         all
     };
+
+    /// kvpick as 2 and 4 replicas behind a round-robin gateway, sharing
+    /// bookings and not (`--policies` only; compare with `kvpick`).
+    pub const REPLICAS: [PolicyName; 4] =
+        [PolicyName::KvpickX2, PolicyName::KvpickX2Unshared, PolicyName::KvpickX4, PolicyName::KvpickX4Unshared];
 
     /// The policies of an aggregated fleet's run by default.
     pub const AGGREGATED: [PolicyName; 11] = [
@@ -125,6 +143,10 @@ impl PolicyName {
             PolicyName::KvpickPd => "kvpick-pd",
             PolicyName::LlmdPd => "llm-d-pd",
             PolicyName::RandomPd => "random-pd",
+            PolicyName::KvpickX2 => "kvpick-x2",
+            PolicyName::KvpickX2Unshared => "kvpick-x2-unshared",
+            PolicyName::KvpickX4 => "kvpick-x4",
+            PolicyName::KvpickX4Unshared => "kvpick-x4-unshared",
         }
     }
 
@@ -191,6 +213,8 @@ pub struct Args {
     pub clients: usize,
     /// How long KV events take from an engine to the router.
     pub event_delay_ms: f64,
+    /// How long a replica's booking change takes to reach its peers.
+    pub peer_delay_ms: f64,
     /// A disaggregated fleet's roles.
     pub pd: Option<super::pd::Roles>,
     pub pd_threshold_tokens: u32,
@@ -223,6 +247,7 @@ impl Default for Args {
             tpot_target_ms: None,
             clients: 0,
             event_delay_ms: 1.0,
+            peer_delay_ms: 1.0,
             pd: None,
             pd_threshold_tokens: kvpick_router::DisaggConfig::default().threshold_tokens,
             pd_compare_ttft: kvpick_router::DisaggConfig::default().compare_ttft,
@@ -300,6 +325,7 @@ impl Args {
                 "--tpot-target-ms" => out.tpot_target_ms = Some(positive(name, &value()?)?),
                 "--clients" => out.clients = count(name, &value()?)?,
                 "--event-delay-ms" => out.event_delay_ms = non_negative(name, &value()?)?,
+                "--peer-delay-ms" => out.peer_delay_ms = non_negative(name, &value()?)?,
                 "--prefill-load-scale" => out.prefill_load_scale = positive(name, &value()?)?,
                 "--workloads" => out.workloads = list(name, &value()?, &WorkloadName::ALL, |w| w.as_str())?,
                 "--policies" => {

@@ -42,6 +42,7 @@ mod llmd_precise;
 mod oracle;
 mod pd;
 mod plots;
+mod replicas;
 mod sglang_cache_aware;
 mod summary;
 mod sweep;
@@ -153,6 +154,14 @@ pub fn policy(name: PolicyName, fleet: &FleetConfig, requests: usize, args: &Arg
         }
         PolicyName::Oracle => {
             Box::new(oracle::Oracle::new(n, requests, fleet.engine.block_size, prefill_load_scale, seed))
+        }
+        PolicyName::KvpickX2 | PolicyName::KvpickX2Unshared | PolicyName::KvpickX4 | PolicyName::KvpickX4Unshared => {
+            let count = if matches!(name, PolicyName::KvpickX2 | PolicyName::KvpickX2Unshared) { 2 } else { 4 };
+            let share = matches!(name, PolicyName::KvpickX2 | PolicyName::KvpickX4);
+            let cost = CostModel::Latency(latency_rates(fleet));
+            let cfg = kvpick_policy::router_config(prefill_load_scale, cost, tpot_target, seed);
+            let delay_ns = (args.peer_delay_ms * 1e6) as u64;
+            Box::new(replicas::KvpickReplicas::new(count, share, delay_ns, n, &fleet.engine, cfg))
         }
         PolicyName::KvpickPd | PolicyName::LlmdPd | PolicyName::RandomPd => {
             // `Args::parse` refuses these without `--pd`.

@@ -151,3 +151,28 @@ fn disaggregated_fleets_split_prefill_and_decode_by_role() {
     assert_eq!(records(&result), records(&again), "deterministic");
     assert!(Args::parse(["--policies", "kvpick-pd"].map(String::from)).is_err(), "P/D policies need --pd");
 }
+
+#[test]
+fn replicas_share_every_booking_change_and_unshared_ones_none() {
+    let policies = PolicyName::REPLICAS.to_vec();
+    let args = Args { policies, ..small_args() };
+    let fleet = fleet(&args);
+    let w = synthetic(Shape::Chat, args.requests, fleet.engines, &fleet.engine, args.load, args.seed);
+    let result = run_workload(w, &args, &fleet);
+    for (name, run, summary) in &result.runs {
+        assert_eq!(summary.completed, run.records.len(), "{name:?} lost requests");
+        let note = run.notes.iter().find(|n| n.starts_with("kvpick ×")).expect("the replicas' note");
+        assert!(!note.contains("refused"), "{name:?}: {note}");
+        let changes: u64 = note.split(": ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()).unwrap();
+        let shared = matches!(name, PolicyName::KvpickX2 | PolicyName::KvpickX4);
+        let peers = if matches!(name, PolicyName::KvpickX2 | PolicyName::KvpickX2Unshared) { 1 } else { 3 };
+        // Shared: every request's reserve, prefill end and free reaches
+        // every peer (the last few may still be on the wire at the end).
+        if shared {
+            let every = 3 * run.records.len() as u64 * peers;
+            assert!(changes <= every && changes + 3 * 4 * peers >= every, "{name:?}: {changes} of {every}");
+        } else {
+            assert_eq!(changes, 0, "{name:?}");
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! kvpick as several replicas behind one gateway, which spreads requests
+//! over them round-robin. Each replica is a whole kvpick (its own
+//! `SelectionService`, configured as `kvpick serve` is by default)
+//! subscribed to every engine's KV events. Shared, each replica publishes
+//! its booking changes (core's `replica::Outbox`) and applies every peer's
+//! (`replica::Inbox`) after a network delay; unshared, each books only the
+//! requests that reach it, so all of them think the fleet idler than it is:
+//! the herding sharing prevents.
+
+use std::collections::{HashMap, VecDeque};
+
+use kvpick_core::replica::{Batch, Inbox, InboxConfig, Incarnation, Outbox, ReplicaId};
+use kvpick_core::{
+    Admission, BookingEvent, HashSeed, ReservationId, RouterConfig, SelectRequest, SelectionService, WorkerId,
+};
+use kvpick_perf::sim::{CacheEvent, EngineConfig};
+
+use super::fleet::{Arrival, FleetView, Policy};
+use super::kvpick_policy::{kv_event, millis, selection_service};
+
+struct Replica {
+    svc: SelectionService,
+    outbox: Outbox,
+    /// One per origin replica (its own is never fed).
+    inboxes: Vec<Inbox>,
+}
+
+pub struct KvpickReplicas {
+    replicas: Vec<Replica>,
+    engines: usize,
+    share: bool,
+    delay_ns: u64,
+    /// Batches on their way: (delivery time, to, batch), in delivery order
+    /// (every batch takes the same delay).
+    wire: VecDeque<(u64, usize, Batch)>,
+    next: usize,
+    /// Per routed request: the replica that picked it, its worker, the
+    /// TTFT the priors predicted and when it was picked.
+    picked: HashMap<usize, (usize, WorkerId, Option<f64>, u64)>,
+    peer_changes: u64,
+    peer_errors: u64,
+    first_peer_error: Option<String>,
+}
+
+impl KvpickReplicas {
+    pub fn new(replicas: usize, share: bool, delay_ns: u64, engines: usize, engine: &EngineConfig, cfg: RouterConfig) -> Self {
+        let replicas = (0..replicas)
+            .map(|r| Replica {
+                svc: selection_service(RouterConfig { seed: cfg.seed.wrapping_add(r as u64), ..cfg.clone() }, engine, 0..engines),
+                outbox: Outbox::new(ReplicaId(r as u64 + 1), Incarnation(1)),
+                inboxes: (0..replicas).map(|o| Inbox::new(ReplicaId(o as u64 + 1), InboxConfig::default())).collect(),
+            })
+            .collect();
+        KvpickReplicas {
+            replicas,
+            engines,
+            share,
+            delay_ns,
+            wire: VecDeque::new(),
+            next: 0,
+            picked: HashMap::new(),
+            peer_changes: 0,
+            peer_errors: 0,
+            first_peer_error: None,
+        }
+    }
+
+    /// Records replica `r`'s own change and, shared, sends it to every peer.
+    fn publish(&mut self, r: usize, event: &BookingEvent, now_ns: u64) {
+        if !self.share {
+            return;
+        }
+        let replica = &mut self.replicas[r];
+        replica.outbox.record(event, millis(now_ns));
+        let Some(batch) = replica.outbox.take_batch() else { return };
+        for to in (0..self.replicas.len()).filter(|&to| to != r) {
+            self.wire.push_back((now_ns + self.delay_ns, to, batch.clone()));
+        }
+    }
+
+    /// Applies every batch due by `now_ns` at its replica.
+    fn deliver(&mut self, now_ns: u64) {
+        let engines = self.engines as u64;
+        while self.wire.front().is_some_and(|(at, _, _)| *at <= now_ns) {
+            let Some((at, to, batch)) = self.wire.pop_front() else { break };
+            let replica = &mut self.replicas[to];
+            let origin = (batch.origin.0 - 1) as usize;
+            let received = replica.inboxes[origin].receive(&batch, millis(at), |w| w.0 < engines);
+            let mut problems = Vec::new();
+            if let Some(from) = received.resync_from {
+                problems.push(format!("replica {to} lost replica {origin}'s events from {from} on a lossless link"));
+            }
+            for event in received.apply {
+                self.peer_changes += 1;
+                if let Err(e) = replica.svc.apply_peer_booking(event, millis(at)) {
+                    problems.push(format!("replica {to}: {e}"));
+                }
+            }
+            self.peer_errors += problems.len() as u64;
+            if let Some(first) = problems.into_iter().next() {
+                self.first_peer_error.get_or_insert(first);
+            }
+        }
+    }
+}
+
+impl Policy for KvpickReplicas {
+    fn route(&mut self, arrival: &Arrival<'_>, _: &FleetView<'_>) -> usize {
+        self.deliver(arrival.now_ns);
+        let r = self.next;
+        self.next = (self.next + 1) % self.replicas.len();
+        let svc = &mut self.replicas[r].svc;
+        let request = SelectRequest {
+            id: ReservationId(arrival.id as u64),
+            prompt: svc.prompt(arrival.tokens, HashSeed::default()),
+            model: None,
+            allowed: None,
+            priority: 0,
+            sticky: None,
+        };
+        let selection = match svc.select_and_reserve(request, millis(arrival.now_ns)) {
+            Ok(Admission::Reserved(selection)) => selection,
+            other => unreachable!("schedulable workers, fresh ids and no queue threshold always reserve: {other:?}"),
+        };
+        let booking = svc.booking(selection.id).expect("just reserved").clone();
+        self.picked.insert(arrival.id, (r, selection.worker, selection.predicted_ttft_ns, arrival.now_ns));
+        self.publish(r, &BookingEvent::Reserved(booking), arrival.now_ns);
+        selection.worker.0 as usize
+    }
+
+    fn on_events(&mut self, engine: usize, events: &[CacheEvent], now_ns: u64) {
+        self.deliver(now_ns);
+        for replica in &mut self.replicas {
+            for event in events {
+                // kvpick's own run (the `kvpick` policy) reports refusals;
+                // the replicas see the same events.
+                let _ = replica.svc.apply_kv_event(WorkerId(engine as u64), &kv_event(event));
+            }
+        }
+    }
+
+    fn on_first_token(&mut self, id: usize, now_ns: u64) {
+        self.deliver(now_ns);
+        let Some(&(r, worker, predicted, at)) = self.picked.get(&id) else { return };
+        let svc = &mut self.replicas[r].svc;
+        if let Some(predicted) = predicted {
+            let _ = svc.observe_ttft(worker, predicted, now_ns - at, millis(now_ns));
+        }
+        let id = ReservationId(id as u64);
+        if svc.prefill_complete(id, millis(now_ns)).is_ok() {
+            self.publish(r, &BookingEvent::PrefillComplete(id), now_ns);
+        }
+    }
+
+    fn on_finished(&mut self, id: usize, now_ns: u64) {
+        self.deliver(now_ns);
+        let Some((r, ..)) = self.picked.remove(&id) else { return };
+        let id = ReservationId(id as u64);
+        if self.replicas[r].svc.free_reservation(id, millis(now_ns)).is_ok() {
+            self.publish(r, &BookingEvent::Freed(id), now_ns);
+        }
+    }
+
+    fn notes(&self) -> Vec<String> {
+        let mut note = format!(
+            "kvpick ×{} ({}): {} peer booking changes applied",
+            self.replicas.len(),
+            if self.share { "shared" } else { "unshared" },
+            self.peer_changes
+        );
+        if let Some(first) = &self.first_peer_error {
+            note.push_str(&format!(", {} refused (first: {first})", self.peer_errors));
+        }
+        vec![note]
+    }
+}
+
