@@ -653,7 +653,10 @@ fn a_peer_cannot_book_twice_or_on_an_unknown_worker() {
         svc.apply_peer_booking(BookingEvent::Reserved(booking.clone()), T0),
         Err(BookingError::UnknownWorker(WorkerId(99)))
     );
-    assert_eq!(svc.apply_peer_booking(BookingEvent::Freed(ReservationId(2)), T0), Err(BookingError::NotFound(ReservationId(2))));
+    assert_eq!(
+        svc.apply_peer_booking(BookingEvent::Freed(ReservationId(2)), T0),
+        Err(BookingError::NotFound(ReservationId(2)))
+    );
     booking.worker = mine.worker;
     svc.apply_peer_booking(BookingEvent::Reserved(booking), T0).unwrap();
     assert_eq!(svc.active_reservations(), 2);

@@ -80,7 +80,8 @@ fn a_digest_and_a_resync_request_encode_to_the_bytes_the_schema_gives() {
         last_seq: 300,
         live: LiveDigest { live: 4, sum: 0xdead_beef },
     });
-    let body = [vec![0x09], le(1), vec![0x11], le(2), vec![0x18, 0xac, 0x02, 0x20, 0x04, 0x29], le(0xdead_beef)].concat();
+    let body =
+        [vec![0x09], le(1), vec![0x11], le(2), vec![0x18, 0xac, 0x02, 0x20, 0x04, 0x29], le(0xdead_beef)].concat();
     let bytes = [vec![0x1a, body.len() as u8], body].concat();
     assert_eq!(encode(&digest), bytes);
     assert_eq!(decode(&bytes, &Limits::default()), Ok(digest));
@@ -157,8 +158,12 @@ fn frames_no_replica_could_send_are_refused_with_their_reason() {
     let light = Limits { max_prefill_tokens: 39, ..limits };
     assert_eq!(refused(batch(), &light).kind(), "over_cap");
     let lone = Limits { max_bookings_per_snapshot: 0, ..limits };
-    let snapshot =
-        Frame::Snapshot(Snapshot { origin: ReplicaId(1), incarnation: Incarnation(1), last_seq: 0, bookings: vec![booking()] });
+    let snapshot = Frame::Snapshot(Snapshot {
+        origin: ReplicaId(1),
+        incarnation: Incarnation(1),
+        last_seq: 0,
+        bookings: vec![booking()],
+    });
     assert_eq!(refused(snapshot, &lone).kind(), "over_cap");
     let resync = Frame::Resync(ResyncRequest { origin: ReplicaId(1), incarnation: Incarnation(1), from_seq: 0 });
     assert_eq!(refused(resync, &limits).kind(), "bad_sequence");
@@ -190,8 +195,8 @@ fn the_hand_written_seed_frames_decode_and_replay_cleanly() {
         let mut rest = &data[..];
         while !rest.is_empty() {
             let len = usize::from(u16::from_le_bytes([rest[0], rest[1]]));
-            let frame = decode(&rest[2..2 + len], &Limits::default())
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let frame =
+                decode(&rest[2..2 + len], &Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             rest = &rest[2 + len..];
             let apply = match &frame {
                 Frame::Batch(batch) => inbox.receive(batch, Millis(1), known).apply,

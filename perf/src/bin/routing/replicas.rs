@@ -43,10 +43,21 @@ pub struct KvpickReplicas {
 }
 
 impl KvpickReplicas {
-    pub fn new(replicas: usize, share: bool, delay_ns: u64, engines: usize, engine: &EngineConfig, cfg: RouterConfig) -> Self {
+    pub fn new(
+        replicas: usize,
+        share: bool,
+        delay_ns: u64,
+        engines: usize,
+        engine: &EngineConfig,
+        cfg: RouterConfig,
+    ) -> Self {
         let replicas = (0..replicas)
             .map(|r| Replica {
-                svc: selection_service(RouterConfig { seed: cfg.seed.wrapping_add(r as u64), ..cfg.clone() }, engine, 0..engines),
+                svc: selection_service(
+                    RouterConfig { seed: cfg.seed.wrapping_add(r as u64), ..cfg.clone() },
+                    engine,
+                    0..engines,
+                ),
                 outbox: Outbox::new(ReplicaId(r as u64 + 1), Incarnation(1)),
                 inboxes: (0..replicas).map(|o| Inbox::new(ReplicaId(o as u64 + 1), InboxConfig::default())).collect(),
             })
@@ -174,4 +185,3 @@ impl Policy for KvpickReplicas {
         vec![note]
     }
 }
-

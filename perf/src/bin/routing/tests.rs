@@ -163,7 +163,8 @@ fn replicas_share_every_booking_change_and_unshared_ones_none() {
         assert_eq!(summary.completed, run.records.len(), "{name:?} lost requests");
         let note = run.notes.iter().find(|n| n.starts_with("kvpick ×")).expect("the replicas' note");
         assert!(!note.contains("refused"), "{name:?}: {note}");
-        let changes: u64 = note.split(": ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()).unwrap();
+        let changes: u64 =
+            note.split(": ").nth(1).and_then(|t| t.split(' ').next()).and_then(|n| n.parse().ok()).unwrap();
         let shared = matches!(name, PolicyName::KvpickX2 | PolicyName::KvpickX4);
         let peers = if matches!(name, PolicyName::KvpickX2 | PolicyName::KvpickX2Unshared) { 1 } else { 3 };
         // Shared: every request's reserve, prefill end and free reaches
