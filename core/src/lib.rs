@@ -46,6 +46,6 @@ pub use index::{EventError, KvIndex};
 pub use pick::{Decision, PickPolicy};
 pub use prompt::Prompt;
 pub use request::{Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError};
-pub use service::SelectionService;
+pub use service::{Expired, SelectionService};
 pub use shard::{BookingError, LoadSnapshot, Shard};
 pub use worker::{EndpointFilter, Lifecycle, WorkerId, WorkerSpec};

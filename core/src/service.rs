@@ -17,6 +17,7 @@ use crate::hashing::HashSeed;
 use crate::index::{Applied, EventError, max_entries_per_shard};
 use crate::pick::{Decision, PickPolicy};
 use crate::prompt::Prompt;
+use crate::replica::ReplicaId;
 use crate::request::{Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError};
 use crate::shard::{BookingError, CandidateQuery, LoadSnapshot, Shard, ShardStats};
 use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
@@ -30,6 +31,18 @@ pub struct SelectionService {
     rng: fastrand::Rng,
     candidates: Vec<Candidate>,
     costs: Vec<f64>,
+    /// Bookings applied for peer replicas, and whose: only that origin may
+    /// change them, and this replica's own calls may not.
+    peer_owned: std::collections::HashMap<ReservationId, ReplicaId>,
+}
+
+/// Bookings whose lease ran out at a `tick`, this replica's own (its
+/// `Outbox` records them as freed) and its peers' (their `Inbox` is told
+/// its shards let them go: `Inbox::not_applied`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Expired {
+    pub own: Vec<ReservationId>,
+    pub peers: Vec<(ReplicaId, ReservationId)>,
 }
 
 impl SelectionService {
@@ -46,6 +59,15 @@ impl SelectionService {
             directory: Directory::new(shards),
             candidates: Vec::new(),
             costs: Vec::new(),
+            peer_owned: std::collections::HashMap::new(),
+        }
+    }
+
+    /// The shard holding this replica's own booking `id`.
+    fn own_booking(&self, id: ReservationId) -> Result<usize, BookingError> {
+        match self.ledger.owner(id) {
+            Some(shard) if !self.peer_owned.contains_key(&id) => Ok(shard),
+            _ => Err(BookingError::NotFound(id)),
         }
     }
 
@@ -105,13 +127,15 @@ impl SelectionService {
         Ok(())
     }
 
-    /// Removes a worker; its bookings are dropped and returned.
+    /// Removes a worker; its bookings are dropped and returned (peers'
+    /// too: tell their `Inbox` with `not_applied`).
     pub fn delete_worker(&mut self, id: WorkerId) -> Result<Vec<ReservationId>, WorkerError> {
         let shard = self.directory.remove(id).ok_or(WorkerError::NotFound(id))?;
         let freed = self.shards[shard].delete_worker(id).unwrap_or_default();
         self.calibration.forget(id);
         for r in &freed {
             self.ledger.release(*r);
+            self.peer_owned.remove(r);
         }
         Ok(freed)
     }
@@ -185,7 +209,7 @@ impl SelectionService {
     /// The request's prefill is done: its prompt tokens stop counting as
     /// prefill load (its blocks stay booked until freed). Idempotent.
     pub fn prefill_complete(&mut self, id: ReservationId, now: Millis) -> Result<(), BookingError> {
-        let shard = self.ledger.owner(id).ok_or(BookingError::NotFound(id))?;
+        let shard = self.own_booking(id)?;
         self.shards[shard].apply_booking(BookingEvent::PrefillComplete(id))?;
         self.admit_waiting(now);
         Ok(())
@@ -202,7 +226,7 @@ impl SelectionService {
         to: std::net::SocketAddr,
         now: Millis,
     ) -> Result<Option<WorkerId>, BookingError> {
-        let from = self.ledger.owner(id).ok_or(BookingError::NotFound(id))?;
+        let from = self.own_booking(id)?;
         let worker = self.directory.worker_at(to).ok_or(BookingError::UnknownEndpoint(to))?;
         let target = self.directory.shard_of(worker).expect("the directory places every worker it knows");
         if self.shards[from].booked_worker(id) == Some(worker) {
@@ -223,7 +247,7 @@ impl SelectionService {
     /// The request is still answering: its lease ends a full lease from
     /// `now` (a stream longer than the lease keeps its booking).
     pub fn renew_lease(&mut self, id: ReservationId, now: Millis) -> Result<(), BookingError> {
-        let shard = self.ledger.owner(id).ok_or(BookingError::NotFound(id))?;
+        let shard = self.own_booking(id)?;
         let lease_until = now.after(self.policy.config().lease);
         self.shards[shard].apply_booking(BookingEvent::Renewed { id, lease_until })
     }
@@ -234,43 +258,50 @@ impl SelectionService {
         if self.ledger.withdraw(id) {
             return Ok(());
         }
+        self.own_booking(id)?;
         let shard = self.ledger.release(id).ok_or(BookingError::NotFound(id))?;
         self.shards[shard].apply_booking(BookingEvent::Freed(id))?;
         self.admit_waiting(now);
         Ok(())
     }
 
-    /// Applies a booking change another replica made (as its `Inbox`
+    /// Applies a booking change replica `origin` made (as its `Inbox`
     /// hands it over), so this replica's picks count the load it booked.
     /// A `Reserved` goes to its worker's shard; the rest to the shard that
-    /// holds the booking. Freeing or finishing a prefill admits what waits.
-    pub fn apply_peer_booking(&mut self, event: BookingEvent, now: Millis) -> Result<(), BookingError> {
+    /// holds the booking, and only if `origin` booked it. Freeing or
+    /// finishing a prefill admits what waits. A refused `Reserved` should
+    /// be told to the inbox (`Inbox::not_applied`).
+    pub fn apply_peer_booking(
+        &mut self,
+        origin: ReplicaId,
+        event: BookingEvent,
+        now: Millis,
+    ) -> Result<(), BookingError> {
         let id = event.id();
-        match event {
-            BookingEvent::Reserved(booking) => {
-                let shard =
-                    self.directory.shard_of(booking.worker).ok_or(BookingError::UnknownWorker(booking.worker))?;
-                // Also refused: an id this replica queued (ids are unique
-                // across replicas, so that is a peer's defect).
-                self.ledger.check_new(id).map_err(|_| BookingError::Duplicate(id))?;
-                self.ledger.claim(id, shard).map_err(|_| BookingError::Duplicate(id))?;
-                self.shards[shard].apply_booking(BookingEvent::Reserved(booking)).inspect_err(|_| {
-                    self.ledger.release(id);
-                })
+        if let BookingEvent::Reserved(booking) = event {
+            let shard = self.directory.shard_of(booking.worker).ok_or(BookingError::UnknownWorker(booking.worker))?;
+            // Also refused: an id this replica queued (ids are unique
+            // across replicas, so that is a peer's defect).
+            self.ledger.check_new(id).map_err(|_| BookingError::Duplicate(id))?;
+            self.ledger.claim(id, shard).map_err(|_| BookingError::Duplicate(id))?;
+            if let Err(e) = self.shards[shard].apply_booking(BookingEvent::Reserved(booking)) {
+                self.ledger.release(id);
+                return Err(e);
             }
-            BookingEvent::Freed(_) => {
-                let shard = self.ledger.release(id).ok_or(BookingError::NotFound(id))?;
-                self.shards[shard].apply_booking(event)?;
-                self.admit_waiting(now);
-                Ok(())
-            }
-            BookingEvent::PrefillComplete(_) | BookingEvent::Renewed { .. } => {
-                let shard = self.ledger.owner(id).ok_or(BookingError::NotFound(id))?;
-                self.shards[shard].apply_booking(event)?;
-                self.admit_waiting(now);
-                Ok(())
-            }
+            self.peer_owned.insert(id, origin);
+            return Ok(());
         }
+        if self.peer_owned.get(&id) != Some(&origin) {
+            return Err(BookingError::NotFound(id));
+        }
+        let shard = self.ledger.owner(id).ok_or(BookingError::NotFound(id))?;
+        if matches!(event, BookingEvent::Freed(_)) {
+            self.ledger.release(id);
+            self.peer_owned.remove(&id);
+        }
+        self.shards[shard].apply_booking(event)?;
+        self.admit_waiting(now);
+        Ok(())
     }
 
     /// A measured time to first token on `worker`, from booking to the
@@ -306,20 +337,26 @@ impl SelectionService {
     }
 
     /// Expires leases, stale calibration and queue deadlines up to `now`,
-    /// then admits what fits.
-    pub fn tick(&mut self, now: Millis) {
+    /// then admits what fits; returns the bookings whose lease ran out.
+    pub fn tick(&mut self, now: Millis) -> Expired {
         for (worker, speed) in self.calibration.expire(now) {
             self.set_speed(worker, speed);
         }
+        let mut expired = Expired::default();
         for shard in &mut self.shards {
             for id in shard.expire(now) {
                 self.ledger.release(id);
+                match self.peer_owned.remove(&id) {
+                    Some(origin) => expired.peers.push((origin, id)),
+                    None => expired.own.push(id),
+                }
             }
         }
         for refused in self.ledger.expire_waiting(now) {
             self.ledger.keep(refused);
         }
         self.admit_waiting(now);
+        expired
     }
 
     /// Outcomes of queued requests since the last call.

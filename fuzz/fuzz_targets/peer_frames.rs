@@ -6,9 +6,13 @@
 //! encodes back to bytes that decode to the same frame; the changes the
 //! inbox hands the shards apply each booking change exactly once (never a
 //! booking twice, never a change to one that is not live) and only on
-//! workers this replica knows; forgetting the origin frees everything.
+//! workers this replica knows; an accepted snapshot leaves the shards
+//! holding exactly its bookings on known workers; forgetting the origin
+//! frees everything.
 
 #![no_main]
+
+use std::collections::HashMap;
 
 use kvpick_core::clock::Millis;
 use kvpick_core::replica::{ExactlyOnce, Inbox, InboxConfig, ReplicaId};
@@ -41,13 +45,11 @@ fuzz_target!(|data: &[u8]| {
         now = Millis(now.0 + 7);
         let Ok(frame) = decode(bytes, &limits) else { continue };
         assert_eq!(decode(&encode(&frame), &limits).as_ref(), Ok(&frame), "re-encoding changed the frame");
+        let resyncs_before = inbox.stats().resyncs;
         let apply = match &frame {
             Frame::Batch(batch) => inbox.receive(batch, now, known).apply,
             Frame::Snapshot(snapshot) => inbox.resync(snapshot, now, known),
-            Frame::Digest(digest) => {
-                inbox.check(digest);
-                Vec::new()
-            }
+            Frame::Digest(digest) => inbox.check(digest).apply,
             Frame::Resync(_) => Vec::new(),
         };
         if let Err(defect) = shards.apply(&apply) {
@@ -55,6 +57,17 @@ fuzz_target!(|data: &[u8]| {
         }
         assert!(shards.live.values().all(|(worker, _)| known(*worker)), "a stranger was booked");
         assert!(shards.live.len() <= inbox.live());
+        let accepted = inbox.stats().resyncs > resyncs_before;
+        if let (Frame::Snapshot(snapshot), true) = (&frame, accepted) {
+            // An accepted snapshot leaves the shards holding exactly its
+            // bookings on known workers (of a repeated id, the last).
+            let mut wanted = HashMap::new();
+            for booking in &snapshot.bookings {
+                wanted.insert(booking.id, (booking.worker, booking.prefill_done));
+            }
+            wanted.retain(|_, (worker, _)| known(*worker));
+            assert_eq!(shards.live, wanted, "the shards differ from the snapshot just applied");
+        }
     }
     shards.apply(&inbox.forget()).expect("forgetting frees what is live");
     assert!(shards.live.is_empty(), "forgetting the origin left {:?}", shards.live);

@@ -12,14 +12,19 @@ use crate::worker::WorkerId;
 use super::digest::LiveDigest;
 use super::{Batch, Digest, InboxConfig, Incarnation, PeerBooking, PeerEvent, ReplicaId, Snapshot};
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Mirrored {
-    worker: WorkerId,
-    prefill_done: bool,
-    /// Applied to this replica's shards. A booking on a worker this
-    /// replica does not know is mirrored (the origin's digest counts it)
-    /// but never applied: a peer cannot put load on a stranger.
+    /// As the origin last described it (`prefill_done` kept current).
+    booking: PeerBooking,
+    /// Held by this replica's shards. A booking on a worker this replica
+    /// does not know is mirrored (the origin's digest counts it) but not
+    /// applied: a peer cannot put load on a stranger. Nor is one the shards
+    /// let go of (its lease ran out here, its worker was deleted, the
+    /// service refused it) until the origin renews it or the worker is
+    /// known again (`retry_unapplied`).
     applied: bool,
+    /// Where its lease ends on this replica's clock.
+    lease_until: Millis,
 }
 
 /// Counts of what an origin's stream held, for metrics.
@@ -151,6 +156,11 @@ impl Inbox {
         in_pool: impl Fn(WorkerId) -> bool,
     ) -> Vec<BookingEvent> {
         let mut apply = Vec::new();
+        if snapshot.last_seq == u64::MAX {
+            // Nothing could follow it.
+            self.stats.invalid_frames += 1;
+            return apply;
+        }
         if snapshot.origin != self.origin || !self.meet(snapshot.incarnation, &mut apply) {
             self.stats.stale_frames += 1;
             return apply;
@@ -166,10 +176,16 @@ impl Inbox {
                 self.stats.duplicate_ids += 1;
             }
         }
+        // Gone, or changed in a way no event could have changed it (another
+        // worker, prefill undone): freed, and booked again below.
         let gone: Vec<ReservationId> = self
             .mirror
             .iter()
-            .filter(|(id, held)| wanted.get(id).is_none_or(|b| b.worker != held.worker))
+            .filter(|(id, held)| {
+                wanted
+                    .get(id)
+                    .is_none_or(|b| b.worker != held.booking.worker || (held.booking.prefill_done && !b.prefill_done))
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
@@ -179,20 +195,14 @@ impl Inbox {
             if wanted.get(&booking.id).is_some_and(|b| !std::ptr::eq(*b, booking)) {
                 continue; // a repeated id: the last one stands
             }
-            match self.mirror.get(&booking.id).copied() {
-                None => self.reserve(booking, now, &in_pool, &mut apply),
-                Some(held) if !held.applied && in_pool(held.worker) => {
-                    // Its worker joined this replica's pool since.
-                    self.forget_one(booking.id);
-                    self.reserve(booking, now, &in_pool, &mut apply);
-                }
-                Some(_) => {
-                    if booking.prefill_done {
-                        self.complete_prefill(booking.id, &mut apply);
-                    }
-                    self.renew(booking.id, booking.lease_left_ms, now, &mut apply);
-                }
+            if !self.mirror.contains_key(&booking.id) {
+                self.reserve(booking, now, &in_pool, &mut apply);
+                continue;
             }
+            if booking.prefill_done {
+                self.complete_prefill(booking.id, &mut apply);
+            }
+            self.renew(booking.id, booking.lease_left_ms, now, &in_pool, &mut apply);
         }
         self.last_seq = snapshot.last_seq;
         self.resyncing = false;
@@ -200,22 +210,57 @@ impl Inbox {
         apply
     }
 
-    /// Compares the origin's digest with the mirror; on a mismatch (or
-    /// when the digest shows events this replica never got) returns the
-    /// number to resync from.
-    pub fn check(&mut self, digest: &Digest) -> Option<u64> {
-        if digest.origin != self.origin || self.resyncing || Some(digest.incarnation) != self.incarnation {
-            return None;
+    /// Compares the origin's digest with the mirror. A mismatch, a digest
+    /// showing events this replica never got, or one of a newer
+    /// incarnation (the origin restarted and its first events were lost)
+    /// asks for a snapshot.
+    pub fn check(&mut self, digest: &Digest) -> Received {
+        let mut out = Received::default();
+        if digest.origin != self.origin || !self.meet(digest.incarnation, &mut out.apply) {
+            return out;
+        }
+        if self.resyncing || digest.last_seq < self.last_seq {
+            return out;
         }
         if digest.last_seq > self.last_seq {
             // The stream's tail was lost and nothing came after it.
-            return Some(self.start_resync());
+            out.resync_from = Some(self.start_resync());
+        } else if digest.live != self.digest {
+            self.stats.digest_mismatches += 1;
+            out.resync_from = Some(self.start_resync());
         }
-        if digest.last_seq < self.last_seq || digest.live == self.digest {
-            return None;
+        out
+    }
+
+    /// This replica's shards no longer hold `id` (its lease ran out here,
+    /// its worker was deleted, or the service refused it): it is applied
+    /// again when the origin renews it or `retry_unapplied` finds it
+    /// applicable. False if `id` is not this origin's.
+    pub fn not_applied(&mut self, id: ReservationId) -> bool {
+        match self.mirror.get_mut(&id) {
+            Some(held) => {
+                held.applied = false;
+                true
+            }
+            None => false,
         }
-        self.stats.digest_mismatches += 1;
-        Some(self.start_resync())
+    }
+
+    /// Applies the mirrored bookings not held here whose worker `in_pool`
+    /// now knows (call it when workers join).
+    pub fn retry_unapplied(&mut self, now: Millis, in_pool: impl Fn(WorkerId) -> bool) -> Vec<BookingEvent> {
+        let mut apply = Vec::new();
+        let mut waiting: Vec<ReservationId> = self
+            .mirror
+            .iter()
+            .filter(|(_, held)| !held.applied && held.lease_until > now && in_pool(held.booking.worker))
+            .map(|(id, _)| *id)
+            .collect();
+        waiting.sort_unstable();
+        for id in waiting {
+            self.apply_held(id, &mut apply);
+        }
+        apply
     }
 
     /// The origin is gone (past the grace period): frees all it booked.
@@ -270,7 +315,7 @@ impl Inbox {
             PeerEvent::Reserved(booking) if self.mirror.contains_key(&booking.id) => self.stats.duplicate_ids += 1,
             PeerEvent::Reserved(booking) => self.reserve(booking, now, in_pool, apply),
             PeerEvent::PrefillComplete(id) => self.complete_prefill(*id, apply),
-            PeerEvent::Renewed { id, lease_left_ms } => self.renew(*id, *lease_left_ms, now, apply),
+            PeerEvent::Renewed { id, lease_left_ms } => self.renew(*id, *lease_left_ms, now, in_pool, apply),
             PeerEvent::Freed(id) => self.free(*id, apply),
         }
     }
@@ -282,25 +327,33 @@ impl Inbox {
         in_pool: &impl Fn(WorkerId) -> bool,
         apply: &mut Vec<BookingEvent>,
     ) {
-        let applied = in_pool(booking.worker);
-        if applied {
-            apply.push(BookingEvent::Reserved(Booking {
-                id: booking.id,
-                worker: booking.worker,
-                seq_hashes: Arc::clone(&booking.seq_hashes),
-                unhashed_blocks: booking.unhashed_blocks,
-                prefill_tokens: booking.prefill_tokens,
-                lease_until: self.lease_until(booking.lease_left_ms, now),
-            }));
-            if booking.prefill_done {
-                apply.push(BookingEvent::PrefillComplete(booking.id));
-            }
+        self.digest.add(booking.id, booking.worker, booking.prefill_done);
+        let lease_until = self.lease_until(booking.lease_left_ms, now);
+        self.mirror.insert(booking.id, Mirrored { booking: booking.clone(), applied: false, lease_until });
+        if in_pool(booking.worker) {
+            self.apply_held(booking.id, apply);
         } else {
             self.stats.unknown_worker += 1;
         }
-        self.digest.add(booking.id, booking.worker, booking.prefill_done);
-        self.mirror
-            .insert(booking.id, Mirrored { worker: booking.worker, prefill_done: booking.prefill_done, applied });
+    }
+
+    /// Books a mirrored booking on this replica's shards.
+    fn apply_held(&mut self, id: ReservationId, apply: &mut Vec<BookingEvent>) {
+        let Some(held) = self.mirror.get_mut(&id) else { return };
+        let lease_until = held.lease_until;
+        let booking = &held.booking;
+        apply.push(BookingEvent::Reserved(Booking {
+            id,
+            worker: booking.worker,
+            seq_hashes: Arc::clone(&booking.seq_hashes),
+            unhashed_blocks: booking.unhashed_blocks,
+            prefill_tokens: booking.prefill_tokens,
+            lease_until,
+        }));
+        if booking.prefill_done {
+            apply.push(BookingEvent::PrefillComplete(id));
+        }
+        held.applied = true;
     }
 
     fn complete_prefill(&mut self, id: ReservationId, apply: &mut Vec<BookingEvent>) {
@@ -308,39 +361,49 @@ impl Inbox {
             self.stats.unknown_ids += 1;
             return;
         };
-        if held.prefill_done {
+        if held.booking.prefill_done {
             return;
         }
-        self.digest.remove(id, held.worker, false);
-        self.digest.add(id, held.worker, true);
-        held.prefill_done = true;
+        self.digest.remove(id, held.booking.worker, false);
+        self.digest.add(id, held.booking.worker, true);
+        held.booking.prefill_done = true;
         if held.applied {
             apply.push(BookingEvent::PrefillComplete(id));
         }
     }
 
-    fn renew(&mut self, id: ReservationId, lease_left_ms: u64, now: Millis, apply: &mut Vec<BookingEvent>) {
-        match self.mirror.get(&id) {
-            None => self.stats.unknown_ids += 1,
-            Some(held) if held.applied => {
-                apply.push(BookingEvent::Renewed { id, lease_until: self.lease_until(lease_left_ms, now) })
-            }
-            Some(_) => {}
+    /// A new lease for `id`: extended where it is held, booked again where
+    /// it was let go of and its worker is known.
+    fn renew(
+        &mut self,
+        id: ReservationId,
+        lease_left_ms: u64,
+        now: Millis,
+        in_pool: &impl Fn(WorkerId) -> bool,
+        apply: &mut Vec<BookingEvent>,
+    ) {
+        let lease_until = self.lease_until(lease_left_ms, now);
+        let Some(held) = self.mirror.get_mut(&id) else {
+            self.stats.unknown_ids += 1;
+            return;
+        };
+        held.lease_until = held.lease_until.max(lease_until);
+        if held.applied {
+            apply.push(BookingEvent::Renewed { id, lease_until });
+        } else if in_pool(held.booking.worker) {
+            self.apply_held(id, apply);
         }
     }
 
     fn free(&mut self, id: ReservationId, apply: &mut Vec<BookingEvent>) {
-        match self.forget_one(id) {
-            None => self.stats.unknown_ids += 1,
-            Some(held) if held.applied => apply.push(BookingEvent::Freed(id)),
-            Some(_) => {}
+        let Some(held) = self.mirror.remove(&id) else {
+            self.stats.unknown_ids += 1;
+            return;
+        };
+        self.digest.remove(id, held.booking.worker, held.booking.prefill_done);
+        if held.applied {
+            apply.push(BookingEvent::Freed(id));
         }
-    }
-
-    fn forget_one(&mut self, id: ReservationId) -> Option<Mirrored> {
-        let held = self.mirror.remove(&id)?;
-        self.digest.remove(id, held.worker, held.prefill_done);
-        Some(held)
     }
 
     fn lease_until(&self, lease_left_ms: u64, now: Millis) -> Millis {

@@ -73,7 +73,7 @@ fn an_ordered_stream_is_applied_once_and_frees_everything() {
     assert_eq!(received.resync_from, None);
     shards.apply(&received.apply);
     assert!(shards.matches(&outbox));
-    assert_eq!(inbox.check(&outbox.digest()), None);
+    assert_eq!(inbox.check(&outbox.digest()).resync_from, None);
 
     // The same batch again changes nothing.
     assert_eq!(inbox.receive(&batch, NOW, everyone), Received::default());
@@ -85,7 +85,7 @@ fn an_ordered_stream_is_applied_once_and_frees_everything() {
     shards.apply(&inbox.receive(&outbox.take_batch().expect("two frees"), NOW, everyone).apply);
     assert!(shards.is_empty());
     assert_eq!((inbox.live(), inbox.last_seq()), (0, 5));
-    assert_eq!(inbox.check(&outbox.digest()), None);
+    assert_eq!(inbox.check(&outbox.digest()).resync_from, None);
 }
 
 #[test]
@@ -179,7 +179,7 @@ fn a_new_incarnation_frees_what_the_old_one_booked_and_old_frames_are_stale() {
 
     assert_eq!(inbox.receive(&old_batch, NOW, everyone), Received::default());
     assert!(inbox.resync(&old.snapshot(NOW), NOW, everyone).is_empty());
-    assert_eq!(inbox.check(&old.digest()), None);
+    assert_eq!(inbox.check(&old.digest()).resync_from, None);
     assert_eq!(inbox.stats().stale_frames, 2);
     assert!(shards.matches(&new));
 }
@@ -208,10 +208,10 @@ fn digests_catch_a_lost_tail_and_a_diverged_mirror() {
     shards.apply(&inbox.receive(&outbox.take_batch().expect("one"), NOW, everyone).apply);
     outbox.record(&reserved(2, 7), NOW);
     outbox.take_batch(); // lost, and nothing follows it
-    assert_eq!(inbox.check(&outbox.digest()), Some(2));
+    assert_eq!(inbox.check(&outbox.digest()).resync_from, Some(2));
     shards.apply(&inbox.resync(&outbox.snapshot(NOW), NOW, everyone));
     assert!(shards.matches(&outbox));
-    assert_eq!(inbox.check(&outbox.digest()), None);
+    assert_eq!(inbox.check(&outbox.digest()).resync_from, None);
 
     // A frame that numbering cannot catch: event 3 with other content.
     let forged =
@@ -219,7 +219,7 @@ fn digests_catch_a_lost_tail_and_a_diverged_mirror() {
     shards.apply(&inbox.receive(&forged, NOW, everyone).apply);
     outbox.record(&BookingEvent::PrefillComplete(ReservationId(2)), NOW);
     outbox.take_batch();
-    assert_eq!(inbox.check(&outbox.digest()), Some(4));
+    assert_eq!(inbox.check(&outbox.digest()).resync_from, Some(4));
     assert_eq!(inbox.stats().digest_mismatches, 1);
     shards.apply(&inbox.resync(&outbox.snapshot(NOW), NOW, everyone));
     assert!(shards.matches(&outbox));
@@ -239,7 +239,7 @@ fn a_peer_cannot_book_workers_this_replica_does_not_know() {
     shards.apply(&received.apply);
     assert_eq!(inbox.stats().unknown_worker, 1);
     // Still mirrored, so the digests agree.
-    assert_eq!(inbox.check(&outbox.digest()), None);
+    assert_eq!(inbox.check(&outbox.digest()).resync_from, None);
 
     // The worker joins this replica's pool; a resync applies the booking.
     let apply = inbox.resync(&outbox.snapshot(NOW), NOW, everyone);
@@ -260,7 +260,7 @@ fn a_freed_stranger_booking_frees_nothing_here() {
     let received = inbox.receive(&outbox.take_batch().expect("two"), NOW, |_| false);
     assert!(received.apply.is_empty());
     assert_eq!(inbox.live(), 0);
-    assert_eq!(inbox.check(&outbox.digest()), None);
+    assert_eq!(inbox.check(&outbox.digest()).resync_from, None);
 }
 
 #[test]
@@ -385,8 +385,20 @@ fn a_lossy_link_converges_and_applies_every_change_once() {
                 wants_snapshot = false;
             }
             if rng.u8(0..10) == 0 {
-                wants_snapshot |= inbox.check(&outbox.digest()).is_some();
+                let received = inbox.check(&outbox.digest());
+                shards.apply(&received.apply);
+                wants_snapshot |= received.resync_from.is_some();
             }
+        }
+        if seed % 5 == 0 {
+            // The origin restarts at the very end and its first batch is
+            // lost: only the digest of its new incarnation can tell.
+            incarnation = Incarnation(incarnation.0 + 1);
+            outbox = Outbox::new(A, incarnation);
+            next_id += 1;
+            outbox.record(&reserved(next_id, 2), NOW);
+            outbox.take_batch();
+            in_flight.clear();
         }
         // Quiet: everything is delivered, then a digest settles the rest.
         in_flight.extend(outbox.take_batch());
@@ -395,10 +407,12 @@ fn a_lossy_link_converges_and_applies_every_change_once() {
             shards.apply(&received.apply);
             wants_snapshot |= received.resync_from.is_some();
         }
-        if wants_snapshot || inbox.check(&outbox.digest()).is_some() {
+        let received = inbox.check(&outbox.digest());
+        shards.apply(&received.apply);
+        if wants_snapshot || received.resync_from.is_some() {
             shards.apply(&inbox.resync(&outbox.snapshot(NOW), NOW, everyone));
         }
-        assert_eq!(inbox.check(&outbox.digest()), None, "seed {seed}");
+        assert_eq!(inbox.check(&outbox.digest()).resync_from, None, "seed {seed}");
         assert_eq!(inbox.awaiting_resync(), None, "seed {seed}");
         assert!(shards.matches(&outbox), "seed {seed}: {shards:?}");
         assert_eq!(inbox.live(), outbox.live(), "seed {seed}");
@@ -416,4 +430,97 @@ fn a_lossy_link_converges_and_applies_every_change_once() {
     assert!(seen.gaps > 100 && seen.resyncs > 100, "{seen:?}");
     assert!(seen.duplicate_events > 100 && seen.dropped_while_resyncing > 100, "{seen:?}");
     assert!(seen.stale_frames > 0 && seen.new_incarnations > 10, "{seen:?}");
+}
+
+#[test]
+fn a_digest_of_a_new_incarnation_frees_the_old_one_and_resyncs() {
+    let mut old = Outbox::new(A, FIRST);
+    let mut inbox = inbox();
+    let mut shards = Shards::default();
+    old.record(&reserved(1, 7), NOW);
+    shards.apply(&inbox.receive(&old.take_batch().expect("one"), NOW, everyone).apply);
+    let mut new = Outbox::new(A, Incarnation(FIRST.0 + 1));
+    new.record(&reserved(2, 7), NOW);
+    new.take_batch(); // lost
+    let received = inbox.check(&new.digest());
+    assert_eq!(received.apply, vec![BookingEvent::Freed(ReservationId(1))]);
+    assert_eq!(received.resync_from, Some(1));
+    shards.apply(&received.apply);
+    shards.apply(&inbox.resync(&new.snapshot(NOW), NOW, everyone));
+    assert!(shards.matches(&new));
+
+    // First contact through a digest works the same way.
+    let mut fresh = Inbox::new(A, InboxConfig::default());
+    assert_eq!(fresh.check(&new.digest()).resync_from, Some(1));
+}
+
+#[test]
+fn a_snapshot_that_undoes_a_prefill_books_again_and_converges() {
+    let mut outbox = Outbox::new(A, FIRST);
+    let mut inbox = inbox();
+    let mut shards = Shards::default();
+    outbox.record(&reserved(1, 7), NOW);
+    shards.apply(&inbox.receive(&outbox.take_batch().expect("one"), NOW, everyone).apply);
+    // A forged event 2 says prefill is over; the origin never said so.
+    let forged = Batch {
+        origin: A,
+        incarnation: FIRST,
+        first_seq: 2,
+        events: vec![PeerEvent::PrefillComplete(ReservationId(1))],
+    };
+    shards.apply(&inbox.receive(&forged, NOW, everyone).apply);
+    outbox
+        .record(&BookingEvent::Renewed { id: ReservationId(1), lease_until: NOW.after(Duration::from_secs(900)) }, NOW);
+    outbox.take_batch();
+    assert_eq!(inbox.check(&outbox.digest()).resync_from, Some(3));
+    shards.apply(&inbox.resync(&outbox.snapshot(NOW), NOW, everyone));
+    assert!(shards.matches(&outbox), "{shards:?}");
+    assert_eq!(inbox.check(&outbox.digest()).resync_from, None, "one snapshot is enough");
+}
+
+#[test]
+fn a_snapshot_nothing_could_follow_is_refused() {
+    let mut outbox = Outbox::new(A, FIRST);
+    let mut inbox = inbox();
+    outbox.record(&reserved(1, 7), NOW);
+    let snapshot = Snapshot { last_seq: u64::MAX, ..outbox.snapshot(NOW) };
+    assert!(inbox.resync(&snapshot, NOW, everyone).is_empty());
+    assert_eq!((inbox.stats().invalid_frames, inbox.live(), inbox.last_seq()), (1, 0, 0));
+}
+
+#[test]
+fn a_booking_let_go_of_here_is_booked_again_when_renewed_or_its_worker_joins() {
+    let mut outbox = Outbox::new(A, FIRST);
+    let mut inbox = inbox();
+    let mut shards = Shards::default();
+    let mut known = vec![WorkerId(7)];
+    outbox.record(&reserved(1, 7), NOW);
+    outbox.record(&reserved(2, 8), NOW);
+    shards.apply(&inbox.receive(&outbox.take_batch().expect("two"), NOW, |w| known.contains(&w)).apply);
+    assert_eq!(shards.0.live.keys().copied().collect::<Vec<_>>(), vec![ReservationId(1)]);
+
+    // Worker 8 joins: booking 2 is applied with the lease it had left.
+    known.push(WorkerId(8));
+    let later = Millis(NOW.0 + 1_000);
+    let apply = inbox.retry_unapplied(later, |w| known.contains(&w));
+    assert!(
+        matches!(&apply[..], [BookingEvent::Reserved(b)] if b.id == ReservationId(2) && b.lease_until == NOW.after(Duration::from_secs(300))),
+        "{apply:?}"
+    );
+    shards.apply(&apply);
+    assert!(shards.matches(&outbox));
+    assert!(inbox.retry_unapplied(later, |_| true).is_empty(), "nothing left to apply");
+
+    // Booking 1's lease runs out here (the shards free it): the origin's
+    // renewal books it again.
+    shards.apply(&[BookingEvent::Freed(ReservationId(1))]);
+    assert!(inbox.not_applied(ReservationId(1)));
+    assert!(!inbox.not_applied(ReservationId(99)));
+    outbox
+        .record(&BookingEvent::Renewed { id: ReservationId(1), lease_until: NOW.after(Duration::from_secs(900)) }, NOW);
+    let apply = inbox.receive(&outbox.take_batch().expect("one"), NOW, |w| known.contains(&w)).apply;
+    assert!(matches!(&apply[..], [BookingEvent::Reserved(b)] if b.id == ReservationId(1)), "{apply:?}");
+    shards.apply(&apply);
+    assert!(shards.matches(&outbox));
+    assert_eq!(inbox.check(&outbox.digest()).resync_from, None);
 }

@@ -615,7 +615,7 @@ fn a_peer_replicas_bookings_count_here_as_its_own_do() {
             let batch = outbox.take_batch().unwrap();
             let known: Vec<WorkerId> = b.worker_ids();
             for event in inbox.receive(&batch, T0, |w| known.contains(&w)).apply {
-                b.apply_peer_booking(event, T0).unwrap();
+                b.apply_peer_booking(ReplicaId(1), event, T0).unwrap();
             }
             assert_eq!(a.loads(), b.loads(), "{shards} shards");
         };
@@ -625,8 +625,10 @@ fn a_peer_replicas_bookings_count_here_as_its_own_do() {
         send(&a, &mut b, BookingEvent::Reserved(booking));
         assert_eq!(b.active_reservations(), 1);
         assert_eq!(b.booking(ReservationId(7)).map(|bk| bk.worker), Some(picked.worker));
-        // Without sharing, B would put the same request on the same idle
-        // worker; sharing, it avoids the one A loaded.
+        // Without sharing, a replica puts the next request on the worker A
+        // loaded (all look idle to it); sharing, B avoids it.
+        let mut unshared = service(3, shards, RouterConfig::default());
+        assert_eq!(reserve(&mut unshared, 8, &tokens(40, 1000)).worker, picked.worker);
         assert_ne!(reserve(&mut b, 8, &tokens(40, 1000)).worker, picked.worker);
         b.free_reservation(ReservationId(8), T0).unwrap();
 
@@ -639,27 +641,70 @@ fn a_peer_replicas_bookings_count_here_as_its_own_do() {
 }
 
 #[test]
-fn a_peer_cannot_book_twice_or_on_an_unknown_worker() {
+fn a_peer_cannot_book_twice_on_an_unknown_worker_or_touch_what_it_did_not_book() {
+    use crate::replica::ReplicaId;
+    let (a, b) = (ReplicaId(1), ReplicaId(2));
     let mut svc = service(2, 1, RouterConfig::default());
     let mine = reserve(&mut svc, 1, &tokens(8, 0));
     let mut booking = svc.booking(ReservationId(1)).unwrap().clone();
     assert_eq!(
-        svc.apply_peer_booking(BookingEvent::Reserved(booking.clone()), T0),
+        svc.apply_peer_booking(a, BookingEvent::Reserved(booking.clone()), T0),
         Err(BookingError::Duplicate(ReservationId(1)))
     );
+    // Refused, it gives the peer no hold on this replica's own booking.
+    for event in [
+        BookingEvent::PrefillComplete(ReservationId(1)),
+        BookingEvent::Renewed { id: ReservationId(1), lease_until: T0.after(Duration::from_secs(9_000)) },
+        BookingEvent::Freed(ReservationId(1)),
+    ] {
+        assert_eq!(svc.apply_peer_booking(a, event, T0), Err(BookingError::NotFound(ReservationId(1))));
+    }
+    assert_eq!(
+        svc.booking(ReservationId(1)).map(|bk| (bk.worker, bk.lease_until)),
+        Some((mine.worker, booking.lease_until))
+    );
+
     booking.id = ReservationId(2);
     booking.worker = WorkerId(99);
     assert_eq!(
-        svc.apply_peer_booking(BookingEvent::Reserved(booking.clone()), T0),
+        svc.apply_peer_booking(a, BookingEvent::Reserved(booking.clone()), T0),
         Err(BookingError::UnknownWorker(WorkerId(99)))
     );
     assert_eq!(
-        svc.apply_peer_booking(BookingEvent::Freed(ReservationId(2)), T0),
+        svc.apply_peer_booking(a, BookingEvent::Freed(ReservationId(2)), T0),
         Err(BookingError::NotFound(ReservationId(2)))
     );
     booking.worker = mine.worker;
-    svc.apply_peer_booking(BookingEvent::Reserved(booking), T0).unwrap();
+    svc.apply_peer_booking(a, BookingEvent::Reserved(booking), T0).unwrap();
     assert_eq!(svc.active_reservations(), 2);
-    svc.apply_peer_booking(BookingEvent::Freed(ReservationId(2)), T0).unwrap();
+    // Neither another peer nor this replica's own calls may change it.
+    assert_eq!(
+        svc.apply_peer_booking(b, BookingEvent::Freed(ReservationId(2)), T0),
+        Err(BookingError::NotFound(ReservationId(2)))
+    );
+    assert_eq!(svc.free_reservation(ReservationId(2), T0), Err(BookingError::NotFound(ReservationId(2))));
+    assert_eq!(svc.prefill_complete(ReservationId(2), T0), Err(BookingError::NotFound(ReservationId(2))));
+    assert_eq!(svc.renew_lease(ReservationId(2), T0), Err(BookingError::NotFound(ReservationId(2))));
+    svc.apply_peer_booking(a, BookingEvent::Freed(ReservationId(2)), T0).unwrap();
     assert_eq!(svc.active_reservations(), 1);
+}
+
+/// A tick tells this replica's own expired bookings (for its outbox) from
+/// its peers' (for their inboxes).
+#[test]
+fn a_tick_says_whose_leases_ran_out() {
+    use crate::replica::ReplicaId;
+    let cfg = RouterConfig { lease: Duration::from_secs(10), ..RouterConfig::default() };
+    let mut svc = service(2, 2, cfg);
+    reserve(&mut svc, 1, &tokens(8, 0));
+    let mut peer = svc.booking(ReservationId(1)).unwrap().clone();
+    peer.id = ReservationId(2);
+    peer.lease_until = T0.after(Duration::from_secs(5));
+    svc.apply_peer_booking(ReplicaId(3), BookingEvent::Reserved(peer), T0).unwrap();
+    assert_eq!(
+        svc.tick(T0.after(Duration::from_secs(6))),
+        Expired { own: vec![], peers: vec![(ReplicaId(3), ReservationId(2))] }
+    );
+    assert_eq!(svc.tick(T0.after(Duration::from_secs(11))), Expired { own: vec![ReservationId(1)], peers: vec![] });
+    assert_eq!(svc.active_reservations(), 0);
 }

@@ -125,6 +125,15 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Frame, FrameError> {
     if bytes.len() > limits.max_frame_bytes {
         return Err(FrameError::TooLarge { bytes: bytes.len(), max: limits.max_frame_bytes });
     }
+    // Decoded messages take up to ~40 times their wire size (an empty
+    // event is 2 bytes on the wire): count a batch's events and a
+    // snapshot's bookings before anything is allocated for them.
+    let (what, count, max) = match repeated_entries(bytes)? {
+        Some((BATCH, count)) => ("events of a batch", count, limits.max_events_per_batch),
+        Some((_, count)) => ("bookings of a snapshot", count, limits.max_bookings_per_snapshot),
+        None => ("", 0, 0),
+    };
+    cap(what, count, max)?;
     let frame = pb::PeerFrame::decode(bytes).map_err(|e| FrameError::Malformed(e.to_string()))?;
     match frame.body.ok_or(FrameError::NoBody)? {
         pb::peer_frame::Body::Batch(batch) => {
@@ -144,6 +153,10 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Frame, FrameError> {
         }
         pb::peer_frame::Body::Snapshot(snapshot) => {
             let (origin, incarnation) = replica(snapshot.origin, snapshot.incarnation)?;
+            if snapshot.last_seq == u64::MAX {
+                // Nothing could be numbered after it.
+                return Err(FrameError::BadSequence { first_seq: u64::MAX, events: 0 });
+            }
             cap("bookings of a snapshot", snapshot.bookings.len(), limits.max_bookings_per_snapshot)?;
             let bookings =
                 snapshot.bookings.into_iter().map(|b| booking_from_pb(b, limits)).collect::<Result<_, _>>()?;
@@ -162,6 +175,73 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Frame, FrameError> {
             Ok(Frame::Resync(ResyncRequest { origin, incarnation, from_seq: request.from_seq }))
         }
     }
+}
+
+/// `PeerFrame` fields holding a batch and a snapshot; in both, field 4 is
+/// the repeated one (events, bookings).
+const BATCH: u32 = 1;
+const SNAPSHOT: u32 = 2;
+const REPEATED: u32 = 4;
+
+/// For a batch or a snapshot frame: which, and how many entries its
+/// repeated field has (the last body wins, as protobuf merges them; a
+/// frame of several bodies is counted by its largest). Walks the wire
+/// format without decoding anything.
+fn repeated_entries(bytes: &[u8]) -> Result<Option<(u32, usize)>, FrameError> {
+    let mut found = None;
+    for field in fields(bytes) {
+        let (tag, body) = field?;
+        if let (BATCH | SNAPSHOT, Some(body)) = (tag, body) {
+            let mut count = 0usize;
+            for inner in fields(body) {
+                count += usize::from(inner?.0 == REPEATED);
+            }
+            found = Some(found.map_or((tag, count), |(_, most): (u32, usize)| (tag, most.max(count))));
+        }
+    }
+    Ok(found)
+}
+
+/// The fields of one message level: (field number, body if
+/// length-delimited).
+fn fields(mut bytes: &[u8]) -> impl Iterator<Item = Result<(u32, Option<&[u8]>), FrameError>> {
+    use prost::encoding::{WireType, decode_key, decode_varint};
+    let malformed = |e: prost::DecodeError| FrameError::Malformed(e.to_string());
+    std::iter::from_fn(move || {
+        if bytes.is_empty() {
+            return None;
+        }
+        let mut next = || -> Result<(u32, Option<&[u8]>), FrameError> {
+            let (tag, wire_type) = decode_key(&mut bytes).map_err(malformed)?;
+            let skip = match wire_type {
+                WireType::Varint => {
+                    decode_varint(&mut bytes).map_err(malformed)?;
+                    0
+                }
+                WireType::SixtyFourBit => 8,
+                WireType::ThirtyTwoBit => 4,
+                WireType::LengthDelimited => {
+                    let len = decode_varint(&mut bytes).map_err(malformed)?;
+                    let len = usize::try_from(len).ok().filter(|len| *len <= bytes.len());
+                    let len = len.ok_or_else(|| FrameError::Malformed("a length past the frame's end".into()))?;
+                    let (body, rest) = bytes.split_at(len);
+                    bytes = rest;
+                    return Ok((tag, Some(body)));
+                }
+                WireType::StartGroup | WireType::EndGroup => 0,
+            };
+            if skip > bytes.len() {
+                return Err(FrameError::Malformed("a field past the frame's end".into()));
+            }
+            bytes = &bytes[skip..];
+            Ok((tag, None))
+        };
+        let item = next();
+        if item.is_err() {
+            bytes = &[];
+        }
+        Some(item)
+    })
 }
 
 fn replica(origin: u64, incarnation: u64) -> Result<(ReplicaId, Incarnation), FrameError> {

@@ -126,7 +126,7 @@ fn run(steps: u64, batch_steps: u64) -> Run {
             let received = inbox.receive(&batch, NOW, |w| w.0 < u64::from(WORKERS));
             problems += u64::from(received.resync_from.is_some());
             for event in received.apply {
-                problems += u64::from(peer.apply_peer_booking(event, NOW).is_err());
+                problems += u64::from(peer.apply_peer_booking(ReplicaId(1), event, NOW).is_err());
             }
         }
     });

@@ -192,6 +192,7 @@ fn the_hand_written_seed_frames_decode_and_replay_cleanly() {
         let data = std::fs::read(&path).expect("a seed");
         let mut inbox = Inbox::new(ReplicaId(1), InboxConfig::default());
         let mut shards = ExactlyOnce::default();
+        let mut resyncs_asked = 0u64;
         let mut rest = &data[..];
         while !rest.is_empty() {
             let len = usize::from(u16::from_le_bytes([rest[0], rest[1]]));
@@ -199,11 +200,16 @@ fn the_hand_written_seed_frames_decode_and_replay_cleanly() {
                 decode(&rest[2..2 + len], &Limits::default()).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             rest = &rest[2 + len..];
             let apply = match &frame {
-                Frame::Batch(batch) => inbox.receive(batch, Millis(1), known).apply,
+                Frame::Batch(batch) => {
+                    let received = inbox.receive(batch, Millis(1), known);
+                    resyncs_asked += u64::from(received.resync_from.is_some());
+                    received.apply
+                }
                 Frame::Snapshot(snapshot) => inbox.resync(snapshot, Millis(1), known),
                 Frame::Digest(digest) => {
-                    inbox.check(digest);
-                    vec![]
+                    let received = inbox.check(digest);
+                    resyncs_asked += u64::from(received.resync_from.is_some());
+                    received.apply
                 }
                 Frame::Resync(_) => vec![],
             };
@@ -211,6 +217,38 @@ fn the_hand_written_seed_frames_decode_and_replay_cleanly() {
             shards.apply(&apply).unwrap_or_else(|defect| panic!("{}: {defect}", path.display()));
         }
         assert!(shards.live.values().all(|(worker, _)| known(*worker)));
+        // The gap and digest seeds must make the inbox ask for a snapshot.
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let should_ask = name.contains("gap") || name.contains("digests");
+        assert_eq!(resyncs_asked > 0, should_ask, "{name}: {resyncs_asked} resyncs asked");
+        if name.contains("restart") {
+            assert_eq!(inbox.stats().new_incarnations, 1, "{name}");
+        }
     }
     assert_eq!(kinds.len(), 4, "every frame kind is seeded");
+}
+
+#[test]
+fn a_frame_of_many_tiny_entries_is_refused_before_it_is_decoded() {
+    // 5,000 empty events: 10 kB on the wire, ~40 times that decoded.
+    let events: Vec<u8> = std::iter::repeat_n([0x22u8, 0x00], 5_000).flatten().collect();
+    let body = [[vec![0x09], le(1), vec![0x11], le(2), vec![0x18, 0x01]].concat(), events].concat();
+    let mut bytes = vec![0x0a];
+    prost::encoding::encode_varint(body.len() as u64, &mut bytes);
+    bytes.extend(body);
+    assert_eq!(
+        decode(&bytes, &Limits::default()),
+        Err(FrameError::OverCap { what: "events of a batch", count: 5_000, max: 4_096 })
+    );
+    // A length running past the end is malformed, not a panic.
+    assert!(matches!(decode(&[0x0a, 0x05, 0x22, 0x09], &Limits::default()), Err(FrameError::Malformed(_))));
+    assert!(matches!(decode(&[0x0a, 0x02, 0x09, 0x01], &Limits::default()), Err(FrameError::Malformed(_))));
+    // A snapshot after which nothing could be numbered.
+    let snapshot = Frame::Snapshot(Snapshot {
+        origin: ReplicaId(1),
+        incarnation: Incarnation(1),
+        last_seq: u64::MAX,
+        bookings: vec![],
+    });
+    assert_eq!(decode(&encode(&snapshot), &Limits::default()).unwrap_err().kind(), "bad_sequence");
 }

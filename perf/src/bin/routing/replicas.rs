@@ -103,7 +103,10 @@ impl KvpickReplicas {
             }
             for event in received.apply {
                 self.peer_changes += 1;
-                if let Err(e) = replica.svc.apply_peer_booking(event, millis(at)) {
+                let id = event.id();
+                if let Err(e) = replica.svc.apply_peer_booking(batch.origin, event, millis(at)) {
+                    // The inbox must not think it held (it would never re-book it).
+                    replica.inboxes[origin].not_applied(id);
                     problems.push(format!("replica {to}: {e}"));
                 }
             }
