@@ -26,6 +26,12 @@ impl LiveDigest {
         self.live -= 1;
         self.sum = self.sum.wrapping_sub(item(id, worker, prefill_done));
     }
+
+    /// A live booking's prefill is over.
+    pub fn complete_prefill(&mut self, id: ReservationId, worker: WorkerId) {
+        self.remove(id, worker, false);
+        self.add(id, worker, true);
+    }
 }
 
 fn item(id: ReservationId, worker: WorkerId, prefill_done: bool) -> u64 {

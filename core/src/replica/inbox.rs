@@ -364,8 +364,7 @@ impl Inbox {
         if held.booking.prefill_done {
             return;
         }
-        self.digest.remove(id, held.booking.worker, false);
-        self.digest.add(id, held.booking.worker, true);
+        self.digest.complete_prefill(id, held.booking.worker);
         held.booking.prefill_done = true;
         if held.applied {
             apply.push(BookingEvent::PrefillComplete(id));

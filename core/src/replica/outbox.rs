@@ -59,8 +59,7 @@ impl Outbox {
             }
             BookingEvent::PrefillComplete(id) => {
                 let Some(live) = self.live.get_mut(id).filter(|live| !live.prefill_done) else { return false };
-                self.digest.remove(*id, live.booking.worker, false);
-                self.digest.add(*id, live.booking.worker, true);
+                self.digest.complete_prefill(*id, live.booking.worker);
                 live.prefill_done = true;
                 PeerEvent::PrefillComplete(*id)
             }

@@ -12,8 +12,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kvpick_core::{
-    Admission, CostModel, HashSeed, KvEvent, Millis, ReservationId, RouterConfig, SelectRequest, SelectionService,
-    WorkerId, WorkerSpec,
+    Admission, CostModel, HashSeed, KvEvent, Millis, ReservationId, RouterConfig, SelectRequest, Selection,
+    SelectionService, WorkerId, WorkerSpec,
 };
 use kvpick_perf::sim::{CacheEvent, EngineConfig};
 
@@ -83,6 +83,27 @@ impl Kvpick {
     }
 }
 
+/// The arrival as kvpick's router asks for it: its prompt hashed as
+/// `svc` hashes, no model, endpoint filter, priority or session.
+pub fn select_request(svc: &SelectionService, arrival: &Arrival<'_>) -> SelectRequest {
+    SelectRequest {
+        id: ReservationId(arrival.id as u64),
+        prompt: svc.prompt(arrival.tokens, HashSeed::default()),
+        model: None,
+        allowed: None,
+        priority: 0,
+        sticky: None,
+    }
+}
+
+/// Picks a worker for the arrival on `svc` and books it there.
+pub fn reserve(svc: &mut SelectionService, arrival: &Arrival<'_>) -> Selection {
+    match svc.select_and_reserve(select_request(svc, arrival), millis(arrival.now_ns)) {
+        Ok(Admission::Reserved(selection)) => selection,
+        other => unreachable!("schedulable workers, fresh ids and no queue threshold always reserve: {other:?}"),
+    }
+}
+
 pub fn millis(ns: u64) -> Millis {
     Millis(ns / 1_000_000)
 }
@@ -107,21 +128,9 @@ pub fn kv_event(event: &CacheEvent) -> KvEvent {
 
 impl Policy for Kvpick {
     fn route(&mut self, arrival: &Arrival<'_>, _: &FleetView<'_>) -> usize {
-        let request = SelectRequest {
-            id: ReservationId(arrival.id as u64),
-            prompt: self.svc.prompt(arrival.tokens, HashSeed::default()),
-            model: None,
-            allowed: None,
-            priority: 0,
-            sticky: None,
-        };
-        match self.svc.select_and_reserve(request, millis(arrival.now_ns)) {
-            Ok(Admission::Reserved(selection)) => {
-                self.picked.insert(arrival.id, (selection.worker, selection.predicted_ttft_ns, arrival.now_ns));
-                selection.worker.0 as usize
-            }
-            other => unreachable!("schedulable workers, fresh ids and no queue threshold always reserve: {other:?}"),
-        }
+        let selection = reserve(&mut self.svc, arrival);
+        self.picked.insert(arrival.id, (selection.worker, selection.predicted_ttft_ns, arrival.now_ns));
+        selection.worker.0 as usize
     }
 
     fn on_events(&mut self, engine: usize, events: &[CacheEvent], _: u64) {

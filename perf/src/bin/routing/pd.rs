@@ -102,14 +102,7 @@ impl KvpickPd {
     }
 
     fn request(&self, arrival: &Arrival<'_>) -> SelectRequest {
-        SelectRequest {
-            id: ReservationId(arrival.id as u64),
-            prompt: self.decode.prompt(arrival.tokens, HashSeed::default()),
-            model: None,
-            allowed: None,
-            priority: 0,
-            sticky: None,
-        }
+        super::kvpick_policy::select_request(&self.decode, arrival)
     }
 }
 

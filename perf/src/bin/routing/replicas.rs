@@ -10,13 +10,11 @@
 use std::collections::{HashMap, VecDeque};
 
 use kvpick_core::replica::{Batch, Inbox, InboxConfig, Incarnation, Outbox, ReplicaId};
-use kvpick_core::{
-    Admission, BookingEvent, HashSeed, ReservationId, RouterConfig, SelectRequest, SelectionService, WorkerId,
-};
+use kvpick_core::{BookingEvent, ReservationId, RouterConfig, SelectionService, WorkerId};
 use kvpick_perf::sim::{CacheEvent, EngineConfig};
 
 use super::fleet::{Arrival, FleetView, Policy};
-use super::kvpick_policy::{kv_event, millis, selection_service};
+use super::kvpick_policy::{kv_event, millis, reserve, selection_service};
 
 struct Replica {
     svc: SelectionService,
@@ -124,18 +122,7 @@ impl Policy for KvpickReplicas {
         let r = self.next;
         self.next = (self.next + 1) % self.replicas.len();
         let svc = &mut self.replicas[r].svc;
-        let request = SelectRequest {
-            id: ReservationId(arrival.id as u64),
-            prompt: svc.prompt(arrival.tokens, HashSeed::default()),
-            model: None,
-            allowed: None,
-            priority: 0,
-            sticky: None,
-        };
-        let selection = match svc.select_and_reserve(request, millis(arrival.now_ns)) {
-            Ok(Admission::Reserved(selection)) => selection,
-            other => unreachable!("schedulable workers, fresh ids and no queue threshold always reserve: {other:?}"),
-        };
+        let selection = reserve(svc, arrival);
         let booking = svc.booking(selection.id).expect("just reserved").clone();
         self.picked.insert(arrival.id, (r, selection.worker, selection.predicted_ttft_ns, arrival.now_ns));
         self.publish(r, &BookingEvent::Reserved(booking), arrival.now_ns);
