@@ -24,6 +24,7 @@ mod doorbell;
 mod glommio_shard;
 mod nudge;
 mod producer;
+mod replicas;
 mod service;
 mod shard_loop;
 mod spin_policy;
@@ -35,6 +36,7 @@ use std::time::Duration;
 pub use clock::Clock;
 pub use deferred_ring::{PendingRings, RingScheduler};
 pub use producer::{Producer, ProducerSource, RingCounters, ThreadProducers};
+pub use replicas::BookingObserver;
 pub use service::ShardedService;
 pub use timing::{SelectTiming, ShardAnswer};
 

@@ -41,6 +41,7 @@ use super::clock::Clock;
 use super::command::{Command, PickJob, Picked, Picking, Query, Reply};
 use super::deferred_ring::{PendingRings, RingScheduler};
 use super::producer::{Producer, ProducerSource, PushFail, RingCounters, ShardGone};
+use super::replicas::{BookingObserver, ReplicaHooks};
 use super::shard_loop::{LoopShared, ShardLoop, ShardShared};
 use super::timing::SelectTiming;
 use super::{RuntimeConfig, RuntimeError, RuntimeKind, SharedShards, choose_kind, lock, pin_current_thread};
@@ -53,6 +54,7 @@ use kvpick_core::event::KvEvent;
 use kvpick_core::index::EventError;
 use kvpick_core::pick::{Decision, PickPolicy};
 use kvpick_core::prompt::Prompt;
+use kvpick_core::replica::ReplicaId;
 use kvpick_core::request::{
     Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError,
 };
@@ -95,6 +97,8 @@ pub struct ShardedService {
     /// deferring only serializes the shard's wake-up after the caller's
     /// pass (at concurrency 1 in `kvpick-bench-extproc`, +100 µs).
     selections_in_flight: AtomicUsize,
+    /// Peer replicas' bookings held here, and who hears of our own.
+    replicas: Arc<ReplicaHooks>,
 }
 
 static NEXT_SERVICE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -152,6 +156,7 @@ impl ShardedService {
             picking: Arc::new(Picking::new(PickPolicy::new(cfg.clone(), block_size))),
             spin,
             max_index_entries: kvpick_core::index::max_entries_per_shard(cfg.index_max_bytes, count),
+            replicas: Arc::default(),
         };
         let shards: SharedShards = (0..count).map(|_| Arc::new(ShardShared::default())).collect();
         let mut threads = Vec::with_capacity(count);
@@ -211,6 +216,7 @@ impl ShardedService {
             counters,
             spin,
             selections_in_flight: AtomicUsize::new(0),
+            replicas: common.replicas,
         })
     }
 
@@ -759,6 +765,82 @@ impl ShardedService {
             .with_producer(|p| p.push_posted(shard, Command::Posted(event)))
             .map_err(|_| BookingError::ShuttingDown)?;
         Ok(())
+    }
+
+    /// Has `observer` told of every change to this replica's own bookings
+    /// from now on (see `BookingObserver`). False if one already is.
+    pub fn observe_bookings(&self, observer: Arc<dyn BookingObserver>) -> bool {
+        self.replicas.set_observer(observer)
+    }
+
+    /// Peer replicas' bookings held here now.
+    pub fn peer_bookings(&self) -> usize {
+        lock(&self.replicas.peers).len()
+    }
+
+    /// Applies a peer replica's booking change (see
+    /// `SelectionService::apply_peer_booking`): a `Reserved` goes to its
+    /// worker's shard and is refused for a worker this service does not
+    /// have or an id already held here; any other change must come from the
+    /// booking's origin. Never published to peers again. A freed booking
+    /// or a finished prefill may admit queued requests.
+    pub async fn apply_peer_booking(
+        &self,
+        source: &impl ProducerSource,
+        origin: ReplicaId,
+        event: BookingEvent,
+        now: Millis,
+    ) -> Result<(), BookingError> {
+        let id = event.id();
+        if let BookingEvent::Reserved(booking) = event {
+            {
+                let admissions = lock(&self.admissions);
+                if admissions.ledger.owner(id).is_some() || admissions.ledger.waiting(id).is_some() {
+                    return Err(BookingError::Duplicate(id));
+                }
+            }
+            let shard = self.directory().shard_of(booking.worker).ok_or(BookingError::UnknownWorker(booking.worker))?;
+            match lock(&self.replicas.peers).entry(id) {
+                // Held already (by this origin or another): only its own
+                // origin's free ends it.
+                std::collections::hash_map::Entry::Occupied(_) => return Err(BookingError::Duplicate(id)),
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert((origin, shard));
+                }
+            }
+            let booked = self.ask(source, shard, |r| Command::Peer(BookingEvent::Reserved(booking), Some(r))).await;
+            let error = match booked {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(error)) => error,
+                Err(ShardGone) => BookingError::ShuttingDown,
+            };
+            lock(&self.replicas.peers).remove(&id);
+            return Err(error);
+        }
+        let frees = matches!(event, BookingEvent::Freed(_) | BookingEvent::PrefillComplete(_));
+        let shard = {
+            let mut peers = lock(&self.replicas.peers);
+            match peers.get(&id) {
+                Some(&(owner, shard)) if owner == origin => {
+                    if matches!(event, BookingEvent::Freed(_)) {
+                        peers.remove(&id);
+                    }
+                    shard
+                }
+                _ => return Err(BookingError::NotFound(id)),
+            }
+        };
+        self.post_peer(source, shard, event)?;
+        if frees {
+            self.admit_waiting(source, now).await;
+        }
+        Ok(())
+    }
+
+    fn post_peer(&self, source: &impl ProducerSource, shard: usize, event: BookingEvent) -> Result<(), BookingError> {
+        source
+            .with_producer(|p| p.push_posted(shard, Command::Peer(event, None)))
+            .map_err(|_| BookingError::ShuttingDown)
     }
 
     /// See `SelectionService::observe_ttft`. A changed speed is posted to

@@ -13,13 +13,14 @@ use super::admissions::Admissions;
 use super::clock::Clock;
 use super::command::{Command, PickJob, Picked, Picking};
 use super::doorbell::Doorbell;
+use super::replicas::ReplicaHooks;
 use super::spin_policy::SpinPolicy;
 use kvpick_core::booking::BookingEvent;
 use kvpick_core::cost::Candidate;
 use kvpick_core::index::EventError;
 use kvpick_core::pick::Decision;
 use kvpick_core::request::SelectError;
-use kvpick_core::shard::{CandidateQuery, Shard};
+use kvpick_core::shard::{BookingError, CandidateQuery, Shard};
 
 /// The longest a posted booking change (`prefill_complete`, a free) waits
 /// in a ring while its shard sleeps. Until then the worker's load counts
@@ -160,6 +161,7 @@ pub(crate) struct ShardLoop {
     /// rather than sent with each job, so no reference count moves
     /// between threads per selection.
     picking: Arc<Picking>,
+    replicas: Arc<ReplicaHooks>,
     scratch: Scratch,
 }
 
@@ -178,6 +180,7 @@ pub(crate) struct LoopShared {
     pub spin: Duration,
     /// Each shard's index budget, in entries.
     pub max_index_entries: Option<u64>,
+    pub replicas: Arc<ReplicaHooks>,
 }
 
 impl ShardLoop {
@@ -190,6 +193,7 @@ impl ShardLoop {
             clock: common.clock.clone(),
             admissions: common.admissions.clone(),
             picking: common.picking.clone(),
+            replicas: common.replicas.clone(),
             scratch: Scratch::default(),
         }
     }
@@ -242,7 +246,12 @@ impl ShardLoop {
         let mut handled = 0;
         while handled < FAIR_SHARE && self.rings[i].peek().is_ok_and(&take) {
             let Ok(command) = self.rings[i].pop() else { break };
-            let context = PickContext { admissions: &self.admissions, picking: &self.picking };
+            let context = PickContext {
+                admissions: &self.admissions,
+                picking: &self.picking,
+                replicas: &self.replicas,
+                clock: &self.clock,
+            };
             handle(&mut self.shard, &context, &mut self.scratch, command);
             handled += 1;
         }
@@ -319,6 +328,7 @@ impl ShardLoop {
         if self.shard.next_lease_end().is_some_and(|end| end <= now) {
             let expired = self.shard.expire(now);
             if !expired.is_empty() {
+                self.replicas.dropped(&expired, now);
                 let mut admissions = super::lock(&self.admissions);
                 for id in expired {
                     admissions.ledger.release(id);
@@ -396,6 +406,19 @@ enum Idle {
 struct PickContext<'a> {
     admissions: &'a Admissions,
     picking: &'a Picking,
+    /// Told of what happens to bookings (own ones published to peers).
+    replicas: &'a ReplicaHooks,
+    clock: &'a Clock,
+}
+
+/// Applies a change to one of this replica's own bookings and tells the
+/// replica sync when it took (the copy is made only when one listens).
+fn apply_own(shard: &mut Shard, context: &PickContext<'_>, event: BookingEvent) -> Result<(), BookingError> {
+    let Some(observer) = context.replicas.observer() else { return shard.apply_booking(event) };
+    let copy = event.clone();
+    shard.apply_booking(event)?;
+    observer.own(&copy, context.clock.now());
+    Ok(())
 }
 
 /// Runs one command. A dropped reply means the asker gave up (its request
@@ -407,7 +430,11 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
             let _ = reply.send(());
         }
         Command::Delete(id, reply) => {
-            let _ = reply.send(shard.delete_worker(id));
+            let freed = shard.delete_worker(id);
+            if let Some(freed) = &freed {
+                context.replicas.dropped(freed, context.clock.now());
+            }
+            let _ = reply.send(freed);
         }
         Command::Event(worker, event) => {
             // Failures are counted in the shard's stats; a block size that
@@ -443,24 +470,43 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
             let _ = reply.send(pick_and_book(shard, context, scratch, *job));
         }
         Command::Booking(event, reply) => {
-            let _ = reply.send(shard.apply_booking(event));
+            let _ = reply.send(apply_own(shard, context, event));
         }
         Command::Take(id, reply) => {
-            let _ = reply.send(shard.take_booking(id));
+            let taken = shard.take_booking(id);
+            if taken.is_ok() {
+                context.replicas.own(&BookingEvent::Freed(id), context.clock.now());
+            }
+            let _ = reply.send(taken);
         }
         Command::Posted(event) => {
             // The poster already answered from the ledger; a miss here
             // means the lease expired or the worker left in between, and
             // then there is nothing left to change.
-            if let Err(error) = shard.apply_booking(event) {
+            if let Err(error) = apply_own(shard, context, event) {
                 tracing::debug!(%error, "posted booking change found nothing to change");
+            }
+        }
+        // A peer's change: the service checked whose it is; never
+        // published again (each replica publishes only its own).
+        Command::Peer(event, reply) => {
+            let applied = shard.apply_booking(event);
+            match reply {
+                Some(reply) => drop(reply.send(applied)),
+                None => {
+                    if let Err(error) = applied {
+                        tracing::debug!(%error, "a peer's booking change found nothing to change");
+                    }
+                }
             }
         }
         Command::Speed(worker, speed) => {
             shard.set_speed(worker, speed);
         }
         Command::Expire(now, reply) => {
-            let _ = reply.send(shard.expire(now));
+            let expired = shard.expire(now);
+            context.replicas.dropped(&expired, now);
+            let _ = reply.send(expired);
         }
         Command::Loads(reply) => {
             let _ = reply.send(shard.loads().collect());
@@ -480,7 +526,7 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
 /// even when the caller has stopped waiting.
 fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, job: PickJob) -> Picked {
     let PickJob { request, now } = job;
-    let PickContext { admissions, picking } = *context;
+    let PickContext { admissions, picking, .. } = *context;
     let id = request.id;
     let Scratch { candidates, costs } = scratch;
     candidates.clear();
@@ -493,7 +539,7 @@ fn pick_and_book(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scr
     let outcome = match picking.decide(&request, candidates, costs, now) {
         Decision::NoEligible => Picked::Failed(SelectError::NoEligibleWorkers),
         Decision::Saturated => Picked::Saturated(request),
-        Decision::Book { selection, booking } => match shard.apply_booking(BookingEvent::Reserved(booking)) {
+        Decision::Book { selection, booking } => match apply_own(shard, context, BookingEvent::Reserved(booking)) {
             Ok(()) => Picked::Booked(selection),
             // A booking of this id already here: the ledger would have
             // refused it first, so only a caller bypassing it gets here.
@@ -520,6 +566,7 @@ mod tests {
             picking: Arc::new(Picking::new(kvpick_core::PickPolicy::new(Default::default(), 16))),
             spin: Duration::ZERO,
             max_index_entries: None,
+            replicas: Default::default(),
         };
         ShardLoop::new(Arc::default(), &common)
     }

@@ -103,6 +103,11 @@ impl Inbox {
         self.mirror.len()
     }
 
+    /// The origin's run this mirror follows (`None` before its first frame).
+    pub fn incarnation(&self) -> Option<Incarnation> {
+        self.incarnation
+    }
+
     /// The last event applied (0: none in this incarnation).
     pub fn last_seq(&self) -> u64 {
         self.last_seq

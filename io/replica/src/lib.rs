@@ -1,11 +1,19 @@
-//! Sharing bookings between kvpick replicas: the bytes peers exchange.
+//! Sharing bookings between kvpick replicas.
 //!
 //! Core's `replica` module keeps the books (numbering, gaps, resyncs,
-//! digests); this crate turns its values into `kvpick.peer.v1` frames and
-//! back, refusing any frame that is too large, malformed or claims what no
-//! replica could send, before core sees it. The transports (a gRPC stream
-//! per peer pair, NATS JetStream) will live here too.
+//! digests). This crate turns its values into `kvpick.peer.v1` frames and
+//! back (`wire`, refusing any frame that is too large, malformed or claims
+//! what no replica could send, before core sees it), runs the sync task
+//! between the shards and the peers (`sync`), and carries the frames
+//! (`direct`: a gRPC stream to each peer).
 
+pub mod codec;
+pub mod direct;
+pub mod metrics;
+pub mod sync;
 pub mod wire;
 
+pub use direct::{DirectConfig, DirectLinks, PeerService};
+pub use metrics::TransportMetrics;
+pub use sync::{Answer, Inbound, LinkId, OriginView, ReplicaSync, SyncConfig, SyncCounts, SyncStats, Transport};
 pub use wire::{Frame, FrameError, Limits, ResyncRequest, decode, encode};

@@ -73,6 +73,69 @@ pub struct ServeConfig {
     pub kv_events: IngestConfig,
     /// Disaggregated prefill/decode; `None`: roles are ignored.
     pub disagg: Option<DisaggSettings>,
+    /// Sharing bookings with peer replicas; `None`: this replica is alone.
+    pub replicas: Option<ReplicaSettings>,
+}
+
+/// Replica sync: on when peers are listed or a peer service is watched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaSettings {
+    /// The replica-sync port.
+    pub listen: SocketAddr,
+    /// Peers listed at start (static mode); Kubernetes mode adds those of
+    /// the peer service.
+    pub peers: Vec<SocketAddr>,
+    /// `None`: derived from the host name and the bound port.
+    pub replica_id: Option<u64>,
+    pub token: Option<String>,
+    pub peer_grace: Duration,
+}
+
+fn replicas(v: &Values, listen: SocketAddr, discovery: &DiscoveryMode) -> Result<Option<ReplicaSettings>, ConfigError> {
+    let peers = match v.get(var::PEERS) {
+        None => Vec::new(),
+        Some(list) => {
+            let mut peers = Vec::new();
+            for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                use std::net::ToSocketAddrs;
+                let resolved = entry.to_socket_addrs().map_err(|e| {
+                    v.error(var::PEERS, format!("expected host:port entries, comma-separated; {entry:?}: {e}"))
+                })?;
+                peers.extend(resolved);
+            }
+            if peers.is_empty() {
+                return Err(v.error(var::PEERS, "expected host:port entries, comma-separated").into());
+            }
+            peers
+        }
+    };
+    let watched = matches!(discovery, DiscoveryMode::Kubernetes(cfg) if cfg.peer_service.is_some());
+    if peers.is_empty() && !watched {
+        return Ok(None);
+    }
+    let token = match v.get(var::PEER_TOKEN_FILE) {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| v.error(var::PEER_TOKEN_FILE, format!("a readable file holding the token ({e})")))?;
+            Some(text.trim().to_owned())
+        }
+        None => v.get(var::PEER_TOKEN).map(|t| t.trim().to_owned()),
+    };
+    if token.as_deref() == Some("") {
+        return Err(v.error(var::PEER_TOKEN, "a token that is not empty").into());
+    }
+    if let Some(token) = &token {
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(v.error(var::PEER_TOKEN, "a token of printable ASCII without spaces").into());
+        }
+    }
+    Ok(Some(ReplicaSettings {
+        listen,
+        peers,
+        replica_id: v.whole::<u64>(var::REPLICA_ID, 1)?,
+        token,
+        peer_grace: Duration::from_millis(v.whole::<u64>(var::PEER_GRACE_MS, 1)?.unwrap_or(30_000)),
+    }))
 }
 
 /// The prefill workers' selector and the decider.
@@ -178,6 +241,7 @@ impl ServeConfig {
             kv_events.drain_backoff_max = kv_events.drain_backoff_max.max(kv_events.drain_interval);
         }
         let disagg = disagg(v, &router, &runtime)?;
+        let replicas = replicas(v, port(var::REPLICA_SYNC_PORT, 9092)?, &discovery)?;
         let grace = v.whole::<u64>(var::SHUTDOWN_GRACE_MS, 0)?.unwrap_or(10_000);
         let log_format = match v.one_of(var::LOG_FORMAT, &["text", "json"])? {
             Some("json") => LogFormat::Json,
@@ -209,6 +273,7 @@ impl ServeConfig {
             tracing: tracing(v)?,
             kv_events,
             disagg,
+            replicas,
         })
     }
 }

@@ -18,6 +18,7 @@ pub mod config;
 pub mod huge_pages;
 mod index_budget;
 pub mod otlp;
+pub mod replicas;
 pub mod settings;
 
 use std::net::SocketAddr;
@@ -31,9 +32,10 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-pub use config::{ConfigError, DiscoveryMode, HugePages, LogFormat, ServeConfig};
+pub use config::{ConfigError, DiscoveryMode, HugePages, LogFormat, ReplicaSettings, ServeConfig};
 
 use self::otlp::TraceExport;
+use self::replicas::Replicas;
 use crate::metrics::MetricsServer;
 use crate::metrics::collect::{Sources, WorkerNames};
 use kvpick_discovery::workers_file::{Defaults, WorkersFile};
@@ -63,6 +65,8 @@ pub enum StartError {
     Kubernetes(String),
     #[error("tracing: {0}")]
     Tracing(String),
+    #[error("replica sync: {0}")]
+    Replicas(String),
 }
 
 /// A running kvpick.
@@ -81,6 +85,7 @@ pub struct App {
     ext_proc_metrics: Arc<ExtProcMetrics>,
     grace: Duration,
     traces: Option<TraceExport>,
+    replicas: Option<Replicas>,
 }
 
 impl App {
@@ -138,6 +143,7 @@ impl App {
         let mut discovery = None;
         let discovery_metrics;
         let mut pool = "static".to_owned();
+        let mut discovered_peers = None;
         let mut first_worker = None;
         let updates_rx = match &config.discovery {
             DiscoveryMode::Static { file, poll } => {
@@ -170,6 +176,7 @@ impl App {
                 // The applier reads discovery's own channel; the handle
                 // keeps the watch task.
                 let updates_rx = std::mem::replace(&mut running.updates, mpsc::channel(1).1);
+                discovered_peers = Some(running.peers.clone());
                 discovery_metrics = Arc::clone(&running.metrics);
                 discovery = Some(running);
                 updates_rx
@@ -235,6 +242,16 @@ impl App {
         let ext_proc_listener = bind("ext_proc", config.ext_proc.listen).await?;
         let ext_proc = server.spawn_on(ext_proc_listener)?;
 
+        // Peers' bookings are applied from here on; ours are published
+        // from the first pick.
+        let replicas = match &config.replicas {
+            Some(settings) => {
+                let selectors = std::iter::once(producers.clone()).chain(prefill_producers.clone()).collect();
+                Some(Replicas::start(settings, selectors, clock.clone(), discovered_peers).await?)
+            }
+            None => None,
+        };
+
         let sources = Sources {
             pool,
             ext_proc: ext_proc_metrics.clone(),
@@ -245,6 +262,7 @@ impl App {
             workers: workers.clone(),
             debug: config.debug_endpoints.then(|| picker.clone()),
             discovery: Some(discovery_metrics),
+            replicas: replicas.as_ref().map(|r| (r.stats().clone(), r.transport.clone())),
         };
         let metrics_listener = bind("metrics", config.metrics_listen).await?;
         let metrics = MetricsServer::spawn(metrics_listener, sources)
@@ -306,6 +324,7 @@ impl App {
             ext_proc_metrics,
             grace: config.shutdown_grace,
             traces,
+            replicas,
         })
     }
 
@@ -342,6 +361,16 @@ impl App {
         &self.ingest
     }
 
+    /// The replica-sync port, when replicas share bookings.
+    pub fn replica_sync_addr(&self) -> Option<SocketAddr> {
+        self.replicas.as_ref().map(Replicas::local_addr)
+    }
+
+    /// The replica sync, when on.
+    pub fn replicas(&self) -> Option<&Replicas> {
+        self.replicas.as_ref()
+    }
+
     /// Exports every span ended so far (when tracing is on).
     pub async fn flush_traces(&self) {
         if let Some(traces) = &self.traces {
@@ -375,6 +404,13 @@ impl App {
         }
         let left = booked();
         tracing::info!(streams_open_at_stop = open, bookings_left = left, "ext_proc server stopped");
+        // Peers keep our bookings until their leases end or we are silent
+        // past their grace period; stopping the sync first would leave the
+        // frees of the streams just cut unpublished.
+        if let Some(replicas) = self.replicas.take() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            replicas.shutdown().await;
+        }
         self.metrics.shutdown().await;
         if let Err(error) = self.health_server.shutdown().await {
             tracing::warn!(%error, "health server ended with an error");
@@ -400,7 +436,7 @@ impl App {
     }
 }
 
-async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+pub(crate) async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr).await.map_err(|source| StartError::Listen { what, source })
 }
 

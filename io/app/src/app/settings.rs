@@ -54,6 +54,11 @@ pub const TOTAL_KV_BLOCKS: &str = "DYN_EPP_TOTAL_KV_BLOCKS";
 pub const PEER_SERVICE: &str = "DYN_EPP_PEER_SERVICE";
 pub const POD_IP: &str = "POD_IP";
 pub const REPLICA_SYNC_PORT: &str = "DYN_EPP_REPLICA_SYNC_PORT";
+pub const PEERS: &str = "KVPICK_PEERS";
+pub const REPLICA_ID: &str = "KVPICK_REPLICA_ID";
+pub const PEER_TOKEN: &str = "KVPICK_PEER_TOKEN";
+pub const PEER_TOKEN_FILE: &str = "KVPICK_PEER_TOKEN_FILE";
+pub const PEER_GRACE_MS: &str = "KVPICK_PEER_GRACE_MS";
 pub const EXT_PROC_PORT: &str = "KVPICK_EXT_PROC_PORT";
 pub const TOKENIZER_URL: &str = "DYN_EPP_TOKENIZER_SERVICE_URL";
 pub const TOKENIZER_PROTOCOL: &str = "DYN_EPP_TOKENIZER_PROTOCOL";
@@ -207,7 +212,37 @@ pub const SETTINGS: &[Setting] = &[
         "The Service listing the kvpick replicas (their EndpointSlices are watched); requires POD_IP",
     ),
     s(POD_IP, "pod-ip", None, "This replica's own IP (from the downward API)"),
-    s(REPLICA_SYNC_PORT, "replica-sync-port", Some("9092"), "The peers' replica-sync port"),
+    s(
+        REPLICA_SYNC_PORT,
+        "replica-sync-port",
+        Some("9092"),
+        "The replica-sync port: this replica listens on it, and peers found through the peer service are dialed on it (0: any free port)",
+    ),
+    s(
+        PEERS,
+        "peers",
+        None,
+        "Other kvpick replicas to share bookings with, as host:port of their replica-sync port, comma-separated (static mode; this replica's own address may be listed)",
+    ),
+    s(
+        REPLICA_ID,
+        "replica-id",
+        None,
+        "This replica's name among its peers (default: a hash of the host name and the replica-sync port)",
+    ),
+    s(PEER_TOKEN, "peer-token", None, "A token peers must present (authorization: Bearer); the same on every replica"),
+    s(
+        PEER_TOKEN_FILE,
+        "peer-token-file",
+        None,
+        "A file holding the peer token (a mounted Secret); wins over the token itself",
+    ),
+    s(
+        PEER_GRACE_MS,
+        "peer-grace-ms",
+        Some("30000"),
+        "A peer replica heard nothing from for this long has its bookings freed here",
+    ),
     s(LISTEN_ADDRESS, "listen-address", Some("0.0.0.0"), "Address the ext_proc, health and metrics ports bind to"),
     s(EXT_PROC_PORT, "ext-proc-port", Some("9002"), "The ext_proc gRPC port (0: any free port)"),
     s(HEALTH_PORT, "health-port", Some("9003"), "The gRPC health port (0: any free port)"),

@@ -16,6 +16,7 @@ use kvpick_discovery::{DiscoveryMetrics, WatchCounts};
 use kvpick_ext_proc::ExtProcMetrics;
 use kvpick_ext_proc::metrics::{FALLBACK_CLASSES, STATUSES};
 use kvpick_kv_events::IngestMetrics;
+use kvpick_replica::{OriginView, SyncStats, TransportMetrics};
 use kvpick_router::tokenizer::{ErrorClass, ParityOutcome, TokenizerMetrics};
 
 /// The workers in service now, by id: kept by whoever applies the
@@ -65,6 +66,8 @@ pub struct Sources {
     /// The debug view's picker, when `--debug-endpoints` is on.
     pub debug: Option<kvpick_router::KvPicker>,
     pub discovery: Option<Arc<DiscoveryMetrics>>,
+    /// The replica sync and its transport, when peers share bookings.
+    pub replicas: Option<(Arc<SyncStats>, Arc<TransportMetrics>)>,
 }
 
 pub async fn render(sources: &Sources) -> String {
@@ -75,6 +78,9 @@ pub async fn render(sources: &Sources) -> String {
     }
     if let Some(ingest) = &sources.ingest {
         ingest_families(&mut e, ingest, &sources.workers);
+    }
+    if let Some((sync, transport)) = &sources.replicas {
+        replica_families(&mut e, sync, transport);
     }
     if let Some(discovery) = &sources.discovery {
         discovery_families(&mut e, discovery);
@@ -298,6 +304,139 @@ fn tokenizer_families(e: &mut Exposition, tokenizer: &TokenizerMetrics) {
         &[],
         f64::from(u8::from(t.engine_fallback)),
     );
+}
+
+/// Replica sync: this replica's own stream, each origin's as received
+/// here (`origin` is the peer's replica id), and the transport's.
+fn replica_families(e: &mut Exposition, sync: &SyncStats, transport: &TransportMetrics) {
+    let c = sync.snapshot();
+    let own: [(&str, &str, u64); 5] = [
+        (
+            "kvpick_replica_own_events_total",
+            "Changes to this replica's own bookings published to its peers.",
+            c.own_events,
+        ),
+        ("kvpick_replica_batches_published_total", "Batches of them published.", c.batches_published),
+        (
+            "kvpick_replica_snapshots_sent_total",
+            "Snapshots of this replica's bookings sent to a peer (on connecting, or asked for).",
+            c.snapshots_sent,
+        ),
+        (
+            "kvpick_replica_snapshots_deferred_total",
+            "Snapshots that found the peer's queue full (sent again at the next digest).",
+            c.snapshots_deferred,
+        ),
+        (
+            "kvpick_replica_resyncs_asked_total",
+            "Snapshots this replica asked a peer for (a gap, a digest mismatch, a restart).",
+            c.resyncs_asked,
+        ),
+    ];
+    for (name, help, value) in own {
+        e.counter(name, help, &[], value);
+    }
+    e.gauge(
+        "kvpick_replica_own_bookings",
+        "This replica's own live bookings, as its peers are told.",
+        &[],
+        c.own_live as f64,
+    );
+    let mut origins: Vec<(u64, OriginView)> = c.origins.iter().map(|(id, v)| (id.0, *v)).collect();
+    origins.sort_unstable_by_key(|(id, _)| *id);
+    type Family = (&'static str, &'static str, fn(&OriginView) -> u64);
+    let per_origin: [Family; 9] = [
+        ("kvpick_replica_peer_events_applied_total", "A peer's booking changes applied here.", |v| {
+            v.stats.events_applied
+        }),
+        (
+            "kvpick_replica_peer_duplicate_events_total",
+            "A peer's changes received again (a retransmission or an overlap), not applied twice.",
+            |v| v.stats.duplicate_events,
+        ),
+        ("kvpick_replica_peer_gaps_total", "Gaps in a peer's sequence (each asks for a snapshot).", |v| v.stats.gaps),
+        ("kvpick_replica_peer_resyncs_total", "Snapshots of a peer applied.", |v| v.stats.resyncs),
+        (
+            "kvpick_replica_peer_digest_mismatches_total",
+            "Digests of a peer that disagreed with its bookings as held here.",
+            |v| v.stats.digest_mismatches,
+        ),
+        ("kvpick_replica_peer_restarts_total", "New incarnations of a peer (its old bookings freed).", |v| {
+            v.stats.new_incarnations
+        }),
+        (
+            "kvpick_replica_peer_unknown_worker_total",
+            "A peer's bookings on workers this replica does not have (not applied).",
+            |v| v.stats.unknown_worker,
+        ),
+        (
+            "kvpick_replica_peer_stale_frames_total",
+            "A peer's frames of an older incarnation or older than what is held.",
+            |v| v.stats.stale_frames,
+        ),
+        (
+            "kvpick_replica_peer_refused_total",
+            "A peer's changes the shards refused (a duplicate id, a worker gone).",
+            |v| v.refused,
+        ),
+    ];
+    for (name, help, value) in per_origin {
+        for (id, view) in &origins {
+            e.counter(name, help, &[("origin", &id.to_string())], value(view));
+        }
+    }
+    for (id, view) in &origins {
+        let origin = id.to_string();
+        e.gauge(
+            "kvpick_replica_peer_bookings",
+            "A peer's live bookings as mirrored here.",
+            &[("origin", &origin)],
+            view.live as f64,
+        );
+        e.gauge(
+            "kvpick_replica_peer_lag_events",
+            "How many of a peer's changes its last digest showed that are not applied here yet.",
+            &[("origin", &origin)],
+            view.seen.saturating_sub(view.last_seq) as f64,
+        );
+        e.gauge(
+            "kvpick_replica_peer_forgotten",
+            "1 while a peer is silent past its grace period (its bookings freed).",
+            &[("origin", &origin)],
+            f64::from(u8::from(view.forgotten)),
+        );
+    }
+    let get = TransportMetrics::get;
+    e.gauge("kvpick_replica_links", "Peers this replica dials.", &[], get(&transport.links) as f64);
+    e.gauge("kvpick_replica_links_up", "Of those, the links streaming now.", &[], get(&transport.links_up) as f64);
+    e.gauge(
+        "kvpick_replica_streams_in",
+        "Peers' streams open on the replica-sync port.",
+        &[],
+        get(&transport.streams_in) as f64,
+    );
+    let transport_counters: [(&str, &str, u64); 5] = [
+        (
+            "kvpick_replica_reconnects_total",
+            "Links that ended or failed to connect and tried again.",
+            get(&transport.reconnects),
+        ),
+        ("kvpick_replica_frames_received_total", "Peer frames received.", get(&transport.frames_in)),
+        ("kvpick_replica_received_bytes_total", "Their bytes.", get(&transport.bytes_in)),
+        ("kvpick_replica_frames_sent_total", "Frames sent to peers.", get(&transport.frames_out)),
+        ("kvpick_replica_sent_bytes_total", "Their bytes.", get(&transport.bytes_out)),
+    ];
+    for (name, help, value) in transport_counters {
+        e.counter(name, help, &[], value);
+    }
+    for (reason, count) in transport.refusals() {
+        e.counter(
+            "kvpick_replica_frames_refused_total",
+            "Peer frames and calls refused, by reason (nothing of them is applied).",
+            &[("reason", reason)],
+            count,
+        );
+    }
 }
 
 /// Zero in the mode that does not use them (the watches in static mode,

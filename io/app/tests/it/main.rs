@@ -24,3 +24,4 @@ mod ext_proc_request;
 mod ext_proc_scale;
 mod ext_proc_subset;
 mod otlp_tracing;
+mod replicas;

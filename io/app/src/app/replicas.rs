@@ -1,0 +1,115 @@
+//! Replica sync in `kvpick serve`: the peer port, the sync task over the
+//! selectors, and the links to the peers listed at start or found through
+//! the peer service.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use kvpick_core::replica::{Incarnation, ReplicaId};
+use kvpick_grpc::{Http2, ServerHandle};
+use kvpick_replica::{DirectConfig, DirectLinks, PeerService, ReplicaSync, SyncConfig, SyncStats, TransportMetrics};
+use kvpick_runtime::{Clock, ThreadProducers};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::config::ReplicaSettings;
+use super::{StartError, bind};
+
+/// A running replica sync.
+pub struct Replicas {
+    pub id: ReplicaId,
+    pub incarnation: Incarnation,
+    sync: ReplicaSync,
+    server: ServerHandle,
+    merge: Option<JoinHandle<()>>,
+    pub transport: Arc<TransportMetrics>,
+}
+
+impl Replicas {
+    /// Listens on the replica-sync port and dials `settings.peers` plus
+    /// whatever `discovered` holds as it changes.
+    pub async fn start(
+        settings: &ReplicaSettings,
+        selectors: Vec<ThreadProducers>,
+        clock: Clock,
+        discovered: Option<watch::Receiver<BTreeSet<SocketAddr>>>,
+    ) -> Result<Replicas, StartError> {
+        let listener = bind("replica-sync", settings.listen).await?;
+        let port = listener.local_addr().map_err(|source| StartError::Listen { what: "replica-sync", source })?.port();
+        let id = ReplicaId(settings.replica_id.unwrap_or_else(|| default_replica_id(port)));
+        let incarnation = Incarnation(start_nanos());
+        let token: Option<Arc<str>> = settings.token.as_deref().map(Arc::from);
+        let direct = DirectConfig::new(id, token);
+        let transport = Arc::new(TransportMetrics::default());
+
+        let listed: BTreeSet<SocketAddr> = settings.peers.iter().copied().collect();
+        let (peers_tx, peers_rx) = watch::channel(listed.clone());
+        // Kubernetes mode: the peer service's replicas join the listed ones.
+        let merge = discovered.map(|mut discovered| {
+            tokio::spawn(async move {
+                loop {
+                    let all: BTreeSet<SocketAddr> = listed.union(&discovered.borrow_and_update()).copied().collect();
+                    if peers_tx.send(all).is_err() || discovered.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+        });
+        let mut sync_config = SyncConfig::new(id, incarnation);
+        sync_config.peer_grace = settings.peer_grace;
+        let links = {
+            let (direct, metrics) = (direct.clone(), transport.clone());
+            move |snapshots| DirectLinks::spawn(direct, peers_rx, snapshots, metrics)
+        };
+        let sync =
+            ReplicaSync::spawn(sync_config, selectors, clock, links).map_err(|e| StartError::Replicas(e.into()))?;
+        let service = PeerService::new(direct, sync.inbound(), transport.clone());
+        let router = kvpick_grpc::server::builder(&Http2::default()).add_service(service);
+        let server = kvpick_grpc::server::spawn_router(router, listener, None)?;
+        tracing::info!(
+            replica = id.0,
+            incarnation = incarnation.0,
+            listen = %server.local_addr(),
+            peers = ?settings.peers,
+            token = settings.token.is_some(),
+            "replica sync: sharing bookings with peer replicas"
+        );
+        Ok(Replicas { id, incarnation, sync, server, merge, transport })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.server.local_addr()
+    }
+
+    pub fn stats(&self) -> &Arc<SyncStats> {
+        self.sync.stats()
+    }
+
+    pub async fn shutdown(self) {
+        if let Some(merge) = self.merge {
+            merge.abort();
+        }
+        self.sync.shutdown();
+        if let Err(error) = self.server.shutdown_within(std::time::Duration::from_millis(500)).await {
+            tracing::warn!(%error, "replica-sync server ended with an error");
+        }
+    }
+}
+
+/// Stable across restarts of the same pod (its host name) and distinct
+/// for replicas sharing a host (their ports).
+fn default_replica_id(port: u16) -> u64 {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .unwrap_or_default();
+    let id = xxhash_rust::xxh3::xxh3_64(format!("{}:{port}", host.trim()).as_bytes());
+    id.max(1)
+}
+
+/// A later start has a larger incarnation (the wall clock, in ns).
+fn start_nanos() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    u64::try_from(since.as_nanos()).unwrap_or(u64::MAX).max(1)
+}

@@ -1,0 +1,429 @@
+//! The `direct` transport: no infrastructure, one gRPC stream from this
+//! replica to each peer (`kvpick.peer.v1.Peer/Exchange`, bidirectional).
+//!
+//! Each replica dials every peer it knows and sends its own frames down
+//! that stream (a snapshot first, then batches and digests); the peer
+//! answers on the same stream only to ask for a resync. A pair of
+//! replicas so holds two streams, each carrying one origin: who dials
+//! whom needs no agreement, and a stream's loss touches one direction.
+//!
+//! Every link has a bounded queue: a peer that reads slowly loses frames
+//! (its inbox then finds a gap and asks for a snapshot) and never slows
+//! the sync task, the other peers or a pick. Inbound frames are size-capped
+//! by tonic and then decoded and validated by `wire::decode`; a frame that
+//! fails ends that stream with INVALID_ARGUMENT (its sender reconnects and
+//! starts again from a snapshot), and a caller without the shared token is
+//! refused with UNAUTHENTICATED.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use kvpick_core::replica::ReplicaId;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::{BoxFuture, Service, http};
+use tonic::metadata::MetadataValue;
+use tonic::server::NamedService;
+use tonic::{Code, Status, Streaming};
+
+use crate::codec::RawCodec;
+use crate::metrics::TransportMetrics;
+use crate::sync::{Answer, Inbound, LinkId, Transport};
+use crate::wire::{Frame, Limits, decode};
+
+const SERVICE: &str = "kvpick.peer.v1.Peer";
+const EXCHANGE: &str = "/kvpick.peer.v1.Peer/Exchange";
+/// Names the dialing replica, so a replica that finds itself in its own
+/// peer list (a static list shared by all) stops dialing itself.
+const REPLICA_HEADER: &str = "x-kvpick-replica";
+/// Frames queued for one peer before new ones are dropped.
+const LINK_QUEUE: usize = 1024;
+
+/// What both ends of the transport are set with.
+#[derive(Clone, Debug)]
+pub struct DirectConfig {
+    pub replica: ReplicaId,
+    /// Callers must present it as `authorization: Bearer <token>`; `None`:
+    /// no token (peer traffic is then only as private as the network).
+    pub token: Option<Arc<str>>,
+    pub limits: Limits,
+    /// A link that cannot connect tries again after this, doubling up to
+    /// `max_backoff`.
+    pub backoff: Duration,
+    pub max_backoff: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl DirectConfig {
+    pub fn new(replica: ReplicaId, token: Option<Arc<str>>) -> Self {
+        DirectConfig {
+            replica,
+            token,
+            limits: Limits::default(),
+            backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The server half: mount it on the peer port's router.
+#[derive(Clone)]
+pub struct PeerService {
+    inner: Arc<ServerShared>,
+}
+
+struct ServerShared {
+    config: DirectConfig,
+    inbound: mpsc::Sender<Inbound>,
+    metrics: Arc<TransportMetrics>,
+}
+
+impl PeerService {
+    pub fn new(config: DirectConfig, inbound: mpsc::Sender<Inbound>, metrics: Arc<TransportMetrics>) -> Self {
+        PeerService { inner: Arc::new(ServerShared { config, inbound, metrics }) }
+    }
+}
+
+impl NamedService for PeerService {
+    const NAME: &'static str = SERVICE;
+}
+
+impl<B> Service<http::Request<B>> for PeerService
+where
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() != EXCHANGE {
+            return Box::pin(async { Ok(Status::unimplemented("kvpick.peer.v1.Peer has only Exchange").into_http()) });
+        }
+        let inner = self.inner.clone();
+        let max = inner.config.limits.max_frame_bytes;
+        Box::pin(async move {
+            let mut grpc = tonic::server::Grpc::new(RawCodec).apply_max_message_size_config(Some(max), Some(max));
+            Ok(grpc.streaming(Exchange(inner), req).await)
+        })
+    }
+}
+
+struct Exchange(Arc<ServerShared>);
+
+type Answers = ReceiverStream<Result<Bytes, Status>>;
+
+impl tonic::server::StreamingService<Bytes> for Exchange {
+    type Response = Bytes;
+    type ResponseStream = Answers;
+    type Future = BoxFuture<tonic::Response<Answers>, Status>;
+
+    fn call(&mut self, request: tonic::Request<Streaming<Bytes>>) -> Self::Future {
+        let shared = self.0.clone();
+        // Answers at once: the stream's frames are read by a task of its
+        // own, so the dialer's first frame never waits on our headers.
+        Box::pin(async move {
+            let peer = request.remote_addr();
+            admit(&shared, &request)?;
+            let (answers, answers_rx) = mpsc::channel::<Result<Bytes, Status>>(64);
+            tokio::spawn(read_stream(shared, peer, request.into_inner(), answers));
+            Ok(tonic::Response::new(ReceiverStream::new(answers_rx)))
+        })
+    }
+}
+
+/// The token and the caller's name: refused calls are counted and logged.
+fn admit(shared: &ServerShared, request: &tonic::Request<Streaming<Bytes>>) -> Result<(), Status> {
+    let peer = request.remote_addr();
+    let metadata = request.metadata();
+    if let Some(token) = &shared.config.token {
+        let presented =
+            metadata.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if !presented.is_some_and(|p| same_secret(p.as_bytes(), token.as_bytes())) {
+            shared.metrics.refused("unauthenticated");
+            tracing::warn!(peer = ?peer, "peer stream refused: no or wrong token");
+            return Err(Status::unauthenticated("kvpick peer token missing or wrong"));
+        }
+    }
+    let caller = metadata.get(REPLICA_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if caller == Some(shared.config.replica.0) {
+        return Err(Status::already_exists("this is the replica itself"));
+    }
+    Ok(())
+}
+
+/// Compares without stopping at the first difference.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn read_stream(
+    shared: Arc<ServerShared>,
+    peer: Option<SocketAddr>,
+    mut frames: Streaming<Bytes>,
+    answers: mpsc::Sender<Result<Bytes, Status>>,
+) {
+    // Weak: the sync keeps an origin's way back, which must not hold this
+    // stream open once its peer has stopped sending.
+    let back = answers.downgrade();
+    let answer = Answer::new(move |frame| back.upgrade().is_some_and(|back| back.try_send(Ok(frame)).is_ok()));
+    shared.metrics.streams_in.fetch_add(1, Ordering::Relaxed);
+    loop {
+        let bytes = match frames.message().await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => break,
+            Err(status) => {
+                // Over tonic's size cap, or the connection broke.
+                if status.code() == Code::OutOfRange || status.code() == Code::ResourceExhausted {
+                    shared.metrics.refused("too_large");
+                    tracing::warn!(peer = ?peer, %status, "peer frame refused: over the size cap; its stream is ended");
+                    let _ = answers.send(Err(Status::out_of_range(status.message().to_owned()))).await;
+                } else {
+                    tracing::debug!(peer = ?peer, %status, "peer stream ended");
+                }
+                break;
+            }
+        };
+        shared.metrics.frames_in.fetch_add(1, Ordering::Relaxed);
+        shared.metrics.bytes_in.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let frame = match decode(&bytes, &shared.config.limits) {
+            Ok(Frame::Resync(_)) => {
+                shared.metrics.refused("unexpected_resync");
+                continue;
+            }
+            Ok(frame) => frame,
+            Err(error) => {
+                shared.metrics.refused(error.kind());
+                tracing::warn!(peer = ?peer, bytes = bytes.len(), %error, "peer frame refused; its stream is ended (the peer starts again from a snapshot)");
+                let _ = answers.send(Err(Status::invalid_argument(format!("peer frame refused: {error}")))).await;
+                break;
+            }
+        };
+        if shared.inbound.send(Inbound { frame, answer: answer.clone() }).await.is_err() {
+            break; // the sync task stopped
+        }
+    }
+    shared.metrics.streams_in.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// The client half: a link per peer address, each with its own queue.
+pub struct DirectLinks {
+    links: Arc<Mutex<HashMap<LinkId, LinkQueue>>>,
+    manager: JoinHandle<()>,
+}
+
+struct LinkQueue {
+    addr: SocketAddr,
+    queue: mpsc::Sender<Bytes>,
+    task: JoinHandle<()>,
+}
+
+impl DirectLinks {
+    /// Dials every address `peers` holds (now and as it changes), asking
+    /// `snapshots` for a snapshot whenever a link (re)connects or its peer
+    /// asks for a resync.
+    pub fn spawn(
+        config: DirectConfig,
+        mut peers: watch::Receiver<BTreeSet<SocketAddr>>,
+        snapshots: mpsc::UnboundedSender<LinkId>,
+        metrics: Arc<TransportMetrics>,
+    ) -> DirectLinks {
+        let links: Arc<Mutex<HashMap<LinkId, LinkQueue>>> = Arc::default();
+        let held = links.clone();
+        let manager = tokio::spawn(async move {
+            let next_id = AtomicU64::new(1);
+            loop {
+                let wanted = peers.borrow_and_update().clone();
+                {
+                    let mut links = held.lock().unwrap_or_else(PoisonError::into_inner);
+                    links.retain(|_, link| {
+                        let keep = wanted.contains(&link.addr) && !link.task.is_finished();
+                        if !keep {
+                            link.task.abort();
+                        }
+                        keep
+                    });
+                    let have: BTreeSet<SocketAddr> = links.values().map(|l| l.addr).collect();
+                    for addr in wanted.difference(&have) {
+                        let id = next_id.fetch_add(1, Ordering::Relaxed);
+                        let (queue, queue_rx) = mpsc::channel(LINK_QUEUE);
+                        let link = Link {
+                            id,
+                            addr: *addr,
+                            config: config.clone(),
+                            snapshots: snapshots.clone(),
+                            metrics: metrics.clone(),
+                        };
+                        let task = tokio::spawn(link.run(queue_rx));
+                        links.insert(id, LinkQueue { addr: *addr, queue, task });
+                        tracing::info!(peer = %addr, "replica sync: dialing a peer");
+                    }
+                    metrics.links.store(links.len() as u64, Ordering::Relaxed);
+                }
+                if peers.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
+        DirectLinks { links, manager }
+    }
+
+    fn with_links<R>(&self, f: impl FnOnce(&HashMap<LinkId, LinkQueue>) -> R) -> R {
+        f(&self.links.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+impl Drop for DirectLinks {
+    fn drop(&mut self) {
+        self.manager.abort();
+        self.with_links(|links| links.values().for_each(|l| l.task.abort()));
+    }
+}
+
+impl Transport for DirectLinks {
+    fn publish(&mut self, frame: &Bytes) {
+        self.with_links(|links| {
+            for link in links.values() {
+                // Full: its peer finds the gap and resyncs.
+                let _ = link.queue.try_send(frame.clone());
+            }
+        });
+    }
+
+    fn send_to(&mut self, link: LinkId, frame: Bytes) -> bool {
+        self.with_links(|links| links.get(&link).is_some_and(|l| l.queue.try_send(frame).is_ok()))
+    }
+}
+
+struct Link {
+    id: LinkId,
+    addr: SocketAddr,
+    config: DirectConfig,
+    snapshots: mpsc::UnboundedSender<LinkId>,
+    metrics: Arc<TransportMetrics>,
+}
+
+/// How a connection ended.
+enum Ended {
+    /// Try again after a pause.
+    Retry,
+    /// The peer is this replica: never again.
+    Itself,
+}
+
+impl Link {
+    async fn run(self, mut queue: mpsc::Receiver<Bytes>) {
+        let mut backoff = self.config.backoff;
+        loop {
+            match self.connect_and_send(&mut queue).await {
+                Ok(Ended::Itself) => {
+                    tracing::info!(peer = %self.addr, "replica sync: that peer address is this replica; not dialing it");
+                    return;
+                }
+                Ok(Ended::Retry) => backoff = self.config.backoff,
+                Err(error) => {
+                    tracing::debug!(peer = %self.addr, %error, "replica sync: peer not reachable");
+                }
+            }
+            self.metrics.reconnects.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(self.config.max_backoff);
+        }
+    }
+
+    async fn connect_and_send(
+        &self,
+        queue: &mut mpsc::Receiver<Bytes>,
+    ) -> Result<Ended, Box<dyn std::error::Error + Send + Sync>> {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))?
+            .connect_timeout(self.config.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .keep_alive_while_idle(true);
+        let channel = endpoint.connect().await?;
+        let max = self.config.limits.max_frame_bytes;
+        let mut client =
+            tonic::client::Grpc::new(channel).max_decoding_message_size(max).max_encoding_message_size(max);
+        client.ready().await?;
+        // What was queued for the last connection is stale: the snapshot
+        // asked for next stands for all of it.
+        while queue.try_recv().is_ok() {}
+        let _ = self.snapshots.send(self.id);
+        let (frames, frames_rx) = mpsc::channel::<Bytes>(64);
+        // The first frame goes in before the call so the stream opens with
+        // data (the snapshot, or a batch queued just before it).
+        let Some(first) = queue.recv().await else { return Ok(Ended::Retry) };
+        frames.send(first).await?;
+        let mut request = tonic::Request::new(ReceiverStream::new(frames_rx));
+        if let Some(token) = &self.config.token {
+            request.metadata_mut().insert("authorization", MetadataValue::try_from(format!("Bearer {token}"))?);
+        }
+        request.metadata_mut().insert(REPLICA_HEADER, MetadataValue::from(self.config.replica.0));
+        let path = http::uri::PathAndQuery::from_static(EXCHANGE);
+        let response = match client.streaming(request, path, RawCodec).await {
+            Ok(response) => response,
+            Err(status) if status.code() == Code::AlreadyExists => return Ok(Ended::Itself),
+            Err(status) => {
+                tracing::warn!(peer = %self.addr, %status, "replica sync: peer refused the stream");
+                return Ok(Ended::Retry);
+            }
+        };
+        tracing::info!(peer = %self.addr, "replica sync: streaming to a peer");
+        self.metrics.links_up.fetch_add(1, Ordering::Relaxed);
+        let ended = self.pump(queue, &frames, response.into_inner()).await;
+        self.metrics.links_up.fetch_sub(1, Ordering::Relaxed);
+        ended
+    }
+
+    /// Forwards the queue into the stream and the peer's resync requests
+    /// to the sync task, until either side ends.
+    async fn pump(
+        &self,
+        queue: &mut mpsc::Receiver<Bytes>,
+        frames: &mpsc::Sender<Bytes>,
+        mut answers: Streaming<Bytes>,
+    ) -> Result<Ended, Box<dyn std::error::Error + Send + Sync>> {
+        loop {
+            tokio::select! {
+                next = queue.recv() => {
+                    let Some(frame) = next else { return Ok(Ended::Retry) };
+                    self.metrics.frames_out.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.bytes_out.fetch_add(frame.len() as u64, Ordering::Relaxed);
+                    if frames.send(frame).await.is_err() {
+                        return Ok(Ended::Retry);
+                    }
+                }
+                answer = answers.message() => match answer {
+                    Ok(Some(bytes)) => match decode(&bytes, &self.config.limits) {
+                        Ok(Frame::Resync(request)) if request.origin == self.config.replica => {
+                            let _ = self.snapshots.send(self.id);
+                        }
+                        Ok(_) => self.metrics.refused("unexpected_answer"),
+                        Err(error) => {
+                            self.metrics.refused(error.kind());
+                            tracing::warn!(peer = %self.addr, %error, "replica sync: peer's answer refused");
+                        }
+                    },
+                    Ok(None) => return Ok(Ended::Retry),
+                    Err(status) => {
+                        tracing::warn!(peer = %self.addr, %status, "replica sync: peer ended the stream");
+                        return Ok(Ended::Retry);
+                    }
+                },
+            }
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! The transport's counters (the sync's own are `sync::SyncStats`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+#[derive(Debug, Default)]
+pub struct TransportMetrics {
+    /// Peers dialed, and of those the links streaming now.
+    pub links: AtomicU64,
+    pub links_up: AtomicU64,
+    /// Peers' streams open on this replica's peer port.
+    pub streams_in: AtomicU64,
+    pub reconnects: AtomicU64,
+    pub frames_in: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub frames_out: AtomicU64,
+    pub bytes_out: AtomicU64,
+    /// Frames and calls refused, by reason.
+    refused: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl TransportMetrics {
+    pub fn refused(&self, reason: &'static str) {
+        *self.refused.lock().unwrap_or_else(PoisonError::into_inner).entry(reason).or_default() += 1;
+    }
+
+    pub fn refusals(&self) -> BTreeMap<&'static str, u64> {
+        self.refused.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}

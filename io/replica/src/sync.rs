@@ -1,0 +1,470 @@
+//! The replica sync: one task between this replica's shards and its peers.
+//!
+//! Out: the shards tell it of every change to this replica's own bookings
+//! (`BookingObserver`, from their threads, never waiting); it numbers them
+//! in its `Outbox` and publishes each run of them as one batch, plus a
+//! digest every `digest_every` (anti-entropy, and a heartbeat). A peer
+//! link that (re)connects or asks for a resync gets a snapshot, in order
+//! with the batches.
+//!
+//! In: frames from peers, decoded and validated by the transport, go
+//! through the origin's `Inbox` (exactly once, gaps and restarts found)
+//! and what it says to apply goes to the shards of whichever selector has
+//! the booking's worker. A gap or a digest mismatch asks the origin for a
+//! snapshot; an origin silent for `peer_grace` has its bookings freed.
+//!
+//! Everything here runs on one task: no lock is held across an await, and
+//! a slow peer only ever fills its own link's queue (see `Transport`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kvpick_core::booking::{BookingEvent, ReservationId};
+use kvpick_core::clock::Millis;
+use kvpick_core::replica::{Inbox, InboxConfig, InboxStats, Incarnation, Outbox, ReplicaId};
+use kvpick_core::shard::BookingError;
+use kvpick_core::worker::WorkerId;
+use kvpick_runtime::{BookingObserver, Clock, ThreadProducers};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::wire::{Frame, ResyncRequest, encode};
+
+/// An outbound link to one peer, named by the transport.
+pub type LinkId = u64;
+
+/// How this replica's own frames reach its peers.
+pub trait Transport: Send + 'static {
+    /// To every peer, in order (batches and digests). A peer whose queue is
+    /// full misses it: the gap, or the next digest, makes it ask for a
+    /// snapshot, so a slow peer never holds back the others or a pick.
+    fn publish(&mut self, frame: &Bytes);
+    /// To one peer, in order with what was published before; false if its
+    /// queue is full or it is gone (then retried at the next digest).
+    fn send_to(&mut self, link: LinkId, frame: Bytes) -> bool;
+}
+
+/// The way back to whoever sent an inbound frame (its origin's link):
+/// returns false when that stream is full or gone.
+#[derive(Clone)]
+pub struct Answer(Arc<dyn Fn(Bytes) -> bool + Send + Sync>);
+
+impl Answer {
+    pub fn new(send: impl Fn(Bytes) -> bool + Send + Sync + 'static) -> Self {
+        Answer(Arc::new(send))
+    }
+
+    fn send(&self, frame: Bytes) -> bool {
+        (self.0)(frame)
+    }
+}
+
+/// A peer's frame, decoded and validated.
+pub struct Inbound {
+    pub frame: Frame,
+    pub answer: Answer,
+}
+
+#[derive(Clone, Debug)]
+pub struct SyncConfig {
+    pub replica: ReplicaId,
+    pub incarnation: Incarnation,
+    /// How often a digest goes to every peer (and overdue resyncs, silent
+    /// origins and bookings waiting for their worker are looked at).
+    pub digest_every: Duration,
+    /// An origin heard nothing from for this long has its bookings freed.
+    pub peer_grace: Duration,
+    pub inbox: InboxConfig,
+}
+
+impl SyncConfig {
+    pub fn new(replica: ReplicaId, incarnation: Incarnation) -> Self {
+        SyncConfig {
+            replica,
+            incarnation,
+            digest_every: Duration::from_secs(1),
+            peer_grace: Duration::from_secs(30),
+            inbox: InboxConfig::default(),
+        }
+    }
+}
+
+/// One origin as this replica sees it, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OriginView {
+    pub stats: InboxStats,
+    /// Its live bookings as mirrored here.
+    pub live: usize,
+    pub last_seq: u64,
+    /// The last sequence number its digests showed: `seen - last_seq` is
+    /// how far behind this replica is.
+    pub seen: u64,
+    /// Freed after `peer_grace` of silence (until it is heard again).
+    pub forgotten: bool,
+    /// Changes of its that this replica's shards refused.
+    pub refused: u64,
+}
+
+/// What the sync has done, for metrics; read with `SyncStats::snapshot`.
+#[derive(Debug, Default)]
+pub struct SyncStats {
+    inner: Mutex<SyncCounts>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SyncCounts {
+    pub own_events: u64,
+    pub own_live: usize,
+    pub own_last_seq: u64,
+    pub batches_published: u64,
+    pub snapshots_sent: u64,
+    pub snapshots_deferred: u64,
+    pub resyncs_asked: u64,
+    pub origins: HashMap<ReplicaId, OriginView>,
+}
+
+impl SyncStats {
+    pub fn snapshot(&self) -> SyncCounts {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut SyncCounts)) {
+        f(&mut self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+    }
+}
+
+enum Observed {
+    Own(BookingEvent, Millis),
+    PeerDropped(ReplicaId, ReservationId),
+}
+
+/// The shards' side: hands what they apply to the sync task.
+struct ChannelObserver(mpsc::UnboundedSender<Observed>);
+
+impl BookingObserver for ChannelObserver {
+    fn own(&self, event: &BookingEvent, now: Millis) {
+        let _ = self.0.send(Observed::Own(event.clone(), now));
+    }
+
+    fn peer_dropped(&self, origin: ReplicaId, id: ReservationId) {
+        let _ = self.0.send(Observed::PeerDropped(origin, id));
+    }
+}
+
+/// A running replica sync.
+pub struct ReplicaSync {
+    inbound: mpsc::Sender<Inbound>,
+    snapshots: mpsc::UnboundedSender<LinkId>,
+    stats: Arc<SyncStats>,
+    task: JoinHandle<()>,
+}
+
+impl ReplicaSync {
+    /// Starts the sync task on the current tokio runtime, observing the
+    /// bookings of `selectors` (the whole-request selector, and the prefill
+    /// one when disaggregation is on). Fails if one is observed already.
+    /// `transport` is made with the sender its links ask for snapshots on.
+    pub fn spawn<T: Transport>(
+        config: SyncConfig,
+        selectors: Vec<ThreadProducers>,
+        clock: Clock,
+        transport: impl FnOnce(mpsc::UnboundedSender<LinkId>) -> T,
+    ) -> Result<ReplicaSync, &'static str> {
+        let (observed_tx, observed) = mpsc::unbounded_channel();
+        for selector in &selectors {
+            if !selector.service().observe_bookings(Arc::new(ChannelObserver(observed_tx.clone()))) {
+                return Err("a selector's bookings are observed already");
+            }
+        }
+        let (inbound, inbound_rx) = mpsc::channel(1024);
+        let (snapshots, snapshots_rx) = mpsc::unbounded_channel();
+        let transport = transport(snapshots.clone());
+        let stats = Arc::new(SyncStats::default());
+        let state = State {
+            outbox: Outbox::new(config.replica, config.incarnation),
+            inboxes: HashMap::new(),
+            selectors,
+            clock,
+            transport,
+            deferred_snapshots: Vec::new(),
+            stats: stats.clone(),
+            config,
+        };
+        let task = tokio::spawn(state.run(observed, inbound_rx, snapshots_rx));
+        Ok(ReplicaSync { inbound, snapshots, stats, task })
+    }
+
+    /// Where the transport hands peers' frames (bounded: a flood waits).
+    pub fn inbound(&self) -> mpsc::Sender<Inbound> {
+        self.inbound.clone()
+    }
+
+    /// Where the transport asks for a snapshot for one of its links (on
+    /// connecting, and when the peer asks for a resync).
+    pub fn snapshot_requests(&self) -> mpsc::UnboundedSender<LinkId> {
+        self.snapshots.clone()
+    }
+
+    pub fn stats(&self) -> &Arc<SyncStats> {
+        &self.stats
+    }
+
+    pub fn shutdown(self) {
+        self.task.abort();
+    }
+}
+
+struct Origin {
+    inbox: Inbox,
+    heard: Instant,
+    /// Its link's way back, for asking again when a resync is overdue.
+    answer: Option<Answer>,
+    asked: Option<Instant>,
+    seen: u64,
+    forgotten: bool,
+    refused: u64,
+}
+
+struct State<T: Transport> {
+    config: SyncConfig,
+    outbox: Outbox,
+    inboxes: HashMap<ReplicaId, Origin>,
+    selectors: Vec<ThreadProducers>,
+    clock: Clock,
+    transport: T,
+    /// Links whose snapshot found their queue full.
+    deferred_snapshots: Vec<LinkId>,
+    stats: Arc<SyncStats>,
+}
+
+impl<T: Transport> State<T> {
+    async fn run(
+        mut self,
+        mut observed: mpsc::UnboundedReceiver<Observed>,
+        mut inbound: mpsc::Receiver<Inbound>,
+        mut snapshots: mpsc::UnboundedReceiver<LinkId>,
+    ) {
+        let mut digest = tokio::time::interval(self.config.digest_every);
+        digest.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                Some(first) = observed.recv() => {
+                    // Whatever else is waiting goes in the same batch.
+                    self.observe(first).await;
+                    while let Ok(next) = observed.try_recv() {
+                        self.observe(next).await;
+                    }
+                    self.publish_batch();
+                }
+                Some(frame) = inbound.recv() => self.receive(frame).await,
+                Some(link) = snapshots.recv() => self.send_snapshot(link),
+                _ = digest.tick() => self.every_digest().await,
+                else => break,
+            }
+        }
+    }
+
+    async fn observe(&mut self, observed: Observed) {
+        match observed {
+            Observed::Own(event, now) => {
+                self.outbox.record(&event, now);
+            }
+            Observed::PeerDropped(origin, id) => {
+                if let Some(origin) = self.inboxes.get_mut(&origin) {
+                    origin.inbox.not_applied(id);
+                }
+            }
+        }
+    }
+
+    fn publish_batch(&mut self) {
+        let Some(batch) = self.outbox.take_batch() else { return };
+        let events = batch.events.len() as u64;
+        self.transport.publish(&Bytes::from(encode(&Frame::Batch(batch))));
+        let (live, last_seq) = (self.outbox.live(), self.outbox.digest().last_seq);
+        self.stats.update(|s| {
+            s.own_events += events;
+            s.batches_published += 1;
+            s.own_live = live;
+            s.own_last_seq = last_seq;
+        });
+    }
+
+    fn send_snapshot(&mut self, link: LinkId) {
+        // Pending changes first, so the snapshot follows every batch.
+        self.publish_batch();
+        let snapshot = self.outbox.snapshot(self.clock.now());
+        let sent = self.transport.send_to(link, Bytes::from(encode(&Frame::Snapshot(snapshot))));
+        if !sent && !self.deferred_snapshots.contains(&link) {
+            self.deferred_snapshots.push(link);
+        }
+        self.stats.update(|s| if sent { s.snapshots_sent += 1 } else { s.snapshots_deferred += 1 });
+    }
+
+    async fn receive(&mut self, Inbound { frame, answer }: Inbound) {
+        let now = self.clock.now();
+        let origin_id = match &frame {
+            Frame::Batch(b) => b.origin,
+            Frame::Snapshot(s) => s.origin,
+            Frame::Digest(d) => d.origin,
+            // Asks for our snapshot: only meaningful on our own links.
+            Frame::Resync(_) => return,
+        };
+        if origin_id == self.config.replica {
+            return;
+        }
+        let inbox_config = self.config.inbox;
+        self.inboxes.entry(origin_id).or_insert_with(|| Origin {
+            inbox: Inbox::new(origin_id, inbox_config),
+            heard: Instant::now(),
+            answer: None,
+            asked: None,
+            seen: 0,
+            forgotten: false,
+            refused: 0,
+        });
+        let selectors = &self.selectors;
+        let in_pool = |worker: WorkerId| selectors.iter().any(|s| s.service().owns(worker));
+        let Some(origin) = self.inboxes.get_mut(&origin_id) else { return };
+        origin.heard = Instant::now();
+        origin.forgotten = false;
+        origin.answer = Some(answer);
+        let (apply, resync_from) = match &frame {
+            Frame::Batch(batch) => {
+                origin.seen = origin.seen.max(batch.first_seq + batch.events.len() as u64 - 1);
+                let received = origin.inbox.receive(batch, now, in_pool);
+                (received.apply, received.resync_from)
+            }
+            Frame::Snapshot(snapshot) => {
+                origin.asked = None;
+                origin.seen = origin.seen.max(snapshot.last_seq);
+                (origin.inbox.resync(snapshot, now, in_pool), None)
+            }
+            Frame::Digest(digest) => {
+                origin.seen = digest.last_seq;
+                let received = origin.inbox.check(digest);
+                (received.apply, received.resync_from)
+            }
+            Frame::Resync(_) => return,
+        };
+        self.apply(origin_id, apply, now).await;
+        if let Some(from_seq) = resync_from {
+            self.ask_resync(origin_id, from_seq);
+        }
+        self.report_origin(origin_id);
+    }
+
+    /// Applies an origin's changes to the selector that has each one's
+    /// worker; a refused booking is left unapplied in the mirror (booked
+    /// again on renewal or when its worker joins).
+    async fn apply(&mut self, origin: ReplicaId, events: Vec<BookingEvent>, now: Millis) {
+        let mut refused = 0;
+        for event in events {
+            let id = event.id();
+            let is_news = matches!(event, BookingEvent::Reserved(_) | BookingEvent::Renewed { .. });
+            let result = match &event {
+                BookingEvent::Reserved(booking) => {
+                    match self.selectors.iter().find(|s| s.service().owns(booking.worker)) {
+                        Some(selector) => {
+                            selector.service().apply_peer_booking(selector, origin, event.clone(), now).await
+                        }
+                        None => Err(BookingError::UnknownWorker(booking.worker)),
+                    }
+                }
+                _ => {
+                    let mut result = Err(BookingError::NotFound(id));
+                    for selector in &self.selectors {
+                        result = selector.service().apply_peer_booking(selector, origin, event.clone(), now).await;
+                        if !matches!(result, Err(BookingError::NotFound(_))) {
+                            break;
+                        }
+                    }
+                    result
+                }
+            };
+            if let Err(error) = result {
+                // A free or a renewal of a booking the shards already let
+                // go of is no news; anything else is counted.
+                if is_news {
+                    refused += 1;
+                    tracing::debug!(origin = origin.0, id = id.0, %error, "a peer's booking was not applied here");
+                    if let Some(origin) = self.inboxes.get_mut(&origin) {
+                        origin.inbox.not_applied(id);
+                    }
+                }
+            }
+        }
+        if let Some(origin) = self.inboxes.get_mut(&origin) {
+            origin.refused += refused;
+        }
+    }
+
+    fn ask_resync(&mut self, origin_id: ReplicaId, from_seq: u64) {
+        let Some(origin) = self.inboxes.get_mut(&origin_id) else { return };
+        let Some(answer) = &origin.answer else { return };
+        let Some(incarnation) = origin.inbox.incarnation() else { return };
+        let request = ResyncRequest { origin: origin_id, incarnation, from_seq };
+        if answer.send(Bytes::from(encode(&Frame::Resync(request)))) {
+            origin.asked = Some(Instant::now());
+            self.stats.update(|s| s.resyncs_asked += 1);
+        }
+        tracing::debug!(origin = origin_id.0, from_seq, "asked a peer for a snapshot of its bookings");
+    }
+
+    async fn every_digest(&mut self) {
+        self.publish_batch();
+        self.transport.publish(&Bytes::from(encode(&Frame::Digest(self.outbox.digest()))));
+        for link in std::mem::take(&mut self.deferred_snapshots) {
+            self.send_snapshot(link);
+        }
+        let now = self.clock.now();
+        let grace = self.config.peer_grace;
+        let ids: Vec<ReplicaId> = self.inboxes.keys().copied().collect();
+        for id in ids {
+            let Some(origin) = self.inboxes.get_mut(&id) else { continue };
+            if !origin.forgotten && origin.heard.elapsed() >= grace {
+                origin.forgotten = true;
+                let freed = origin.inbox.forget();
+                tracing::warn!(
+                    origin = id.0,
+                    bookings = freed.len(),
+                    grace_s = grace.as_secs(),
+                    "peer replica silent past its grace period: its bookings are freed here"
+                );
+                self.apply(id, freed, now).await;
+            } else if let Some(from_seq) = origin.inbox.awaiting_resync() {
+                // The request or its answer was lost.
+                if origin.asked.is_none_or(|at| at.elapsed() >= self.config.digest_every * 2) {
+                    self.ask_resync(id, from_seq);
+                }
+            }
+            let selectors = &self.selectors;
+            let in_pool = |worker: WorkerId| selectors.iter().any(|s| s.service().owns(worker));
+            let retry = self.inboxes.get_mut(&id).map(|o| o.inbox.retry_unapplied(now, in_pool)).unwrap_or_default();
+            self.apply(id, retry, now).await;
+            self.report_origin(id);
+        }
+        let (live, last_seq) = (self.outbox.live(), self.outbox.digest().last_seq);
+        self.stats.update(|s| {
+            s.own_live = live;
+            s.own_last_seq = last_seq;
+        });
+    }
+
+    fn report_origin(&self, id: ReplicaId) {
+        let Some(origin) = self.inboxes.get(&id) else { return };
+        let view = OriginView {
+            stats: origin.inbox.stats(),
+            live: origin.inbox.live(),
+            last_seq: origin.inbox.last_seq(),
+            seen: origin.seen,
+            forgotten: origin.forgotten,
+            refused: origin.refused,
+        };
+        self.stats.update(|s| {
+            s.origins.insert(id, view);
+        });
+    }
+}
