@@ -11,6 +11,7 @@ mod ext_proc_support;
 mod bin_disagg;
 mod bin_kubernetes;
 mod bin_local_tokenizer;
+mod bin_replicas;
 mod bin_serve;
 mod bin_sglang;
 mod bin_trtllm;

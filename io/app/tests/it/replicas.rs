@@ -29,7 +29,7 @@ const TOKEN: &str = "replica-test-token";
 
 /// A port free now, for a replica whose peers must know it before it
 /// starts (each lists the other).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
     listener.local_addr().map(|a| a.port()).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -45,23 +45,26 @@ async fn replica(workers: &Path, port: u16, peers: &str) -> App {
     App::start(config).await.unwrap_or_else(|e| panic!("start: {e}"))
 }
 
-fn body(words: &str) -> String {
+pub(crate) fn body(words: &str) -> String {
     serde_json::json!({"model": "sim-model", "messages": [{"role": "user", "content": words}], "stream": true})
         .to_string()
 }
 
-fn text(prefix: &str) -> String {
+pub(crate) fn text(prefix: &str) -> String {
     (0..60).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>().join(" ")
 }
 
 async fn open(app: &App) -> (Call, ExternalProcessorClient<tonic::transport::Channel>) {
-    let mut client = ExternalProcessorClient::connect(format!("http://{}", app.ext_proc_addr()))
-        .await
-        .unwrap_or_else(|e| panic!("connect: {e}"));
+    open_at(app.ext_proc_addr()).await
+}
+
+pub(crate) async fn open_at(ext_proc: SocketAddr) -> (Call, ExternalProcessorClient<tonic::transport::Channel>) {
+    let mut client =
+        ExternalProcessorClient::connect(format!("http://{ext_proc}")).await.unwrap_or_else(|e| panic!("connect: {e}"));
     (Call::open(&mut client).await, client)
 }
 
-async fn pick(call: &mut Call, body: &str) -> String {
+pub(crate) async fn pick(call: &mut Call, body: &str) -> String {
     call.send(chat_headers());
     call.send(request_body(body.as_bytes(), true));
     let headers = call.recv().await;
@@ -233,6 +236,61 @@ async fn the_peer_port_refuses_strangers_garbage_and_lies() {
         .unwrap_or_else(|s| panic!("{s}"));
     wait_for("freed by its origin", || async { a.service().peer_bookings() == 0 }).await;
     assert_eq!(loads(&a).await.iter().map(|l| l.prefill_tokens).sum::<u64>(), 0);
+    a.shutdown().await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_peer_frame_is_asked_for_again_as_a_snapshot() {
+    let fleet = fleet(1).await;
+    let dir = TempDir::new("replica-gap");
+    let file = dir.path("workers.json");
+    write_workers(&file, &fleet, &[0]);
+    let a = replica(&file, 0, &format!("127.0.0.1:{}", free_port())).await;
+    let port = a.replica_sync_addr().unwrap_or_else(|| panic!("no replica-sync port"));
+    let worker = a.workers().all()[0].0;
+
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{port}"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    let mut client = tonic::client::Grpc::new(channel);
+    client.ready().await.unwrap_or_else(|e| panic!("{e}"));
+    let (tx, rx) = mpsc::channel(16);
+    let mut request = tonic::Request::new(ReceiverStream::new(rx));
+    request.metadata_mut().insert("authorization", MetadataValue::try_from(format!("Bearer {TOKEN}")).unwrap());
+    // Event 1, then event 3: event 2 (a second booking) was lost.
+    tx.send(batch(9, 1, vec![PeerEvent::Reserved(booking(200, worker))])).await.unwrap();
+    tx.send(batch(9, 3, vec![PeerEvent::Freed(ReservationId(200))])).await.unwrap();
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/kvpick.peer.v1.Peer/Exchange");
+    let mut answers = client.streaming(request, path, RawCodec).await.unwrap_or_else(|s| panic!("{s}")).into_inner();
+    let asked = answers.message().await.unwrap_or_else(|s| panic!("{s}")).unwrap_or_else(|| panic!("no answer"));
+    match kvpick_replica::decode(&asked, &kvpick_replica::Limits::default()) {
+        Ok(Frame::Resync(request)) => {
+            assert_eq!((request.origin, request.incarnation, request.from_seq), (ReplicaId(9), Incarnation(1), 2));
+        }
+        other => panic!("expected a resync request, got {other:?}"),
+    }
+    assert_eq!(a.service().peer_bookings(), 1, "event 3 waits for the snapshot");
+    // The snapshot after event 3: booking 201 (booked by the lost event 2)
+    // is live, 200 is not.
+    let snapshot = kvpick_core::replica::Snapshot {
+        origin: ReplicaId(9),
+        incarnation: Incarnation(1),
+        last_seq: 3,
+        bookings: vec![booking(201, worker)],
+    };
+    tx.send(Bytes::from(encode(&Frame::Snapshot(snapshot)))).await.unwrap();
+    tx.send(batch(9, 4, vec![PeerEvent::Freed(ReservationId(201))])).await.unwrap();
+    wait_for("the snapshot applied, then the stream after it", || async {
+        let stats = a.replicas().map(|r| r.stats().snapshot()).unwrap_or_default();
+        stats.origins.get(&ReplicaId(9)).is_some_and(|o| o.last_seq == 4 && o.live == 0 && o.stats.resyncs == 1)
+    })
+    .await;
+    assert_eq!(a.service().peer_bookings(), 0);
+    assert_eq!(loads(&a).await.iter().map(|l| l.prefill_tokens).sum::<u64>(), 0);
+    drop(tx);
     a.shutdown().await;
     fleet.shutdown().await;
 }
