@@ -38,6 +38,10 @@ pub struct Batch {
     pub first_seq: u64,
     #[prost(message, repeated, tag = "4")]
     pub events: Vec<Event>,
+    /// The origin's wall clock when it sent the batch, µs since the Unix
+    /// epoch (0: not said); for measuring delay only.
+    #[prost(fixed64, tag = "5")]
+    pub sent_unix_micros: u64,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]

@@ -93,6 +93,7 @@ impl Outbox {
             incarnation: self.incarnation,
             first_seq: self.last_seq + 1 - events.len() as u64,
             events,
+            sent_unix_micros: 0,
         })
     }
 

@@ -214,8 +214,13 @@ fn digests_catch_a_lost_tail_and_a_diverged_mirror() {
     assert_eq!(inbox.check(&outbox.digest()).resync_from, None);
 
     // A frame that numbering cannot catch: event 3 with other content.
-    let forged =
-        Batch { origin: A, incarnation: FIRST, first_seq: 3, events: vec![PeerEvent::Freed(ReservationId(1))] };
+    let forged = Batch {
+        sent_unix_micros: 0,
+        origin: A,
+        incarnation: FIRST,
+        first_seq: 3,
+        events: vec![PeerEvent::Freed(ReservationId(1))],
+    };
     shards.apply(&inbox.receive(&forged, NOW, everyone).apply);
     outbox.record(&BookingEvent::PrefillComplete(ReservationId(2)), NOW);
     outbox.take_batch();
@@ -304,14 +309,22 @@ fn a_gone_origin_is_forgotten_and_its_return_resyncs() {
 #[test]
 fn frames_no_origin_could_send_are_refused() {
     let mut inbox = inbox();
-    let zero = Batch { origin: A, incarnation: FIRST, first_seq: 0, events: vec![PeerEvent::Freed(ReservationId(1))] };
+    let zero = Batch {
+        sent_unix_micros: 0,
+        origin: A,
+        incarnation: FIRST,
+        first_seq: 0,
+        events: vec![PeerEvent::Freed(ReservationId(1))],
+    };
     let overflow = Batch {
+        sent_unix_micros: 0,
         origin: A,
         incarnation: FIRST,
         first_seq: u64::MAX,
         events: vec![PeerEvent::Freed(ReservationId(1)); 2],
     };
-    let elsewhere = Batch { origin: ReplicaId(2), incarnation: FIRST, first_seq: 1, events: vec![] };
+    let elsewhere =
+        Batch { sent_unix_micros: 0, origin: ReplicaId(2), incarnation: FIRST, first_seq: 1, events: vec![] };
     for batch in [zero, overflow, elsewhere] {
         assert_eq!(inbox.receive(&batch, NOW, everyone), Received::default());
     }
@@ -463,6 +476,7 @@ fn a_snapshot_that_undoes_a_prefill_books_again_and_converges() {
     shards.apply(&inbox.receive(&outbox.take_batch().expect("one"), NOW, everyone).apply);
     // A forged event 2 says prefill is over; the origin never said so.
     let forged = Batch {
+        sent_unix_micros: 0,
         origin: A,
         incarnation: FIRST,
         first_seq: 2,

@@ -98,6 +98,7 @@ pub fn encode(frame: &Frame) -> Vec<u8> {
             incarnation: batch.incarnation.0,
             first_seq: batch.first_seq,
             events: batch.events.iter().map(event_to_pb).collect(),
+            sent_unix_micros: batch.sent_unix_micros,
         }),
         Frame::Snapshot(snapshot) => pb::peer_frame::Body::Snapshot(pb::Snapshot {
             origin: snapshot.origin.0,
@@ -149,7 +150,13 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Frame, FrameError> {
                 .enumerate()
                 .map(|(index, event)| event_from_pb(index, event, limits))
                 .collect::<Result<_, _>>()?;
-            Ok(Frame::Batch(Batch { origin, incarnation, first_seq: batch.first_seq, events }))
+            Ok(Frame::Batch(Batch {
+                origin,
+                incarnation,
+                first_seq: batch.first_seq,
+                events,
+                sent_unix_micros: batch.sent_unix_micros,
+            }))
         }
         pb::peer_frame::Body::Snapshot(snapshot) => {
             let (origin, incarnation) = replica(snapshot.origin, snapshot.incarnation)?;

@@ -11,7 +11,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use kvpick_core::WorkerId;
 use kvpick_runtime::{ShardedService, ThreadProducers};
 
-use super::Exposition;
+use super::{BucketSnapshot, Exposition};
 use kvpick_discovery::{DiscoveryMetrics, WatchCounts};
 use kvpick_ext_proc::ExtProcMetrics;
 use kvpick_ext_proc::metrics::{FALLBACK_CLASSES, STATUSES};
@@ -406,6 +406,12 @@ fn replica_families(e: &mut Exposition, sync: &SyncStats, transport: &TransportM
             f64::from(u8::from(view.forgotten)),
         );
     }
+    e.histogram(
+        "kvpick_replica_peer_delay_seconds",
+        "From a peer's sending a batch of booking changes (its wall clock) to their being applied here.",
+        &[],
+        &delay_buckets(&c.delay_micros),
+    );
     let get = TransportMetrics::get;
     e.gauge("kvpick_replica_links", "Peers this replica dials.", &[], get(&transport.links) as f64);
     e.gauge("kvpick_replica_links_up", "Of those, the links streaming now.", &[], get(&transport.links_up) as f64);
@@ -437,6 +443,19 @@ fn replica_families(e: &mut Exposition, sync: &SyncStats, transport: &TransportM
             count,
         );
     }
+}
+
+/// Propagation within a host takes tens of µs to a few ms: finer than
+/// the latency ladder at the low end.
+const DELAY_BUCKETS: &[f64] = &[
+    0.000025, 0.00005, 0.000075, 0.0001, 0.00015, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005,
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
+];
+
+fn delay_buckets(h: &hdrhistogram::Histogram<u64>) -> BucketSnapshot {
+    let mut cumulative: Vec<u64> = DELAY_BUCKETS.iter().map(|bound| h.count_between(0, (bound * 1e6) as u64)).collect();
+    cumulative.push(h.len());
+    BucketSnapshot { bounds: DELAY_BUCKETS, cumulative, sum: h.mean() * h.len() as f64 / 1e6 }
 }
 
 /// Zero in the mode that does not use them (the watches in static mode,

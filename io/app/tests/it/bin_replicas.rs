@@ -82,6 +82,8 @@ async fn replica_processes_share_bookings_through_a_freeze_and_a_restart() {
         assert!(value(&m, "kvpick_replica_peer_events_applied_total", &[]) >= 24.0, "the other's applied");
         assert_eq!(value(&m, "kvpick_replica_peer_gaps_total", &[]), 0.0);
         assert_eq!(value(&m, "kvpick_replica_peer_refused_total", &[]), 0.0);
+        let delays = value(&m, "kvpick_replica_peer_delay_seconds_count", &[]);
+        assert!(delays >= 1.0, "the delay of the other's batches measured: {delays}");
     }
 
     // B frozen (SIGSTOP): A's stream to it stalls, A goes on booking and

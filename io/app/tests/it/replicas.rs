@@ -178,6 +178,7 @@ fn booking(id: u64, worker: WorkerId) -> PeerBooking {
 
 fn batch(origin: u64, first_seq: u64, events: Vec<PeerEvent>) -> Bytes {
     Bytes::from(encode(&Frame::Batch(Batch {
+        sent_unix_micros: 0,
         origin: ReplicaId(origin),
         incarnation: Incarnation(1),
         first_seq,
