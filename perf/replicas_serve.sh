@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Replica sync under kvpick-load (issue #22): two `kvpick serve` replicas
+# sharing bookings over the direct transport, each taking half of an open-
+# loop load (a gateway spreading requests over them), next to the same
+# pair not sharing (no --peers) and to one replica alone taking all of it,
+# alternated in one run. Reports the propagation delay of the synced pair
+# (kvpick_replica_peer_delay_seconds: a batch's send on one replica to its
+# changes applied on the other) and the CPU each request costs (the
+# servers' user+system time over the requests served): synced ÷ unsynced
+# is what sharing costs, unsynced ÷ solo what a second process costs.
+#
+#   perf/replicas_serve.sh                         # 3 rounds × 10 s at 500 and 2000 req/s
+#   ROUNDS=2 DURATION=5s RATES="1000" perf/replicas_serve.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-10s}
+RATES=${RATES:-500 2000}
+OUT=target/replicas-serve
+mkdir -p "$OUT"
+rm -f "$OUT"/*.json "$OUT"/*.cpu "$OUT"/*.prom
+
+# shellcheck source=perf/serve_env.sh
+source perf/serve_env.sh
+echo "== building (release): kvpick, kvpick-load, kvpick-sim" >&2
+cargo build --release -q -p kvpick-app --bin kvpick -p kvpick-perf --bin kvpick-load -p kvpick-sim --bin kvpick-sim
+start_render
+write_workers
+
+# serve NAME EXT_PROC_PORT [flags...]: health at +1, metrics at +2.
+serve() {
+  local name=$1 port=$2
+  shift 2
+  ./target/release/kvpick serve --workers-file "$OUT/workers.json" --listen-address 127.0.0.1 \
+    --ext-proc-port "$port" --health-port "$((port + 1))" --metrics-port "$((port + 2))" --tokenizer-url "$render" \
+    --model sim-model --log warn "$@" 2>"$OUT/$name.stderr" &
+  pids+=($!)
+  eval "pid_$name=$!"
+  wait_port "$port"
+}
+peers="127.0.0.1:19310,127.0.0.1:19320"
+serve a 19300 --replica-sync-port 19310 --peers "$peers" --peer-token bench
+serve b 19303 --replica-sync-port 19320 --peers "$peers" --peer-token bench
+serve solo 19306
+serve c 19330
+serve d 19333
+sleep 1
+
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; } # clock ticks, user + system
+load() { # addr rps out
+  ./target/release/kvpick-load --addr "$1" --rps "$2" -z "$DURATION" --no-progress --format json >"$3"
+}
+
+for rate in $RATES; do
+  half=$((rate / 2))
+  for round in $(seq "$ROUNDS"); do
+    before="$(cpu "$pid_a") $(cpu "$pid_b")"
+    load 127.0.0.1:19300 "$half" "$OUT/pair-a-$rate-$round.json" &
+    l1=$!
+    load 127.0.0.1:19303 "$half" "$OUT/pair-b-$rate-$round.json" &
+    l2=$!
+    wait "$l1" "$l2"
+    echo "$before $(cpu "$pid_a") $(cpu "$pid_b")" >"$OUT/pair-$rate-$round.cpu"
+    before=$(cpu "$pid_solo")
+    load 127.0.0.1:19306 "$rate" "$OUT/solo-$rate-$round.json"
+    echo "$before $(cpu "$pid_solo")" >"$OUT/solo-$rate-$round.cpu"
+    before="$(cpu "$pid_c") $(cpu "$pid_d")"
+    load 127.0.0.1:19330 "$half" "$OUT/apart-a-$rate-$round.json" &
+    l1=$!
+    load 127.0.0.1:19333 "$half" "$OUT/apart-b-$rate-$round.json" &
+    l2=$!
+    wait "$l1" "$l2"
+    echo "$before $(cpu "$pid_c") $(cpu "$pid_d")" >"$OUT/apart-$rate-$round.cpu"
+    echo "rate $rate round $round done" >&2
+  done
+done
+for name in a:19302 b:19305; do
+  curl -s "http://127.0.0.1:${name#*:}/metrics" >"$OUT/${name%%:*}.prom"
+done
+
+python3 - "$OUT" "$ROUNDS" "$RATES" "$(getconf CLK_TCK)" <<'PY'
+import json, re, statistics, sys
+out, rounds, rates, tck = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4])
+def served(path):
+    d = json.load(open(path))
+    return d["statusCodeDistribution"].get("OK", 0), d["count"]
+print("| offered req/s | setup | served OK | CPU µs per request | ÷ unsynced pair | ÷ 1 replica |")
+print("|---:|---|---:|---:|---:|---:|")
+def pair_run(kind, rate, r):
+    c = [int(x) for x in open(f"{out}/{kind}-{rate}-{r}.cpu").read().split()]
+    ticks = (c[2] - c[0]) + (c[3] - c[1])
+    oka, na = served(f"{out}/{kind}-a-{rate}-{r}.json")
+    okb, nb = served(f"{out}/{kind}-b-{rate}-{r}.json")
+    return ticks / tck * 1e6 / max(oka + okb, 1), oka + okb, na + nb
+def solo_run(rate, r):
+    c = [int(x) for x in open(f"{out}/solo-{rate}-{r}.cpu").read().split()]
+    ok, n = served(f"{out}/solo-{rate}-{r}.json")
+    return (c[1] - c[0]) / tck * 1e6 / max(ok, 1), ok, n
+for rate in rates:
+    runs = {
+        "2 replicas, synced": [pair_run("pair", rate, r) for r in range(1, rounds + 1)],
+        "2 replicas, not synced": [pair_run("apart", rate, r) for r in range(1, rounds + 1)],
+        "1 replica": [solo_run(rate, r) for r in range(1, rounds + 1)],
+    }
+    apart = [x[0] for x in runs["2 replicas, not synced"]]
+    solo = [x[0] for x in runs["1 replica"]]
+    for name, rs in runs.items():
+        cpu = [x[0] for x in rs]
+        ok, total = sum(x[1] for x in rs), sum(x[2] for x in rs)
+        vs_apart = statistics.median([c / a for c, a in zip(cpu, apart)])
+        vs_solo = statistics.median([c / s for c, s in zip(cpu, solo)])
+        print(f"| {rate} | {name} | {ok}/{total} | {statistics.median(cpu):.0f} | {vs_apart:.2f}× | {vs_solo:.2f}× |")
+
+def buckets(path):
+    rows = []
+    for line in open(path):
+        m = re.match(r'kvpick_replica_peer_delay_seconds_bucket\{le="([^"]+)"\} (\d+)', line)
+        if m:
+            rows.append((float("inf") if m[1] == "+Inf" else float(m[1]), int(m[2])))
+    return rows
+def quantile(rows, q):
+    total = rows[-1][1]
+    for bound, count in rows:
+        if count >= q * total:
+            return bound
+print()
+print("| receiving replica | batches measured | p50 ≤ | p90 ≤ | p99 ≤ |")
+print("|---|---:|---:|---:|---:|")
+for name in ("a", "b"):
+    rows = buckets(f"{out}/{name}.prom")
+    fmt = lambda s: "∞" if s == float("inf") else (f"{s * 1e3:g} ms" if s >= 1e-3 else f"{s * 1e6:g} µs")
+    print(f"| {name} | {rows[-1][1]:,} | {fmt(quantile(rows, .5))} | {fmt(quantile(rows, .9))} | {fmt(quantile(rows, .99))} |")
+PY
+echo
+echo "- $ROUNDS rounds of $DURATION per rate, pair and solo alternated; medians of the rounds; delays over every round (bucket upper bounds); $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%Y-%m-%d)"
