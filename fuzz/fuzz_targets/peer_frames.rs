@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use kvpick_core::clock::Millis;
 use kvpick_core::replica::{ExactlyOnce, Inbox, InboxConfig, ReplicaId};
 use kvpick_core::worker::WorkerId;
-use kvpick_replica::{Frame, Limits, decode, encode};
+use kvpick_replica::{Frame, Limits, SnapshotParts, decode, encode, encode_snapshot};
 use libfuzzer_sys::fuzz_target;
 
 /// The workers this replica knows: the even ones.
@@ -36,6 +36,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut inbox = Inbox::new(ReplicaId(1), InboxConfig::default());
     let mut shards = ExactlyOnce::default();
+    let mut parts = SnapshotParts::default();
     let mut rest = data;
     let mut now = Millis(0);
     while rest.len() >= 2 {
@@ -45,12 +46,28 @@ fuzz_target!(|data: &[u8]| {
         now = Millis(now.0 + 7);
         let Ok(frame) = decode(bytes, &limits) else { continue };
         assert_eq!(decode(&encode(&frame), &limits).as_ref(), Ok(&frame), "re-encoding changed the frame");
+        // Parts are put together as the transport does; a whole snapshot
+        // re-encoded in parts must come back the same.
+        let frame = match parts.take(frame) {
+            Ok(Some(frame)) => frame,
+            Ok(None) | Err(_) => continue,
+        };
+        if let Frame::Snapshot(snapshot) = &frame {
+            let small = Limits { max_frame_bytes: 512, max_bookings_per_snapshot: 3, ..limits };
+            let mut again = SnapshotParts::default();
+            let mut whole = None;
+            for bytes in encode_snapshot(snapshot, &small) {
+                let part = decode(&bytes, &limits).expect("a part of ours decodes");
+                whole = again.take(part).expect("our parts fit");
+            }
+            assert_eq!(whole.as_ref(), Some(&frame), "a snapshot in parts came back different");
+        }
         let resyncs_before = inbox.stats().resyncs;
         let apply = match &frame {
             Frame::Batch(batch) => inbox.receive(batch, now, known).apply,
             Frame::Snapshot(snapshot) => inbox.resync(snapshot, now, known),
             Frame::Digest(digest) => inbox.check(digest).apply,
-            Frame::Resync(_) => Vec::new(),
+            Frame::Resync(_) | Frame::SnapshotPart(_) => Vec::new(),
         };
         if let Err(defect) = shards.apply(&apply) {
             panic!("{defect} after {frame:?}");

@@ -103,6 +103,13 @@ pub struct Snapshot {
     pub last_seq: u64,
     #[prost(message, repeated, tag = "4")]
     pub bookings: Vec<Booking>,
+    /// A snapshot too large for one frame is sent as `parts` consecutive
+    /// frames, `part` counting from 0, each holding some of the bookings;
+    /// `parts` 0 or 1: whole.
+    #[prost(uint32, tag = "5")]
+    pub part: u32,
+    #[prost(uint32, tag = "6")]
+    pub parts: u32,
 }
 
 /// Count and wrapping sum of per-booking hashes of the origin's live set.

@@ -79,8 +79,8 @@ pub(crate) enum Command {
     /// A booking change nobody waits for (`prefill_complete`, `free`): see
     /// `ShardedService` for why it cannot be overtaken by what it follows.
     Posted(BookingEvent),
-    /// A peer replica's booking change (a `Reserved` waits for its answer).
-    Peer(BookingEvent, Option<Reply<Result<(), BookingError>>>),
+    /// A peer replica's booking change; the sync waits for each answer.
+    Peer(BookingEvent, Reply<Result<(), BookingError>>),
     /// A worker's calibrated speed (see `kvpick_core::Calibration`); no
     /// reply, and a worker gone meanwhile is simply not there to slow.
     Speed(WorkerId, f64),
@@ -94,7 +94,7 @@ impl Command {
     /// Nobody waits for its answer: the shard may run it ahead of other
     /// rings' commands (never ahead of its own ring's).
     pub(crate) fn is_fire_and_forget(&self) -> bool {
-        matches!(self, Command::Event(..) | Command::Posted(_) | Command::Peer(_, None) | Command::Speed(..))
+        matches!(self, Command::Event(..) | Command::Posted(_) | Command::Speed(..))
     }
 
     /// A KV event: throughput work, which a glommio shard runs on its

@@ -778,18 +778,25 @@ impl ShardedService {
         lock(&self.replicas.peers).len()
     }
 
+    /// Whether `origin`'s booking `id` is held here now.
+    pub fn holds_peer_booking(&self, origin: ReplicaId, id: ReservationId) -> bool {
+        lock(&self.replicas.peers).get(&id).is_some_and(|(owner, _)| *owner == origin)
+    }
+
     /// Applies a peer replica's booking change (see
     /// `SelectionService::apply_peer_booking`): a `Reserved` goes to its
     /// worker's shard and is refused for a worker this service does not
     /// have or an id already held here; any other change must come from the
-    /// booking's origin. Never published to peers again. A freed booking
-    /// or a finished prefill may admit queued requests.
+    /// booking's origin. Never published to peers again. Every change waits
+    /// for its shard's answer, so a peer's changes land in the order they
+    /// are applied whichever thread the caller resumes on (a free and the
+    /// booking again of a moved id). Admits no queued request: a caller
+    /// applying frees follows them with one `admit_waiting`.
     pub async fn apply_peer_booking(
         &self,
         source: &impl ProducerSource,
         origin: ReplicaId,
         event: BookingEvent,
-        now: Millis,
     ) -> Result<(), BookingError> {
         let id = event.id();
         if let BookingEvent::Reserved(booking) = event {
@@ -808,7 +815,7 @@ impl ShardedService {
                     slot.insert((origin, shard));
                 }
             }
-            let booked = self.ask(source, shard, |r| Command::Peer(BookingEvent::Reserved(booking), Some(r))).await;
+            let booked = self.ask(source, shard, |r| Command::Peer(BookingEvent::Reserved(booking), r)).await;
             let error = match booked {
                 Ok(Ok(())) => return Ok(()),
                 Ok(Err(error)) => error,
@@ -817,7 +824,6 @@ impl ShardedService {
             lock(&self.replicas.peers).remove(&id);
             return Err(error);
         }
-        let frees = matches!(event, BookingEvent::Freed(_) | BookingEvent::PrefillComplete(_));
         let shard = {
             let mut peers = lock(&self.replicas.peers);
             match peers.get(&id) {
@@ -830,17 +836,7 @@ impl ShardedService {
                 _ => return Err(BookingError::NotFound(id)),
             }
         };
-        self.post_peer(source, shard, event)?;
-        if frees {
-            self.admit_waiting(source, now).await;
-        }
-        Ok(())
-    }
-
-    fn post_peer(&self, source: &impl ProducerSource, shard: usize, event: BookingEvent) -> Result<(), BookingError> {
-        source
-            .with_producer(|p| p.push_posted(shard, Command::Peer(event, None)))
-            .map_err(|_| BookingError::ShuttingDown)
+        self.ask(source, shard, |r| Command::Peer(event, r)).await.map_err(|_| BookingError::ShuttingDown)?
     }
 
     /// See `SelectionService::observe_ttft`. A changed speed is posted to

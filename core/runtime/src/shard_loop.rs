@@ -490,15 +490,7 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
         // A peer's change: the service checked whose it is; never
         // published again (each replica publishes only its own).
         Command::Peer(event, reply) => {
-            let applied = shard.apply_booking(event);
-            match reply {
-                Some(reply) => drop(reply.send(applied)),
-                None => {
-                    if let Err(error) = applied {
-                        tracing::debug!(%error, "a peer's booking change found nothing to change");
-                    }
-                }
-            }
+            let _ = reply.send(shard.apply_booking(event));
         }
         Command::Speed(worker, speed) => {
             shard.set_speed(worker, speed);

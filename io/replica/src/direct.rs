@@ -34,8 +34,8 @@ use tonic::{Code, Status, Streaming};
 
 use crate::codec::RawCodec;
 use crate::metrics::TransportMetrics;
-use crate::sync::{Answer, Inbound, LinkId, Transport};
-use crate::wire::{Frame, Limits, decode};
+use crate::sync::{Answer, Inbound, LinkId, Sent, Transport};
+use crate::wire::{Frame, Limits, SnapshotParts, decode};
 
 const SERVICE: &str = "kvpick.peer.v1.Peer";
 const EXCHANGE: &str = "/kvpick.peer.v1.Peer/Exchange";
@@ -180,6 +180,7 @@ async fn read_stream(
     let back = answers.downgrade();
     let answer = Answer::new(move |frame| back.upgrade().is_some_and(|back| back.try_send(Ok(frame)).is_ok()));
     shared.metrics.streams_in.fetch_add(1, Ordering::Relaxed);
+    let mut parts = SnapshotParts::default();
     loop {
         let bytes = match frames.message().await {
             Ok(Some(bytes)) => bytes,
@@ -198,12 +199,14 @@ async fn read_stream(
         };
         shared.metrics.frames_in.fetch_add(1, Ordering::Relaxed);
         shared.metrics.bytes_in.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-        let frame = match decode(&bytes, &shared.config.limits) {
-            Ok(Frame::Resync(_)) => {
+        let frame = match decode(&bytes, &shared.config.limits).and_then(|frame| parts.take(frame)) {
+            Ok(Some(Frame::Resync(_))) => {
                 shared.metrics.refused("unexpected_resync");
                 continue;
             }
-            Ok(frame) => frame,
+            Ok(Some(frame)) => frame,
+            // A part of a snapshot, kept until its last.
+            Ok(None) => continue,
             Err(error) => {
                 shared.metrics.refused(error.kind());
                 tracing::warn!(peer = ?peer, bytes = bytes.len(), %error, "peer frame refused; its stream is ended (the peer starts again from a snapshot)");
@@ -302,8 +305,20 @@ impl Transport for DirectLinks {
         });
     }
 
-    fn send_to(&mut self, link: LinkId, frame: Bytes) -> bool {
-        self.with_links(|links| links.get(&link).is_some_and(|l| l.queue.try_send(frame).is_ok()))
+    fn send_to(&mut self, link: LinkId, frame: Bytes) -> Sent {
+        self.with_links(|links| match links.get(&link).map(|l| l.queue.try_send(frame)) {
+            Some(Ok(())) => Sent::Queued,
+            Some(Err(mpsc::error::TrySendError::Full(_))) => Sent::Full,
+            Some(Err(mpsc::error::TrySendError::Closed(_))) | None => Sent::Gone,
+        })
+    }
+
+    /// Closes every queue: each link sends what its queue holds, ends its
+    /// stream and stops.
+    fn close(&mut self) -> Vec<JoinHandle<()>> {
+        self.manager.abort();
+        let links = std::mem::take(&mut *self.links.lock().unwrap_or_else(PoisonError::into_inner));
+        links.into_values().map(|link| link.task).collect()
     }
 }
 
@@ -319,20 +334,31 @@ struct Link {
 enum Ended {
     /// Try again after a pause.
     Retry,
-    /// The peer is this replica: never again.
+    /// The peer is this replica: not dialed again while it is listed.
     Itself,
+    /// The queue was closed (stopping): what it held was sent.
+    Closed,
 }
+
+/// A stream that stayed up this long was healthy: the next failure starts
+/// the backoff over. A peer that refuses at once keeps backing off.
+const HEALTHY_STREAM: Duration = Duration::from_secs(10);
 
 impl Link {
     async fn run(self, mut queue: mpsc::Receiver<Bytes>) {
         let mut backoff = self.config.backoff;
         loop {
+            let started = std::time::Instant::now();
             match self.connect_and_send(&mut queue).await {
                 Ok(Ended::Itself) => {
                     tracing::info!(peer = %self.addr, "replica sync: that peer address is this replica; not dialing it");
-                    return;
+                    // Parked rather than ended, so the manager does not
+                    // dial it again; aborted when the address leaves.
+                    std::future::pending::<()>().await;
                 }
-                Ok(Ended::Retry) => backoff = self.config.backoff,
+                Ok(Ended::Closed) => return,
+                Ok(Ended::Retry) if started.elapsed() >= HEALTHY_STREAM => backoff = self.config.backoff,
+                Ok(Ended::Retry) => {}
                 Err(error) => {
                     tracing::debug!(peer = %self.addr, %error, "replica sync: peer not reachable");
                 }
@@ -365,7 +391,7 @@ impl Link {
         let (frames, frames_rx) = mpsc::channel::<Bytes>(64);
         // The first frame goes in before the call so the stream opens with
         // data (the snapshot, or a batch queued just before it).
-        let Some(first) = queue.recv().await else { return Ok(Ended::Retry) };
+        let Some(first) = queue.recv().await else { return Ok(Ended::Closed) };
         frames.send(first).await?;
         let mut request = tonic::Request::new(ReceiverStream::new(frames_rx));
         if let Some(token) = &self.config.token {
@@ -383,9 +409,20 @@ impl Link {
         };
         tracing::info!(peer = %self.addr, "replica sync: streaming to a peer");
         self.metrics.links_up.fetch_add(1, Ordering::Relaxed);
-        let ended = self.pump(queue, &frames, response.into_inner()).await;
+        let ended = self.pump(queue, frames, response.into_inner()).await;
         self.metrics.links_up.fetch_sub(1, Ordering::Relaxed);
         ended
+    }
+
+    /// Stopping: ends the stream once what was queued is in it, and waits
+    /// (briefly) for the peer to have read it all.
+    async fn finish(&self, frames: mpsc::Sender<Bytes>, answers: &mut Streaming<Bytes>) -> Ended {
+        // All capacity free again: the stream has taken every frame.
+        drop(frames.reserve_many(frames.max_capacity()).await);
+        drop(frames);
+        let wait = async { while let Ok(Some(_)) = answers.message().await {} };
+        let _ = tokio::time::timeout(Duration::from_secs(1), wait).await;
+        Ended::Closed
     }
 
     /// Forwards the queue into the stream and the peer's resync requests
@@ -393,13 +430,13 @@ impl Link {
     async fn pump(
         &self,
         queue: &mut mpsc::Receiver<Bytes>,
-        frames: &mpsc::Sender<Bytes>,
+        frames: mpsc::Sender<Bytes>,
         mut answers: Streaming<Bytes>,
     ) -> Result<Ended, Box<dyn std::error::Error + Send + Sync>> {
         loop {
             tokio::select! {
                 next = queue.recv() => {
-                    let Some(frame) = next else { return Ok(Ended::Retry) };
+                    let Some(frame) = next else { return Ok(self.finish(frames, &mut answers).await) };
                     self.metrics.frames_out.fetch_add(1, Ordering::Relaxed);
                     self.metrics.bytes_out.fetch_add(frame.len() as u64, Ordering::Relaxed);
                     if frames.send(frame).await.is_err() {

@@ -15,5 +15,7 @@ pub mod wire;
 
 pub use direct::{DirectConfig, DirectLinks, PeerService};
 pub use metrics::TransportMetrics;
-pub use sync::{Answer, Inbound, LinkId, OriginView, ReplicaSync, SyncConfig, SyncCounts, SyncStats, Transport};
-pub use wire::{Frame, FrameError, Limits, ResyncRequest, decode, encode};
+pub use sync::{Answer, Inbound, LinkId, OriginView, ReplicaSync, Sent, SyncConfig, SyncCounts, SyncStats, Transport};
+pub use wire::{
+    Frame, FrameError, Limits, ResyncRequest, SnapshotPart, SnapshotParts, decode, encode, encode_snapshot,
+};

@@ -24,14 +24,14 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use kvpick_core::booking::{BookingEvent, ReservationId};
 use kvpick_core::clock::Millis;
-use kvpick_core::replica::{Inbox, InboxConfig, InboxStats, Incarnation, Outbox, ReplicaId};
+use kvpick_core::replica::{Batch, Inbox, InboxConfig, InboxStats, Incarnation, Outbox, PeerEvent, ReplicaId};
 use kvpick_core::shard::BookingError;
 use kvpick_core::worker::WorkerId;
 use kvpick_runtime::{BookingObserver, Clock, ThreadProducers};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use crate::wire::{Frame, ResyncRequest, encode};
+use crate::wire::{Frame, Limits, ResyncRequest, encode, encode_snapshot};
 
 /// An outbound link to one peer, named by the transport.
 pub type LinkId = u64;
@@ -42,9 +42,23 @@ pub trait Transport: Send + 'static {
     /// full misses it: the gap, or the next digest, makes it ask for a
     /// snapshot, so a slow peer never holds back the others or a pick.
     fn publish(&mut self, frame: &Bytes);
-    /// To one peer, in order with what was published before; false if its
-    /// queue is full or it is gone (then retried at the next digest).
-    fn send_to(&mut self, link: LinkId, frame: Bytes) -> bool;
+    /// To one peer, in order with what was published before.
+    fn send_to(&mut self, link: LinkId, frame: Bytes) -> Sent;
+    /// Stops taking frames and lets the links send what they hold; the
+    /// tasks to wait for (with a timeout) before the process goes.
+    fn close(&mut self) -> Vec<JoinHandle<()>> {
+        Vec::new()
+    }
+}
+
+/// What became of a frame for one link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sent {
+    Queued,
+    /// Its queue is full: tried again at the next digest.
+    Full,
+    /// No such link (any more).
+    Gone,
 }
 
 /// The way back to whoever sent an inbound frame (its origin's link):
@@ -78,6 +92,8 @@ pub struct SyncConfig {
     /// An origin heard nothing from for this long has its bookings freed.
     pub peer_grace: Duration,
     pub inbox: InboxConfig,
+    /// What peers take in one frame (batches are split to fit).
+    pub limits: Limits,
 }
 
 impl SyncConfig {
@@ -88,6 +104,7 @@ impl SyncConfig {
             digest_every: Duration::from_secs(1),
             peer_grace: Duration::from_secs(30),
             inbox: InboxConfig::default(),
+            limits: Limits::default(),
         }
     }
 }
@@ -164,15 +181,37 @@ enum Observed {
 }
 
 /// The shards' side: hands what they apply to the sync task.
-struct ChannelObserver(mpsc::UnboundedSender<Observed>);
+struct ChannelObserver {
+    tx: mpsc::UnboundedSender<Observed>,
+    /// XORed into this selector's own ids. A disaggregated request books
+    /// its prefill and its decode leg under one id, one in each selector;
+    /// on the wire the prefill leg's id has its top bit flipped, so the two
+    /// are two bookings to the one stream peers follow (and to their
+    /// shards, which hold the flipped id in the prefill selector).
+    flip: u64,
+}
+
+/// The top bit: own ids are a random 32-bit prefix over a counter, so a
+/// flipped one is no own id of this replica.
+const PREFILL_ID_FLIP: u64 = 1 << 63;
 
 impl BookingObserver for ChannelObserver {
     fn own(&self, event: &BookingEvent, now: Millis) {
-        let _ = self.0.send(Observed::Own(event.clone(), now));
+        let mut event = event.clone();
+        if self.flip != 0 {
+            let flip = |id: &mut ReservationId| id.0 ^= self.flip;
+            match &mut event {
+                BookingEvent::Reserved(booking) => flip(&mut booking.id),
+                BookingEvent::PrefillComplete(id) | BookingEvent::Freed(id) => flip(id),
+                BookingEvent::Renewed { id, .. } => flip(id),
+            }
+        }
+        let _ = self.tx.send(Observed::Own(event, now));
     }
 
     fn peer_dropped(&self, origin: ReplicaId, id: ReservationId) {
-        let _ = self.0.send(Observed::PeerDropped(origin, id));
+        // As held here: a peer's prefill leg already has its flipped id.
+        let _ = self.tx.send(Observed::PeerDropped(origin, id));
     }
 }
 
@@ -182,12 +221,15 @@ pub struct ReplicaSync {
     snapshots: mpsc::UnboundedSender<LinkId>,
     stats: Arc<SyncStats>,
     task: JoinHandle<()>,
+    stop: oneshot::Sender<()>,
 }
 
 impl ReplicaSync {
     /// Starts the sync task on the current tokio runtime, observing the
-    /// bookings of `selectors` (the whole-request selector, and the prefill
-    /// one when disaggregation is on). Fails if one is observed already.
+    /// bookings of `selectors`: the whole-request (decode) selector first,
+    /// then the prefill one when disaggregation is on (its ids are flipped
+    /// on the wire, see `ChannelObserver`). Fails if one is observed
+    /// already.
     /// `transport` is made with the sender its links ask for snapshots on.
     pub fn spawn<T: Transport>(
         config: SyncConfig,
@@ -196,8 +238,9 @@ impl ReplicaSync {
         transport: impl FnOnce(mpsc::UnboundedSender<LinkId>) -> T,
     ) -> Result<ReplicaSync, &'static str> {
         let (observed_tx, observed) = mpsc::unbounded_channel();
-        for selector in &selectors {
-            if !selector.service().observe_bookings(Arc::new(ChannelObserver(observed_tx.clone()))) {
+        for (i, selector) in selectors.iter().enumerate() {
+            let observer = ChannelObserver { tx: observed_tx.clone(), flip: if i == 0 { 0 } else { PREFILL_ID_FLIP } };
+            if !selector.service().observe_bookings(Arc::new(observer)) {
                 return Err("a selector's bookings are observed already");
             }
         }
@@ -215,8 +258,9 @@ impl ReplicaSync {
             stats: stats.clone(),
             config,
         };
-        let task = tokio::spawn(state.run(observed, inbound_rx, snapshots_rx));
-        Ok(ReplicaSync { inbound, snapshots, stats, task })
+        let (stop, stop_rx) = oneshot::channel();
+        let task = tokio::spawn(state.run(observed, inbound_rx, snapshots_rx, stop_rx));
+        Ok(ReplicaSync { inbound, snapshots, stats, task, stop })
     }
 
     /// Where the transport hands peers' frames (bounded: a flood waits).
@@ -234,8 +278,19 @@ impl ReplicaSync {
         &self.stats
     }
 
-    pub fn shutdown(self) {
-        self.task.abort();
+    /// Publishes every change observed so far and a digest, then lets
+    /// the links send what they hold, for up to `within`: the frees of the
+    /// streams a stopping replica just cut reach its peers.
+    pub async fn shutdown(self, within: Duration) {
+        let _ = self.stop.send(());
+        let mut task = self.task;
+        if tokio::time::timeout(within, &mut task).await.is_err() {
+            tracing::warn!(
+                within_ms = within.as_millis() as u64,
+                "replica sync: peers not all told of the last changes in time"
+            );
+            task.abort();
+        }
     }
 }
 
@@ -268,6 +323,7 @@ impl<T: Transport> State<T> {
         mut observed: mpsc::UnboundedReceiver<Observed>,
         mut inbound: mpsc::Receiver<Inbound>,
         mut snapshots: mpsc::UnboundedReceiver<LinkId>,
+        mut stop: oneshot::Receiver<()>,
     ) {
         let mut digest = tokio::time::interval(self.config.digest_every);
         digest.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -284,8 +340,19 @@ impl<T: Transport> State<T> {
                 Some(frame) = inbound.recv() => self.receive(frame).await,
                 Some(link) = snapshots.recv() => self.send_snapshot(link),
                 _ = digest.tick() => self.every_digest().await,
+                _ = &mut stop => break,
                 else => break,
             }
+        }
+        // Stopping: what the shards did last goes out, then the links
+        // drain.
+        while let Ok(next) = observed.try_recv() {
+            self.observe(next).await;
+        }
+        self.publish_batch();
+        self.transport.publish(&Bytes::from(encode(&Frame::Digest(self.outbox.digest()))));
+        for link in self.transport.close() {
+            let _ = link.await;
         }
     }
 
@@ -294,8 +361,13 @@ impl<T: Transport> State<T> {
             Observed::Own(event, now) => {
                 self.outbox.record(&event, now);
             }
-            Observed::PeerDropped(origin, id) => {
-                if let Some(origin) = self.inboxes.get_mut(&origin) {
+            Observed::PeerDropped(origin_id, id) => {
+                // Booked again since (a renewal or a retry ran before this
+                // news was read): it stands.
+                if self.selectors.iter().any(|s| s.service().holds_peer_booking(origin_id, id)) {
+                    return;
+                }
+                if let Some(origin) = self.inboxes.get_mut(&origin_id) {
                     origin.inbox.not_applied(id);
                 }
             }
@@ -306,7 +378,11 @@ impl<T: Transport> State<T> {
         let Some(mut batch) = self.outbox.take_batch() else { return };
         batch.sent_unix_micros = unix_micros();
         let events = batch.events.len() as u64;
-        self.transport.publish(&Bytes::from(encode(&Frame::Batch(batch))));
+        // A backlog, a mass expiry or a busy worker's removal can gather
+        // more than one frame may carry: consecutive batches then.
+        for part in split_batch(batch, &self.config.limits) {
+            self.transport.publish(&Bytes::from(encode(&Frame::Batch(part))));
+        }
         let (live, last_seq) = (self.outbox.live(), self.outbox.digest().last_seq);
         self.stats.update(|s| {
             s.own_events += events;
@@ -320,11 +396,23 @@ impl<T: Transport> State<T> {
         // Pending changes first, so the snapshot follows every batch.
         self.publish_batch();
         let snapshot = self.outbox.snapshot(self.clock.now());
-        let sent = self.transport.send_to(link, Bytes::from(encode(&Frame::Snapshot(snapshot))));
-        if !sent && !self.deferred_snapshots.contains(&link) {
+        // In parts when large; a link whose queue fills midway gets the
+        // whole snapshot again later (its peer drops the broken one).
+        let mut sent = Sent::Queued;
+        for part in encode_snapshot(&snapshot, &self.config.limits) {
+            sent = self.transport.send_to(link, Bytes::from(part));
+            if sent != Sent::Queued {
+                break;
+            }
+        }
+        if sent == Sent::Full && !self.deferred_snapshots.contains(&link) {
             self.deferred_snapshots.push(link);
         }
-        self.stats.update(|s| if sent { s.snapshots_sent += 1 } else { s.snapshots_deferred += 1 });
+        self.stats.update(|s| match sent {
+            Sent::Queued => s.snapshots_sent += 1,
+            Sent::Full => s.snapshots_deferred += 1,
+            Sent::Gone => {}
+        });
     }
 
     async fn receive(&mut self, Inbound { frame, answer }: Inbound) {
@@ -333,8 +421,9 @@ impl<T: Transport> State<T> {
             Frame::Batch(b) => b.origin,
             Frame::Snapshot(s) => s.origin,
             Frame::Digest(d) => d.origin,
-            // Asks for our snapshot: only meaningful on our own links.
-            Frame::Resync(_) => return,
+            // Asks for our snapshot: only meaningful on our own links; and
+            // parts are put together by the transport.
+            Frame::Resync(_) | Frame::SnapshotPart(_) => return,
         };
         if origin_id == self.config.replica {
             return;
@@ -357,7 +446,8 @@ impl<T: Transport> State<T> {
         origin.answer = Some(answer);
         let (apply, resync_from) = match &frame {
             Frame::Batch(batch) => {
-                origin.seen = origin.seen.max(batch.first_seq + batch.events.len() as u64 - 1);
+                let last = batch.first_seq.saturating_add(batch.events.len() as u64).saturating_sub(1);
+                origin.seen = origin.seen.max(last);
                 let received = origin.inbox.receive(batch, now, in_pool);
                 (received.apply, received.resync_from)
             }
@@ -371,7 +461,7 @@ impl<T: Transport> State<T> {
                 let received = origin.inbox.check(digest);
                 (received.apply, received.resync_from)
             }
-            Frame::Resync(_) => return,
+            Frame::Resync(_) | Frame::SnapshotPart(_) => return,
         };
         self.apply(origin_id, apply, now).await;
         if let Frame::Batch(batch) = &frame {
@@ -391,22 +481,21 @@ impl<T: Transport> State<T> {
     /// again on renewal or when its worker joins).
     async fn apply(&mut self, origin: ReplicaId, events: Vec<BookingEvent>, now: Millis) {
         let mut refused = 0;
+        let mut released = false;
         for event in events {
             let id = event.id();
             let is_news = matches!(event, BookingEvent::Reserved(_) | BookingEvent::Renewed { .. });
             let result = match &event {
                 BookingEvent::Reserved(booking) => {
                     match self.selectors.iter().find(|s| s.service().owns(booking.worker)) {
-                        Some(selector) => {
-                            selector.service().apply_peer_booking(selector, origin, event.clone(), now).await
-                        }
+                        Some(selector) => selector.service().apply_peer_booking(selector, origin, event.clone()).await,
                         None => Err(BookingError::UnknownWorker(booking.worker)),
                     }
                 }
                 _ => {
                     let mut result = Err(BookingError::NotFound(id));
                     for selector in &self.selectors {
-                        result = selector.service().apply_peer_booking(selector, origin, event.clone(), now).await;
+                        result = selector.service().apply_peer_booking(selector, origin, event.clone()).await;
                         if !matches!(result, Err(BookingError::NotFound(_))) {
                             break;
                         }
@@ -414,6 +503,7 @@ impl<T: Transport> State<T> {
                     result
                 }
             };
+            released |= result.is_ok() && matches!(event, BookingEvent::Freed(_) | BookingEvent::PrefillComplete(_));
             if let Err(error) = result {
                 // A free or a renewal of a booking the shards already let
                 // go of is no news; anything else is counted.
@@ -428,6 +518,14 @@ impl<T: Transport> State<T> {
         }
         if let Some(origin) = self.inboxes.get_mut(&origin) {
             origin.refused += refused;
+        }
+        // Once per frame, not per free: queued requests that now fit.
+        if released {
+            for selector in &self.selectors {
+                if selector.service().has_waiting() {
+                    selector.service().admit_waiting(selector, now).await;
+                }
+            }
         }
     }
 
@@ -454,6 +552,15 @@ impl<T: Transport> State<T> {
         let ids: Vec<ReplicaId> = self.inboxes.keys().copied().collect();
         for id in ids {
             let Some(origin) = self.inboxes.get_mut(&id) else { continue };
+            if origin.forgotten && origin.heard.elapsed() >= grace * 2 {
+                // Gone for good (a replaced pod's name is a new origin):
+                // nothing of it is held, and its series leave the metrics.
+                self.inboxes.remove(&id);
+                self.stats.update(|s| {
+                    s.origins.remove(&id);
+                });
+                continue;
+            }
             if !origin.forgotten && origin.heard.elapsed() >= grace {
                 origin.forgotten = true;
                 let freed = origin.inbox.forget();
@@ -502,4 +609,101 @@ impl<T: Transport> State<T> {
 fn unix_micros() -> u64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// `batch` as consecutive batches each within what a peer takes.
+fn split_batch(batch: Batch, limits: &Limits) -> Vec<Batch> {
+    let budget = limits.max_frame_bytes / 2;
+    let fits = |events: &[PeerEvent]| {
+        events.len() <= limits.max_events_per_batch && events.iter().map(event_bytes).sum::<usize>() <= budget
+    };
+    if fits(&batch.events) {
+        return vec![batch];
+    }
+    let (origin, incarnation, sent_unix_micros) = (batch.origin, batch.incarnation, batch.sent_unix_micros);
+    let part =
+        |first_seq: u64, events: Vec<PeerEvent>| Batch { origin, incarnation, first_seq, events, sent_unix_micros };
+    let mut parts = Vec::new();
+    let mut first_seq = batch.first_seq;
+    let mut current: Vec<PeerEvent> = Vec::new();
+    let mut bytes = 0;
+    for event in batch.events {
+        let size = event_bytes(&event);
+        if !current.is_empty() && (current.len() == limits.max_events_per_batch || bytes + size > budget) {
+            let events = std::mem::take(&mut current);
+            let next = first_seq + events.len() as u64;
+            parts.push(part(first_seq, events));
+            first_seq = next;
+            bytes = 0;
+        }
+        bytes += size;
+        current.push(event);
+    }
+    parts.push(part(first_seq, current));
+    parts
+}
+
+/// An event's size on the wire, near enough (a booking is mostly its
+/// block hashes).
+fn event_bytes(event: &PeerEvent) -> usize {
+    match event {
+        PeerEvent::Reserved(booking) => 64 + 8 * booking.seq_hashes.len(),
+        _ => 24,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use kvpick_core::hashing::SequenceHash;
+    use kvpick_core::replica::PeerBooking;
+
+    use super::*;
+
+    fn reserved(id: u64, blocks: usize) -> PeerEvent {
+        PeerEvent::Reserved(PeerBooking {
+            id: ReservationId(id),
+            worker: WorkerId(1),
+            seq_hashes: Arc::from(vec![SequenceHash(1); blocks]),
+            unhashed_blocks: 0,
+            prefill_tokens: 16,
+            lease_left_ms: 1_000,
+            prefill_done: false,
+        })
+    }
+
+    #[test]
+    fn a_large_batch_goes_as_consecutive_batches_within_the_caps() {
+        let limits = Limits { max_events_per_batch: 3, max_frame_bytes: 4_000, ..Limits::default() };
+        let events: Vec<PeerEvent> = (0..7).map(|i| reserved(i, if i == 4 { 240 } else { 1 })).collect();
+        let batch = Batch {
+            origin: ReplicaId(5),
+            incarnation: Incarnation(6),
+            first_seq: 10,
+            events: events.clone(),
+            sent_unix_micros: 77,
+        };
+        let parts = split_batch(batch, &limits);
+        // 3 by count; the 1,984-byte event 4 nearly fills half the frame cap
+        // (the budget) alone.
+        let sizes: Vec<usize> = parts.iter().map(|p| p.events.len()).collect();
+        assert_eq!(sizes, vec![3, 1, 1, 2]);
+        let firsts: Vec<u64> = parts.iter().map(|p| p.first_seq).collect();
+        assert_eq!(firsts, vec![10, 13, 14, 15]);
+        assert!(
+            parts
+                .iter()
+                .all(|p| p.origin == ReplicaId(5) && p.incarnation == Incarnation(6) && p.sent_unix_micros == 77)
+        );
+        assert_eq!(parts.into_iter().flat_map(|p| p.events).collect::<Vec<_>>(), events);
+        let small = Batch {
+            origin: ReplicaId(5),
+            incarnation: Incarnation(6),
+            first_seq: 1,
+            events: vec![reserved(1, 1)],
+            sent_unix_micros: 0,
+        };
+        assert_eq!(split_batch(small.clone(), &limits), vec![small]);
+    }
 }

@@ -55,6 +55,17 @@ pub enum Frame {
     Snapshot(Snapshot),
     Digest(Digest),
     Resync(ResyncRequest),
+    /// Part of a snapshot sent in several frames (`SnapshotParts` puts
+    /// them together).
+    SnapshotPart(SnapshotPart),
+}
+
+/// Some of a snapshot's bookings: part `part` of `parts`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SnapshotPart {
+    pub snapshot: Snapshot,
+    pub part: u32,
+    pub parts: u32,
 }
 
 /// Why a frame was refused (nothing of it is applied).
@@ -74,6 +85,8 @@ pub enum FrameError {
     BadSequence { first_seq: u64, events: usize },
     #[error("origin 0 or incarnation 0 is not a replica")]
     NoOrigin,
+    #[error("snapshot part {part} of {parts} is not possible (parts count from 0)")]
+    BadPart { part: u32, parts: u32 },
 }
 
 impl FrameError {
@@ -87,6 +100,7 @@ impl FrameError {
             FrameError::OverCap { .. } => "over_cap",
             FrameError::BadSequence { .. } => "bad_sequence",
             FrameError::NoOrigin => "no_origin",
+            FrameError::BadPart { .. } => "bad_part",
         }
     }
 }
@@ -100,12 +114,8 @@ pub fn encode(frame: &Frame) -> Vec<u8> {
             events: batch.events.iter().map(event_to_pb).collect(),
             sent_unix_micros: batch.sent_unix_micros,
         }),
-        Frame::Snapshot(snapshot) => pb::peer_frame::Body::Snapshot(pb::Snapshot {
-            origin: snapshot.origin.0,
-            incarnation: snapshot.incarnation.0,
-            last_seq: snapshot.last_seq,
-            bookings: snapshot.bookings.iter().map(booking_to_pb).collect(),
-        }),
+        Frame::Snapshot(snapshot) => snapshot_to_pb(snapshot, &snapshot.bookings, 0, 0),
+        Frame::SnapshotPart(p) => snapshot_to_pb(&p.snapshot, &p.snapshot.bookings, p.part, p.parts),
         Frame::Digest(digest) => pb::peer_frame::Body::Digest(pb::Digest {
             origin: digest.origin.0,
             incarnation: digest.incarnation.0,
@@ -120,6 +130,100 @@ pub fn encode(frame: &Frame) -> Vec<u8> {
         }),
     };
     pb::PeerFrame { body: Some(body) }.encode_to_vec()
+}
+
+fn snapshot_to_pb(snapshot: &Snapshot, bookings: &[PeerBooking], part: u32, parts: u32) -> pb::peer_frame::Body {
+    pb::peer_frame::Body::Snapshot(pb::Snapshot {
+        origin: snapshot.origin.0,
+        incarnation: snapshot.incarnation.0,
+        last_seq: snapshot.last_seq,
+        bookings: bookings.iter().map(booking_to_pb).collect(),
+        part,
+        parts,
+    })
+}
+
+/// A snapshot's frames: one, or consecutive parts when its bookings are
+/// more than a frame may hold (half the frame cap, by their size on the
+/// wire, and the per-frame booking cap).
+pub fn encode_snapshot(snapshot: &Snapshot, limits: &Limits) -> Vec<Vec<u8>> {
+    let budget = limits.max_frame_bytes / 2;
+    let mut chunks: Vec<&[PeerBooking]> = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, booking) in snapshot.bookings.iter().enumerate() {
+        let size = 64 + 8 * booking.seq_hashes.len();
+        if i > start && (i - start == limits.max_bookings_per_snapshot || bytes + size > budget) {
+            chunks.push(&snapshot.bookings[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    chunks.push(&snapshot.bookings[start..]);
+    if chunks.len() == 1 {
+        return vec![encode(&Frame::Snapshot(snapshot.clone()))];
+    }
+    let parts = u32::try_from(chunks.len()).unwrap_or(u32::MAX);
+    chunks
+        .iter()
+        .enumerate()
+        .map(|(i, bookings)| {
+            let body = snapshot_to_pb(snapshot, bookings, i as u32, parts);
+            pb::PeerFrame { body: Some(body) }.encode_to_vec()
+        })
+        .collect()
+}
+
+/// Puts one stream's snapshot parts together. Parts arrive consecutively
+/// (a sender writes them in one go); anything else between them, a part
+/// out of order or of another snapshot drops the one being gathered (the
+/// peer asks again), and the bookings of all parts are capped.
+#[derive(Debug, Default)]
+pub struct SnapshotParts {
+    gathering: Option<SnapshotPart>,
+}
+
+impl SnapshotParts {
+    /// Most bookings a snapshot in parts may hold.
+    pub const MAX_BOOKINGS: usize = 1 << 20;
+
+    /// Passes `frame` on, keeps a part, or gives the snapshot its last
+    /// part completes.
+    pub fn take(&mut self, frame: Frame) -> Result<Option<Frame>, FrameError> {
+        let Frame::SnapshotPart(part) = frame else {
+            self.gathering = None;
+            return Ok(Some(frame));
+        };
+        let follows = |held: &SnapshotPart| {
+            held.snapshot.origin == part.snapshot.origin
+                && held.snapshot.incarnation == part.snapshot.incarnation
+                && held.snapshot.last_seq == part.snapshot.last_seq
+                && held.parts == part.parts
+                && held.part + 1 == part.part
+        };
+        match self.gathering.take() {
+            None if part.part == 0 => self.gathering = Some(part),
+            Some(mut held) if follows(&held) => {
+                let total = held.snapshot.bookings.len() + part.snapshot.bookings.len();
+                if total > Self::MAX_BOOKINGS {
+                    return Err(FrameError::OverCap {
+                        what: "bookings of a snapshot in parts",
+                        count: total,
+                        max: Self::MAX_BOOKINGS,
+                    });
+                }
+                held.snapshot.bookings.extend(part.snapshot.bookings);
+                held.part = part.part;
+                if held.part + 1 == held.parts {
+                    return Ok(Some(Frame::Snapshot(held.snapshot)));
+                }
+                self.gathering = Some(held);
+            }
+            // Out of order: this part can only start a new snapshot.
+            _ if part.part == 0 => self.gathering = Some(part),
+            _ => {}
+        }
+        Ok(None)
+    }
 }
 
 pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Frame, FrameError> {
@@ -165,9 +269,20 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Frame, FrameError> {
                 return Err(FrameError::BadSequence { first_seq: u64::MAX, events: 0 });
             }
             cap("bookings of a snapshot", snapshot.bookings.len(), limits.max_bookings_per_snapshot)?;
+            if snapshot.parts > 1 && snapshot.part >= snapshot.parts {
+                return Err(FrameError::BadPart { part: snapshot.part, parts: snapshot.parts });
+            }
             let bookings =
                 snapshot.bookings.into_iter().map(|b| booking_from_pb(b, limits)).collect::<Result<_, _>>()?;
-            Ok(Frame::Snapshot(Snapshot { origin, incarnation, last_seq: snapshot.last_seq, bookings }))
+            let whole = Snapshot { origin, incarnation, last_seq: snapshot.last_seq, bookings };
+            if snapshot.parts > 1 {
+                return Ok(Frame::SnapshotPart(SnapshotPart {
+                    snapshot: whole,
+                    part: snapshot.part,
+                    parts: snapshot.parts,
+                }));
+            }
+            Ok(Frame::Snapshot(whole))
         }
         pb::peer_frame::Body::Digest(digest) => {
             let (origin, incarnation) = replica(digest.origin, digest.incarnation)?;

@@ -239,11 +239,8 @@ impl App {
             }
             None => None,
         };
-        let ext_proc_listener = bind("ext_proc", config.ext_proc.listen).await?;
-        let ext_proc = server.spawn_on(ext_proc_listener)?;
-
-        // Peers' bookings are applied from here on; ours are published
-        // from the first pick.
+        // Before the ext_proc port opens: peers' bookings are applied from
+        // here on, and ours are published from the first pick.
         let replicas = match &config.replicas {
             Some(settings) => {
                 let selectors = std::iter::once(producers.clone()).chain(prefill_producers.clone()).collect();
@@ -251,6 +248,9 @@ impl App {
             }
             None => None,
         };
+
+        let ext_proc_listener = bind("ext_proc", config.ext_proc.listen).await?;
+        let ext_proc = server.spawn_on(ext_proc_listener)?;
 
         let sources = Sources {
             pool,
@@ -404,11 +404,9 @@ impl App {
         }
         let left = booked();
         tracing::info!(streams_open_at_stop = open, bookings_left = left, "ext_proc server stopped");
-        // Peers keep our bookings until their leases end or we are silent
-        // past their grace period; stopping the sync first would leave the
-        // frees of the streams just cut unpublished.
+        // After the cut streams freed their bookings: those frees, and
+        // everything before them, reach the peers before the links close.
         if let Some(replicas) = self.replicas.take() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
             replicas.shutdown().await;
         }
         self.metrics.shutdown().await;

@@ -90,7 +90,7 @@ impl Replicas {
         if let Some(merge) = self.merge {
             merge.abort();
         }
-        self.sync.shutdown();
+        self.sync.shutdown(std::time::Duration::from_secs(2)).await;
         if let Err(error) = self.server.shutdown_within(std::time::Duration::from_millis(500)).await {
             tracing::warn!(%error, "replica-sync server ended with an error");
         }

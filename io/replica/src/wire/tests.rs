@@ -222,7 +222,7 @@ fn the_hand_written_seed_frames_decode_and_replay_cleanly() {
                     resyncs_asked += u64::from(received.resync_from.is_some());
                     received.apply
                 }
-                Frame::Resync(_) => vec![],
+                Frame::Resync(_) | Frame::SnapshotPart(_) => vec![],
             };
             kinds.insert(std::mem::discriminant(&frame));
             shards.apply(&apply).unwrap_or_else(|defect| panic!("{}: {defect}", path.display()));
@@ -262,4 +262,53 @@ fn a_frame_of_many_tiny_entries_is_refused_before_it_is_decoded() {
         bookings: vec![],
     });
     assert_eq!(decode(&encode(&snapshot), &Limits::default()).unwrap_err().kind(), "bad_sequence");
+}
+
+fn snapshot_of(n: u64) -> Snapshot {
+    let bookings = (0..n).map(|i| PeerBooking { id: ReservationId(100 + i), ..booking() }).collect();
+    Snapshot { origin: ReplicaId(1), incarnation: Incarnation(2), last_seq: 9, bookings }
+}
+
+#[test]
+fn a_large_snapshot_goes_in_parts_and_comes_back_whole() {
+    let limits = Limits { max_bookings_per_snapshot: 4, ..Limits::default() };
+    let snapshot = snapshot_of(10);
+    let frames = encode_snapshot(&snapshot, &limits);
+    assert_eq!(frames.len(), 3, "4 + 4 + 2 bookings");
+    // The last part: fields 5 and 6 (varints) after the bookings.
+    let last = &frames[2];
+    assert!(last.ends_with(&[0x28, 0x02, 0x30, 0x03]), "part 2 of 3: {last:02x?}");
+    let mut parts = SnapshotParts::default();
+    let mut out = Vec::new();
+    for bytes in &frames {
+        let frame = decode(bytes, &limits).expect("a part decodes");
+        assert!(matches!(&frame, Frame::SnapshotPart(p) if p.parts == 3));
+        out.extend(parts.take(frame).expect("parts in order"));
+    }
+    assert_eq!(out, vec![Frame::Snapshot(snapshot.clone())]);
+    // One frame when it fits; a frame by the byte budget as well.
+    assert_eq!(encode_snapshot(&snapshot, &Limits::default()).len(), 1);
+    let tight = Limits { max_frame_bytes: 600, ..Limits::default() };
+    assert!(encode_snapshot(&snapshot, &tight).len() > 3);
+}
+
+#[test]
+fn broken_snapshot_parts_are_dropped_not_applied() {
+    let limits = Limits { max_bookings_per_snapshot: 4, ..Limits::default() };
+    let frames: Vec<Frame> =
+        encode_snapshot(&snapshot_of(10), &limits).iter().map(|b| decode(b, &limits).expect("decodes")).collect();
+    // A lost middle part: the last one completes nothing.
+    let mut parts = SnapshotParts::default();
+    assert_eq!(parts.take(frames[0].clone()), Ok(None));
+    assert_eq!(parts.take(frames[2].clone()), Ok(None));
+    // Another frame between parts passes and drops what was gathered.
+    assert_eq!(parts.take(frames[0].clone()), Ok(None));
+    assert_eq!(parts.take(batch()), Ok(Some(batch())));
+    assert_eq!(parts.take(frames[1].clone()), Ok(None));
+    assert_eq!(parts.take(frames[2].clone()), Ok(None));
+    // A part numbered past its count is refused when decoded.
+    let Frame::SnapshotPart(mut bad) = frames[1].clone() else { unreachable!() };
+    bad.part = 3;
+    let bytes = encode(&Frame::SnapshotPart(bad));
+    assert_eq!(decode(&bytes, &limits), Err(FrameError::BadPart { part: 3, parts: 3 }));
 }
