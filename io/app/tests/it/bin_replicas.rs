@@ -123,3 +123,48 @@ async fn replica_processes_share_bookings_through_a_freeze_and_a_restart() {
     converged_to_nothing(&[&a, &b]).await;
     fleet.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_requests_two_legs_reach_the_peer_as_two_bookings() {
+    use kvpick_discovery::workers_file::{self, Entry};
+    let fleet = fleet(3).await;
+    let dir = TempDir::new("bin-replicas-disagg");
+    let file = dir.path("workers.yaml");
+    let entries: Vec<Entry> = fleet
+        .endpoints()
+        .iter()
+        .enumerate()
+        .map(|(i, e)| Entry {
+            role: Some(if i == 0 { "prefill" } else { "decode" }.into()),
+            ..Entry::new(e.http, e.events.clone(), Some(e.replay.clone()))
+        })
+        .collect();
+    workers_file::write(&file, &entries).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let ports = [free_port(), free_port()];
+    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
+    let disagg = |port: u16| {
+        let port = port.to_string();
+        let flags =
+            ["--replica-sync-port", &port, "--peers", &peers, "--peer-token", TOKEN, "--pd-threshold-tokens", "64"];
+        serve(&file, &flags)
+    };
+    let (mut a, mut b) = (disagg(ports[0]), disagg(ports[1]));
+    wait_streaming(&mut a);
+    wait_streaming(&mut b);
+
+    // A long prompt on A is split: its prefill and decode legs are both
+    // booked on A until the response starts, and B holds both.
+    let (mut call, _client) = open_at(a.ext_proc).await;
+    pick(&mut call, &body(&text("a long prompt about tides and moons, word "))).await;
+    until(&a, "A booked both legs", |m| {
+        value(m, "kvpick_prefill_reservations_active", &[]) == 1.0 && value(m, "kvpick_reservations_active", &[]) == 1.0
+    })
+    .await;
+    until(&b, "B holds both of A's legs", |m| value(m, "kvpick_replica_peer_bookings", &[]) == 2.0).await;
+    finish_response(&mut call).await;
+    converged_to_nothing(&[&a, &b]).await;
+    let m = scrape(b.metrics).await;
+    assert_eq!(value(&m, "kvpick_replica_peer_refused_total", &[]), 0.0, "every leg applied on B");
+    assert!(value(&m, "kvpick_replica_peer_events_applied_total", &[]) >= 4.0, "two reserves, two frees");
+    fleet.shutdown().await;
+}
