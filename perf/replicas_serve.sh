@@ -10,7 +10,7 @@
 # is what sharing costs, unsynced ÷ solo what a second process costs.
 #
 #   perf/replicas_serve.sh                         # 3 rounds × 10 s at 500 and 2000 req/s
-#   ROUNDS=2 DURATION=5s RATES="1000" perf/replicas_serve.sh
+#   ROUNDS=2 DURATION=5s RATES="1000" BATCH_DELAY_US=500 perf/replicas_serve.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -39,8 +39,9 @@ serve() {
   wait_port "$port"
 }
 peers="127.0.0.1:19310,127.0.0.1:19320"
-serve a 19300 --replica-sync-port 19310 --peers "$peers" --peer-token bench
-serve b 19303 --replica-sync-port 19320 --peers "$peers" --peer-token bench
+delay=${BATCH_DELAY_US:-0}
+serve a 19300 --replica-sync-port 19310 --peers "$peers" --peer-token bench --peer-batch-delay-us "$delay"
+serve b 19303 --replica-sync-port 19320 --peers "$peers" --peer-token bench --peer-batch-delay-us "$delay"
 serve solo 19306
 serve c 19330
 serve d 19333
@@ -73,9 +74,10 @@ for rate in $RATES; do
     echo "$before $(cpu "$pid_c") $(cpu "$pid_d")" >"$OUT/apart-$rate-$round.cpu"
     echo "rate $rate round $round done" >&2
   done
-done
-for name in a:19302 b:19305; do
-  curl -s "http://127.0.0.1:${name#*:}/metrics" >"$OUT/${name%%:*}.prom"
+  # The delay histograms so far (each rate's are the difference).
+  for name in a:19302 b:19305; do
+    curl -s "http://127.0.0.1:${name#*:}/metrics" >"$OUT/${name%%:*}-$rate.prom"
+  done
 done
 
 python3 - "$OUT" "$ROUNDS" "$RATES" "$(getconf CLK_TCK)" <<'PY'
@@ -124,12 +126,17 @@ def quantile(rows, q):
         if count >= q * total:
             return bound
 print()
-print("| receiving replica | batches measured | p50 ≤ | p90 ≤ | p99 ≤ |")
-print("|---|---:|---:|---:|---:|")
+print("| offered req/s | receiving replica | batches measured | p50 ≤ | p90 ≤ | p99 ≤ |")
+print("|---:|---|---:|---:|---:|---:|")
+fmt = lambda s: "∞" if s == float("inf") else (f"{s * 1e3:g} ms" if s >= 1e-3 else f"{s * 1e6:g} µs")
 for name in ("a", "b"):
-    rows = buckets(f"{out}/{name}.prom")
-    fmt = lambda s: "∞" if s == float("inf") else (f"{s * 1e3:g} ms" if s >= 1e-3 else f"{s * 1e6:g} µs")
-    print(f"| {name} | {rows[-1][1]:,} | {fmt(quantile(rows, .5))} | {fmt(quantile(rows, .9))} | {fmt(quantile(rows, .99))} |")
+    before = None
+    for rate in rates:
+        rows = buckets(f"{out}/{name}-{rate}.prom")
+        if before:
+            rows = [(bound, count - old) for (bound, count), (_, old) in zip(rows, before)]
+        before = buckets(f"{out}/{name}-{rate}.prom")
+        print(f"| {rate} | {name} | {rows[-1][1]:,} | {fmt(quantile(rows, .5))} | {fmt(quantile(rows, .9))} | {fmt(quantile(rows, .99))} |")
 PY
 echo
-echo "- $ROUNDS rounds of $DURATION per rate, pair and solo alternated; medians of the rounds; delays over every round (bucket upper bounds); $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%Y-%m-%d)"
+echo "- --peer-batch-delay-us $delay; $ROUNDS rounds of $DURATION per rate, pair and solo alternated; medians of the rounds; delays per rate (bucket upper bounds); $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg); $(date -u +%Y-%m-%d)"

@@ -77,9 +77,10 @@ pub struct Batch {
     /// Numbers start at 1 in each incarnation.
     pub first_seq: u64,
     pub events: Vec<PeerEvent>,
-    /// When the origin sent it, in microseconds of its wall clock since
-    /// the Unix epoch (0: not said): what a peer measures the delay by.
-    /// Never used to order anything.
+    /// When the first change in it reached the origin's sync, in
+    /// microseconds of its wall clock since the Unix epoch (0: not said):
+    /// what a peer measures the propagation delay by. Never used to order
+    /// anything.
     pub sent_unix_micros: u64,
 }
 

@@ -94,6 +94,9 @@ pub struct SyncConfig {
     pub inbox: InboxConfig,
     /// What peers take in one frame (batches are split to fit).
     pub limits: Limits,
+    /// How long a change may wait for others to share its batch (zero:
+    /// each run of changes the shards hand over at once goes at once).
+    pub batch_delay: Duration,
 }
 
 impl SyncConfig {
@@ -105,6 +108,7 @@ impl SyncConfig {
             peer_grace: Duration::from_secs(30),
             inbox: InboxConfig::default(),
             limits: Limits::default(),
+            batch_delay: Duration::ZERO,
         }
     }
 }
@@ -255,6 +259,7 @@ impl ReplicaSync {
             clock,
             transport,
             deferred_snapshots: Vec::new(),
+            pending_since: None,
             stats: stats.clone(),
             config,
         };
@@ -314,6 +319,9 @@ struct State<T: Transport> {
     transport: T,
     /// Links whose snapshot found their queue full.
     deferred_snapshots: Vec<LinkId>,
+    /// When the oldest change not yet published reached this task (µs,
+    /// wall clock).
+    pending_since: Option<u64>,
     stats: Arc<SyncStats>,
 }
 
@@ -327,7 +335,15 @@ impl<T: Transport> State<T> {
     ) {
         let mut digest = tokio::time::interval(self.config.digest_every);
         digest.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // With a batch delay, the first change of a batch sets when it goes.
+        let mut flush_at: Option<tokio::time::Instant> = None;
         loop {
+            let flush = async {
+                match flush_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 Some(first) = observed.recv() => {
                     // Whatever else is waiting goes in the same batch.
@@ -335,6 +351,14 @@ impl<T: Transport> State<T> {
                     while let Ok(next) = observed.try_recv() {
                         self.observe(next).await;
                     }
+                    if self.config.batch_delay.is_zero() {
+                        self.publish_batch();
+                    } else if flush_at.is_none() {
+                        flush_at = Some(tokio::time::Instant::now() + self.config.batch_delay);
+                    }
+                }
+                _ = flush => {
+                    flush_at = None;
                     self.publish_batch();
                 }
                 Some(frame) = inbound.recv() => self.receive(frame).await,
@@ -359,7 +383,9 @@ impl<T: Transport> State<T> {
     async fn observe(&mut self, observed: Observed) {
         match observed {
             Observed::Own(event, now) => {
-                self.outbox.record(&event, now);
+                if self.outbox.record(&event, now) && self.pending_since.is_none() {
+                    self.pending_since = Some(unix_micros());
+                }
             }
             Observed::PeerDropped(origin_id, id) => {
                 // Booked again since (a renewal or a retry ran before this
@@ -376,7 +402,9 @@ impl<T: Transport> State<T> {
 
     fn publish_batch(&mut self) {
         let Some(mut batch) = self.outbox.take_batch() else { return };
-        batch.sent_unix_micros = unix_micros();
+        // Stamped with its first change's arrival, so a peer's delay counts
+        // the batch delay too.
+        batch.sent_unix_micros = self.pending_since.take().unwrap_or_else(unix_micros);
         let events = batch.events.len() as u64;
         // A backlog, a mass expiry or a busy worker's removal can gather
         // more than one frame may carry: consecutive batches then.

@@ -77,6 +77,38 @@ pub struct ServeConfig {
     pub replicas: Option<ReplicaSettings>,
 }
 
+/// The token peers present to each other.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerToken {
+    Given(String),
+    /// Read at start (a mounted Secret).
+    File(PathBuf),
+}
+
+impl PeerToken {
+    /// The token itself (reading the file).
+    pub fn resolve(&self) -> Result<String, String> {
+        match self {
+            PeerToken::Given(token) => Ok(token.clone()),
+            PeerToken::File(path) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    format!("{}={}: not a readable file holding the token ({e})", var::PEER_TOKEN_FILE, path.display())
+                })?;
+                check_token(&text).map_err(|allowed| format!("{}={}: {allowed}", var::PEER_TOKEN_FILE, path.display()))
+            }
+        }
+    }
+}
+
+/// Trimmed; it must be a header value: printable ASCII, no spaces.
+fn check_token(token: &str) -> Result<String, &'static str> {
+    let token = token.trim();
+    if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err("a token of printable ASCII without spaces");
+    }
+    Ok(token.to_owned())
+}
+
 /// Replica sync: on when peers are listed or a peer service is watched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaSettings {
@@ -87,8 +119,9 @@ pub struct ReplicaSettings {
     pub peers: Vec<SocketAddr>,
     /// `None`: derived from the host name and the bound port.
     pub replica_id: Option<u64>,
-    pub token: Option<String>,
+    pub token: Option<PeerToken>,
     pub peer_grace: Duration,
+    pub batch_delay: Duration,
 }
 
 fn replicas(v: &Values, listen: SocketAddr, discovery: &DiscoveryMode) -> Result<Option<ReplicaSettings>, ConfigError> {
@@ -113,28 +146,20 @@ fn replicas(v: &Values, listen: SocketAddr, discovery: &DiscoveryMode) -> Result
     if peers.is_empty() && !watched {
         return Ok(None);
     }
-    let token = match v.get(var::PEER_TOKEN_FILE) {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| v.error(var::PEER_TOKEN_FILE, format!("a readable file holding the token ({e})")))?;
-            Some(text.trim().to_owned())
+    let token = match (v.get(var::PEER_TOKEN_FILE), v.get(var::PEER_TOKEN)) {
+        (Some(path), _) => Some(PeerToken::File(PathBuf::from(path))),
+        (None, Some(token)) => {
+            Some(PeerToken::Given(check_token(token).map_err(|allowed| v.error(var::PEER_TOKEN, allowed))?))
         }
-        None => v.get(var::PEER_TOKEN).map(|t| t.trim().to_owned()),
+        (None, None) => None,
     };
-    if token.as_deref() == Some("") {
-        return Err(v.error(var::PEER_TOKEN, "a token that is not empty").into());
-    }
-    if let Some(token) = &token {
-        if !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(v.error(var::PEER_TOKEN, "a token of printable ASCII without spaces").into());
-        }
-    }
     Ok(Some(ReplicaSettings {
         listen,
         peers,
         replica_id: v.whole::<u64>(var::REPLICA_ID, 1)?,
         token,
         peer_grace: Duration::from_millis(v.whole::<u64>(var::PEER_GRACE_MS, 1)?.unwrap_or(30_000)),
+        batch_delay: Duration::from_micros(v.whole_in::<u64>(var::PEER_BATCH_DELAY_US, 0, 1_000_000)?.unwrap_or(0)),
     }))
 }
 

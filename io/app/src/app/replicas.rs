@@ -39,7 +39,10 @@ impl Replicas {
         let port = listener.local_addr().map_err(|source| StartError::Listen { what: "replica-sync", source })?.port();
         let id = ReplicaId(settings.replica_id.unwrap_or_else(|| default_replica_id(port)));
         let incarnation = Incarnation(start_nanos());
-        let token: Option<Arc<str>> = settings.token.as_deref().map(Arc::from);
+        let token: Option<Arc<str>> = match &settings.token {
+            Some(token) => Some(Arc::from(token.resolve().map_err(StartError::Replicas)?)),
+            None => None,
+        };
         let direct = DirectConfig::new(id, token);
         let transport = Arc::new(TransportMetrics::default());
 
@@ -58,6 +61,7 @@ impl Replicas {
         });
         let mut sync_config = SyncConfig::new(id, incarnation);
         sync_config.peer_grace = settings.peer_grace;
+        sync_config.batch_delay = settings.batch_delay;
         let links = {
             let (direct, metrics) = (direct.clone(), transport.clone());
             move |snapshots| DirectLinks::spawn(direct, peers_rx, snapshots, metrics)

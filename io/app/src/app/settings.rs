@@ -59,6 +59,7 @@ pub const REPLICA_ID: &str = "KVPICK_REPLICA_ID";
 pub const PEER_TOKEN: &str = "KVPICK_PEER_TOKEN";
 pub const PEER_TOKEN_FILE: &str = "KVPICK_PEER_TOKEN_FILE";
 pub const PEER_GRACE_MS: &str = "KVPICK_PEER_GRACE_MS";
+pub const PEER_BATCH_DELAY_US: &str = "KVPICK_PEER_BATCH_DELAY_US";
 pub const EXT_PROC_PORT: &str = "KVPICK_EXT_PROC_PORT";
 pub const TOKENIZER_URL: &str = "DYN_EPP_TOKENIZER_SERVICE_URL";
 pub const TOKENIZER_PROTOCOL: &str = "DYN_EPP_TOKENIZER_PROTOCOL";
@@ -242,6 +243,12 @@ pub const SETTINGS: &[Setting] = &[
         "peer-grace-ms",
         Some("30000"),
         "A peer replica heard nothing from for this long has its bookings freed here",
+    ),
+    s(
+        PEER_BATCH_DELAY_US,
+        "peer-batch-delay-us",
+        Some("0"),
+        "How long a booking change may wait for others to share its frame to the peers (µs; fewer frames, later news)",
     ),
     s(LISTEN_ADDRESS, "listen-address", Some("0.0.0.0"), "Address the ext_proc, health and metrics ports bind to"),
     s(EXT_PROC_PORT, "ext-proc-port", Some("9002"), "The ext_proc gRPC port (0: any free port)"),
