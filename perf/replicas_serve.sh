@@ -52,26 +52,27 @@ load() { # addr rps out
   ./target/release/kvpick-load --addr "$1" --rps "$2" -z "$DURATION" --no-progress --format json >"$3"
 }
 
+# pair_load NAME PID1 PORT1 PID2 PORT2: half the rate to each, at once;
+# their CPU ticks before and after (uses $rate, $half, $round).
+pair_load() {
+  local before
+  before="$(cpu "$2") $(cpu "$4")"
+  load "127.0.0.1:$3" "$half" "$OUT/$1-a-$rate-$round.json" &
+  local l1=$!
+  load "127.0.0.1:$5" "$half" "$OUT/$1-b-$rate-$round.json" &
+  local l2=$!
+  wait "$l1" "$l2"
+  echo "$before $(cpu "$2") $(cpu "$4")" >"$OUT/$1-$rate-$round.cpu"
+}
+
 for rate in $RATES; do
   half=$((rate / 2))
   for round in $(seq "$ROUNDS"); do
-    before="$(cpu "$pid_a") $(cpu "$pid_b")"
-    load 127.0.0.1:19300 "$half" "$OUT/pair-a-$rate-$round.json" &
-    l1=$!
-    load 127.0.0.1:19303 "$half" "$OUT/pair-b-$rate-$round.json" &
-    l2=$!
-    wait "$l1" "$l2"
-    echo "$before $(cpu "$pid_a") $(cpu "$pid_b")" >"$OUT/pair-$rate-$round.cpu"
+    pair_load pair "$pid_a" 19300 "$pid_b" 19303
     before=$(cpu "$pid_solo")
     load 127.0.0.1:19306 "$rate" "$OUT/solo-$rate-$round.json"
     echo "$before $(cpu "$pid_solo")" >"$OUT/solo-$rate-$round.cpu"
-    before="$(cpu "$pid_c") $(cpu "$pid_d")"
-    load 127.0.0.1:19330 "$half" "$OUT/apart-a-$rate-$round.json" &
-    l1=$!
-    load 127.0.0.1:19333 "$half" "$OUT/apart-b-$rate-$round.json" &
-    l2=$!
-    wait "$l1" "$l2"
-    echo "$before $(cpu "$pid_c") $(cpu "$pid_d")" >"$OUT/apart-$rate-$round.cpu"
+    pair_load apart "$pid_c" 19330 "$pid_d" 19333
     echo "rate $rate round $round done" >&2
   done
   # The delay histograms so far (each rate's are the difference).

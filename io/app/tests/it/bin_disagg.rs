@@ -4,10 +4,9 @@
 //! `x-prefiller-host-port`; a short one is served whole; the prefill
 //! engine's KV events reach the prefill selector; both legs are released.
 
-use kvpick_discovery::workers_file::{self, Entry};
 use kvpick_test_support::gateway::Gateway;
 
-use crate::bin_support::{TempDir, chat, fleet, http_post, scrape, serve, until, value};
+use crate::bin_support::{TempDir, chat, fleet, http_post, scrape, serve, until, value, write_roled_workers};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_roled_fleet_splits_long_prompts_and_routes_each_role_its_events() {
@@ -15,15 +14,7 @@ async fn a_roled_fleet_splits_long_prompts_and_routes_each_role_its_events() {
     let dir = TempDir::new("disagg");
     let file = dir.path("workers.yaml");
     let endpoints = fleet.endpoints();
-    let entries: Vec<Entry> = endpoints
-        .iter()
-        .enumerate()
-        .map(|(i, e)| Entry {
-            role: Some(if i == 0 { "prefill" } else { "decode" }.into()),
-            ..Entry::new(e.http, e.events.clone(), Some(e.replay.clone()))
-        })
-        .collect();
-    workers_file::write(&file, &entries).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    write_roled_workers(&file, &fleet);
     let mut kvpick = serve(&file, &["--pd-threshold-tokens", "64"]);
     let log = kvpick.drain_log();
     assert!(log.iter().any(|l| l.contains("prefill workers get a selector of their own")), "{log:?}");

@@ -8,7 +8,9 @@ use std::time::Duration;
 use futures::future::join_all;
 use kvpick_test_support::gateway::Gateway;
 
-use crate::bin_support::{Kvpick, TempDir, chat, fleet, scrape, serve, until, value, write_workers};
+use crate::bin_support::{
+    Kvpick, TempDir, chat, fleet, scrape, serve, until, value, write_roled_workers, write_workers,
+};
 use crate::ext_proc_support::finish_response;
 use crate::replicas::{body, free_port, open_at, pick, text};
 
@@ -126,20 +128,10 @@ async fn replica_processes_share_bookings_through_a_freeze_and_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_disaggregated_requests_two_legs_reach_the_peer_as_two_bookings() {
-    use kvpick_discovery::workers_file::{self, Entry};
     let fleet = fleet(3).await;
     let dir = TempDir::new("bin-replicas-disagg");
     let file = dir.path("workers.yaml");
-    let entries: Vec<Entry> = fleet
-        .endpoints()
-        .iter()
-        .enumerate()
-        .map(|(i, e)| Entry {
-            role: Some(if i == 0 { "prefill" } else { "decode" }.into()),
-            ..Entry::new(e.http, e.events.clone(), Some(e.replay.clone()))
-        })
-        .collect();
-    workers_file::write(&file, &entries).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    write_roled_workers(&file, &fleet);
     let ports = [free_port(), free_port()];
     let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
     let disagg = |port: u16| {

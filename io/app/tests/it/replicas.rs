@@ -139,9 +139,21 @@ async fn a_booking_on_one_replica_holds_load_on_the_other_until_freed() {
     fleet.shutdown().await;
 }
 
-/// A raw peer stream to `to`, sending `frames` with `token`; returns how
-/// the stream ended.
-async fn exchange(to: SocketAddr, token: Option<&str>, frames: Vec<Bytes>) -> Result<(), tonic::Status> {
+/// One replica over one engine whose only peer never answers: it just
+/// listens. Also its replica-sync address and the engine's worker id.
+async fn listening_replica(tag: &str) -> (kvpick_sim::Fleet, TempDir, App, SocketAddr, WorkerId) {
+    let fleet = fleet(1).await;
+    let dir = TempDir::new(tag);
+    let file = dir.path("workers.json");
+    write_workers(&file, &fleet, &[0]);
+    let app = replica(&file, 0, &format!("127.0.0.1:{}", free_port())).await;
+    let port = app.replica_sync_addr().unwrap_or_else(|| panic!("no replica-sync port"));
+    let worker = app.workers().all()[0].0;
+    (fleet, dir, app, port, worker)
+}
+
+/// A raw gRPC client of a replica-sync port, as a peer (or an impostor).
+async fn peer_client(to: SocketAddr) -> tonic::client::Grpc<tonic::transport::Channel> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{to}"))
         .unwrap_or_else(|e| panic!("{e}"))
         .connect()
@@ -149,6 +161,13 @@ async fn exchange(to: SocketAddr, token: Option<&str>, frames: Vec<Bytes>) -> Re
         .unwrap_or_else(|e| panic!("connect: {e}"));
     let mut client = tonic::client::Grpc::new(channel).max_encoding_message_size(64 << 20);
     client.ready().await.unwrap_or_else(|e| panic!("{e}"));
+    client
+}
+
+/// A raw peer stream to `to`, sending `frames` with `token`; returns how
+/// the stream ended.
+async fn exchange(to: SocketAddr, token: Option<&str>, frames: Vec<Bytes>) -> Result<(), tonic::Status> {
+    let mut client = peer_client(to).await;
     let (tx, rx) = mpsc::channel(16);
     for frame in frames {
         tx.send(frame).await.unwrap_or_else(|e| panic!("{e}"));
@@ -192,14 +211,7 @@ fn refused(app: &App, reason: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_peer_port_refuses_strangers_garbage_and_lies() {
-    let fleet = fleet(1).await;
-    let dir = TempDir::new("replica-port");
-    let file = dir.path("workers.json");
-    write_workers(&file, &fleet, &[0]);
-    // Its only peer never answers: this replica just listens.
-    let a = replica(&file, 0, &format!("127.0.0.1:{}", free_port())).await;
-    let port = a.replica_sync_addr().unwrap_or_else(|| panic!("no replica-sync port"));
-    let worker = a.workers().all()[0].0;
+    let (fleet, _dir, a, port, worker) = listening_replica("replica-port").await;
 
     let no_token = exchange(port, None, vec![batch(7, 1, vec![])]).await;
     assert_eq!(no_token.map_err(|s| s.code()), Err(Code::Unauthenticated));
@@ -243,21 +255,8 @@ async fn the_peer_port_refuses_strangers_garbage_and_lies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_peer_frame_is_asked_for_again_as_a_snapshot() {
-    let fleet = fleet(1).await;
-    let dir = TempDir::new("replica-gap");
-    let file = dir.path("workers.json");
-    write_workers(&file, &fleet, &[0]);
-    let a = replica(&file, 0, &format!("127.0.0.1:{}", free_port())).await;
-    let port = a.replica_sync_addr().unwrap_or_else(|| panic!("no replica-sync port"));
-    let worker = a.workers().all()[0].0;
-
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{port}"))
-        .unwrap_or_else(|e| panic!("{e}"))
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("connect: {e}"));
-    let mut client = tonic::client::Grpc::new(channel);
-    client.ready().await.unwrap_or_else(|e| panic!("{e}"));
+    let (fleet, _dir, a, port, worker) = listening_replica("replica-gap").await;
+    let mut client = peer_client(port).await;
     let (tx, rx) = mpsc::channel(16);
     let mut request = tonic::Request::new(ReceiverStream::new(rx));
     request.metadata_mut().insert("authorization", MetadataValue::try_from(format!("Bearer {TOKEN}")).unwrap());

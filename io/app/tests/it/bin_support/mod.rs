@@ -72,6 +72,21 @@ pub fn write_workers(path: &Path, fleet: &Fleet, which: &[usize]) {
     workers_file::write(path, &entries).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 
+/// Writes a workers file giving the first engine the prefill role and
+/// the others decode.
+pub fn write_roled_workers(path: &Path, fleet: &Fleet) {
+    let entries: Vec<Entry> = fleet
+        .endpoints()
+        .iter()
+        .enumerate()
+        .map(|(i, e)| Entry {
+            role: Some(if i == 0 { "prefill" } else { "decode" }.into()),
+            ..Entry::new(e.http, e.events.clone(), Some(e.replay.clone()))
+        })
+        .collect();
+    workers_file::write(path, &entries).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
 /// A running `kvpick serve`.
 pub struct Kvpick {
     child: Child,
