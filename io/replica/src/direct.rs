@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -231,6 +231,8 @@ struct LinkQueue {
     addr: SocketAddr,
     queue: mpsc::Sender<Bytes>,
     task: JoinHandle<()>,
+    /// Streaming now: only such a link has anything to drain at close.
+    up: Arc<AtomicBool>,
 }
 
 impl DirectLinks {
@@ -262,15 +264,17 @@ impl DirectLinks {
                     for addr in wanted.difference(&have) {
                         let id = next_id.fetch_add(1, Ordering::Relaxed);
                         let (queue, queue_rx) = mpsc::channel(LINK_QUEUE);
+                        let up = Arc::new(AtomicBool::new(false));
                         let link = Link {
                             id,
                             addr: *addr,
                             config: config.clone(),
                             snapshots: snapshots.clone(),
                             metrics: metrics.clone(),
+                            up: up.clone(),
                         };
                         let task = tokio::spawn(link.run(queue_rx));
-                        links.insert(id, LinkQueue { addr: *addr, queue, task });
+                        links.insert(id, LinkQueue { addr: *addr, queue, task, up });
                         tracing::info!(peer = %addr, "replica sync: dialing a peer");
                     }
                     metrics.links.store(links.len() as u64, Ordering::Relaxed);
@@ -313,12 +317,22 @@ impl Transport for DirectLinks {
         })
     }
 
-    /// Closes every queue: each link sends what its queue holds, ends its
-    /// stream and stops.
+    /// Closes every queue: each streaming link sends what its queue
+    /// holds, ends its stream and stops; the others (dialing, backing off,
+    /// parked on this replica's own address) have no peer to tell and stop
+    /// at once.
     fn close(&mut self) -> Vec<JoinHandle<()>> {
         self.manager.abort();
         let links = std::mem::take(&mut *self.links.lock().unwrap_or_else(PoisonError::into_inner));
-        links.into_values().map(|link| link.task).collect()
+        let mut draining = Vec::new();
+        for link in links.into_values() {
+            if link.up.load(Ordering::Acquire) {
+                draining.push(link.task);
+            } else {
+                link.task.abort();
+            }
+        }
+        draining
     }
 }
 
@@ -328,6 +342,7 @@ struct Link {
     config: DirectConfig,
     snapshots: mpsc::UnboundedSender<LinkId>,
     metrics: Arc<TransportMetrics>,
+    up: Arc<AtomicBool>,
 }
 
 /// How a connection ended.
@@ -409,7 +424,9 @@ impl Link {
         };
         tracing::info!(peer = %self.addr, "replica sync: streaming to a peer");
         self.metrics.links_up.fetch_add(1, Ordering::Relaxed);
+        self.up.store(true, Ordering::Release);
         let ended = self.pump(queue, frames, response.into_inner()).await;
+        self.up.store(false, Ordering::Release);
         self.metrics.links_up.fetch_sub(1, Ordering::Relaxed);
         ended
     }
@@ -417,11 +434,15 @@ impl Link {
     /// Stopping: ends the stream once what was queued is in it, and waits
     /// (briefly) for the peer to have read it all.
     async fn finish(&self, frames: mpsc::Sender<Bytes>, answers: &mut Streaming<Bytes>) -> Ended {
-        // All capacity free again: the stream has taken every frame.
-        drop(frames.reserve_many(frames.max_capacity()).await);
-        drop(frames);
-        let wait = async { while let Ok(Some(_)) = answers.message().await {} };
-        let _ = tokio::time::timeout(Duration::from_secs(1), wait).await;
+        let drain = async {
+            // All capacity free again: the stream has taken every frame.
+            drop(frames.reserve_many(frames.max_capacity()).await);
+            drop(frames);
+            while let Ok(Some(_)) = answers.message().await {}
+        };
+        // A peer that stopped reading (its flow-control window shut) is
+        // not waited for.
+        let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
         Ended::Closed
     }
 

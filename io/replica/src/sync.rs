@@ -369,8 +369,16 @@ impl<T: Transport> State<T> {
             }
         }
         // Stopping: what the shards did last goes out, then the links
-        // drain.
-        while let Ok(next) = observed.try_recv() {
+        // drain. Frees posted to the shards' rings are heard of only as the
+        // shards apply them: read until the shards have been quiet for a
+        // moment (at most 100 ms).
+        let quiet_until = tokio::time::Instant::now() + Duration::from_millis(100);
+        while let Ok(Some(next)) = tokio::time::timeout_at(
+            quiet_until.min(tokio::time::Instant::now() + Duration::from_millis(5)),
+            observed.recv(),
+        )
+        .await
+        {
             self.observe(next).await;
         }
         self.publish_batch();

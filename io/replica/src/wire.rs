@@ -180,11 +180,16 @@ pub fn encode_snapshot(snapshot: &Snapshot, limits: &Limits) -> Vec<Vec<u8>> {
 #[derive(Debug, Default)]
 pub struct SnapshotParts {
     gathering: Option<SnapshotPart>,
+    /// The gathered bookings' size on the wire, near enough.
+    bytes: usize,
 }
 
 impl SnapshotParts {
     /// Most bookings a snapshot in parts may hold.
     pub const MAX_BOOKINGS: usize = 1 << 20;
+    /// Most bytes of bookings it may hold (what 16 full frames carry): a
+    /// peer cannot make this replica buffer more.
+    pub const MAX_BYTES: usize = 256 << 20;
 
     /// Passes `frame` on, keeps a part, or gives the snapshot its last
     /// part completes.
@@ -200,9 +205,21 @@ impl SnapshotParts {
                 && held.parts == part.parts
                 && held.part + 1 == part.part
         };
+        let size: usize = part.snapshot.bookings.iter().map(|b| 64 + 8 * b.seq_hashes.len()).sum();
         match self.gathering.take() {
-            None if part.part == 0 => self.gathering = Some(part),
+            None if part.part == 0 => {
+                self.bytes = size;
+                self.gathering = Some(part);
+            }
             Some(mut held) if follows(&held) => {
+                self.bytes += size;
+                if self.bytes > Self::MAX_BYTES {
+                    return Err(FrameError::OverCap {
+                        what: "bytes of a snapshot in parts",
+                        count: self.bytes,
+                        max: Self::MAX_BYTES,
+                    });
+                }
                 let total = held.snapshot.bookings.len() + part.snapshot.bookings.len();
                 if total > Self::MAX_BOOKINGS {
                     return Err(FrameError::OverCap {
@@ -219,7 +236,10 @@ impl SnapshotParts {
                 self.gathering = Some(held);
             }
             // Out of order: this part can only start a new snapshot.
-            _ if part.part == 0 => self.gathering = Some(part),
+            _ if part.part == 0 => {
+                self.bytes = size;
+                self.gathering = Some(part);
+            }
             _ => {}
         }
         Ok(None)

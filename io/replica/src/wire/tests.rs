@@ -312,3 +312,19 @@ fn broken_snapshot_parts_are_dropped_not_applied() {
     let bytes = encode(&Frame::SnapshotPart(bad));
     assert_eq!(decode(&bytes, &limits), Err(FrameError::BadPart { part: 3, parts: 3 }));
 }
+
+#[test]
+fn snapshot_parts_are_capped_in_bytes_as_well_as_bookings() {
+    // 300 bookings of 65,536 hashes each (one shared allocation): about
+    // 150 MiB a part on the wire, 300 MiB for two.
+    let hashes: Arc<[SequenceHash]> = Arc::from(vec![SequenceHash(1); 65_536]);
+    let big = PeerBooking { seq_hashes: hashes, ..booking() };
+    let part = |part: u32| {
+        let bookings = (0..300).map(|i| PeerBooking { id: ReservationId(i), ..big.clone() }).collect();
+        let snapshot = Snapshot { origin: ReplicaId(1), incarnation: Incarnation(2), last_seq: 9, bookings };
+        Frame::SnapshotPart(SnapshotPart { snapshot, part, parts: 3 })
+    };
+    let mut parts = SnapshotParts::default();
+    assert_eq!(parts.take(part(0)), Ok(None));
+    assert!(matches!(parts.take(part(1)), Err(FrameError::OverCap { what: "bytes of a snapshot in parts", .. })));
+}
