@@ -465,7 +465,7 @@ impl<T: Transport> State<T> {
             return;
         }
         let inbox_config = self.config.inbox;
-        self.inboxes.entry(origin_id).or_insert_with(|| Origin {
+        let origin = self.inboxes.entry(origin_id).or_insert_with(|| Origin {
             inbox: Inbox::new(origin_id, inbox_config),
             heard: Instant::now(),
             answer: None,
@@ -474,9 +474,6 @@ impl<T: Transport> State<T> {
             forgotten: false,
             refused: 0,
         });
-        let selectors = &self.selectors;
-        let in_pool = |worker: WorkerId| selectors.iter().any(|s| s.service().owns(worker));
-        let Some(origin) = self.inboxes.get_mut(&origin_id) else { return };
         origin.heard = Instant::now();
         origin.forgotten = false;
         origin.answer = Some(answer);
@@ -484,13 +481,13 @@ impl<T: Transport> State<T> {
             Frame::Batch(batch) => {
                 let last = batch.first_seq.saturating_add(batch.events.len() as u64).saturating_sub(1);
                 origin.seen = origin.seen.max(last);
-                let received = origin.inbox.receive(batch, now, in_pool);
+                let received = origin.inbox.receive(batch, now, in_pool(&self.selectors));
                 (received.apply, received.resync_from)
             }
             Frame::Snapshot(snapshot) => {
                 origin.asked = None;
                 origin.seen = origin.seen.max(snapshot.last_seq);
-                (origin.inbox.resync(snapshot, now, in_pool), None)
+                (origin.inbox.resync(snapshot, now, in_pool(&self.selectors)), None)
             }
             Frame::Digest(digest) => {
                 origin.seen = digest.last_seq;
@@ -614,8 +611,8 @@ impl<T: Transport> State<T> {
                 }
             }
             let selectors = &self.selectors;
-            let in_pool = |worker: WorkerId| selectors.iter().any(|s| s.service().owns(worker));
-            let retry = self.inboxes.get_mut(&id).map(|o| o.inbox.retry_unapplied(now, in_pool)).unwrap_or_default();
+            let retry =
+                self.inboxes.get_mut(&id).map(|o| o.inbox.retry_unapplied(now, in_pool(selectors))).unwrap_or_default();
             self.apply(id, retry, now).await;
             self.report_origin(id);
         }
@@ -640,6 +637,12 @@ impl<T: Transport> State<T> {
             s.origins.insert(id, view);
         });
     }
+}
+
+/// Whether one of `selectors` has `worker` (a peer's booking on any other
+/// is mirrored, never applied).
+fn in_pool(selectors: &[ThreadProducers]) -> impl Fn(WorkerId) -> bool + '_ {
+    |worker| selectors.iter().any(|s| s.service().owns(worker))
 }
 
 fn unix_micros() -> u64 {
