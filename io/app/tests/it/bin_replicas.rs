@@ -24,8 +24,14 @@ fn replica(file: &std::path::Path, port: u16, peers: &str) -> Kvpick {
     serve(file, &flags)
 }
 
+/// Waits for its first stream to a peer, which may already have been
+/// logged before its `listening` line (read by `serve`).
 fn wait_streaming(kvpick: &mut Kvpick) {
-    kvpick.wait_log(|v| v["message"] == "replica sync: streaming to a peer");
+    const STREAMING: &str = "replica sync: streaming to a peer";
+    let seen = kvpick.log.iter().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok());
+    if !seen.into_iter().any(|v| v["message"] == STREAMING) {
+        kvpick.wait_log(|v| v["message"] == STREAMING);
+    }
 }
 
 /// Requests spread round-robin over the replicas' gateways, `concurrency`

@@ -101,7 +101,7 @@ async fn a_booking_on_one_replica_holds_load_on_the_other_until_freed() {
     let b = replica(&file, ports[1], &peers).await;
     wait_for("each replica streaming to the other", || async { links_up(&a).await && links_up(&b).await }).await;
 
-    let (mut on_a, _client_a) = open(&a).await;
+    let (mut on_a, client_a) = open(&a).await;
     let picked_a = pick(&mut on_a, &body(&text("alpha"))).await;
     assert!(prefill_on(&a, &picked_a).await > 0, "booked on A");
     wait_for("A's booking held on B", || async { b.service().peer_bookings() == 1 }).await;
@@ -109,7 +109,7 @@ async fn a_booking_on_one_replica_holds_load_on_the_other_until_freed() {
 
     // B, asked for a cold prompt, goes where A's booking is not: the
     // herding sharing prevents.
-    let (mut on_b, _client_b) = open(&b).await;
+    let (mut on_b, client_b) = open(&b).await;
     let picked_b = pick(&mut on_b, &body(&text("bravo"))).await;
     assert_ne!(picked_a, picked_b, "B picked the worker A just loaded");
     wait_for("B's booking held on A", || async { a.service().peer_bookings() == 1 }).await;
@@ -123,17 +123,28 @@ async fn a_booking_on_one_replica_holds_load_on_the_other_until_freed() {
             && b.service().peer_bookings() == 0
     })
     .await;
-    for app in [&a, &b] {
+    // Each one's view of the other, as reported once its sync has taken
+    // the last frame: every change the other published, applied.
+    let stats = |app: &App| app.replicas().map(|r| r.stats().snapshot()).unwrap_or_default();
+    let caught_up = |from: &App, at: &App| {
+        let published = stats(from).own_events;
+        stats(at).origins.values().next().is_some_and(|o| o.stats.events_applied == published)
+    };
+    wait_for("each replica reported the other's last change", || async { caught_up(&a, &b) && caught_up(&b, &a) })
+        .await;
+    for (app, other) in [(&a, &b), (&b, &a)] {
         assert!(loads(app).await.iter().all(|l| l.prefill_tokens == 0 && l.requests == 0), "load left behind");
-        let stats = app.replicas().map(|r| r.stats().snapshot()).unwrap_or_default();
-        assert_eq!(stats.own_live, 0);
+        let own = stats(app);
+        assert_eq!(own.own_live, 0);
         // Reserved and freed (a response that ends in its first chunk
         // frees without a separate end of prefill).
-        assert!(stats.own_events >= 2, "{stats:?}");
-        let origin = stats.origins.values().next().copied().unwrap_or_default();
-        assert_eq!(origin.stats.events_applied, stats.own_events, "{origin:?}");
+        assert!(own.own_events >= 2, "{own:?}");
+        let origin = own.origins.values().next().copied().unwrap_or_default();
+        assert_eq!(origin.stats.events_applied, stats(other).own_events, "{origin:?}");
         assert_eq!((origin.live, origin.stats.gaps, origin.refused), (0, 0, 0), "{origin:?}");
     }
+    // A gateway connection left open holds shutdown for its grace period.
+    drop((on_a, on_b, client_a, client_b));
     a.shutdown().await;
     b.shutdown().await;
     fleet.shutdown().await;
@@ -234,7 +245,18 @@ async fn the_peer_port_refuses_strangers_garbage_and_lies() {
         batch(8, 1, vec![PeerEvent::Freed(ReservationId(101))]),
     ];
     exchange(port, Some(TOKEN), lies).await.unwrap_or_else(|s| panic!("{s}"));
-    wait_for("origin 7's real booking applied", || async { a.service().peer_bookings() == 1 }).await;
+    // The service holds the booking before the sync reports the frame,
+    // and origin 8's frame comes after: wait for all three reported.
+    let reported = || {
+        let stats = a.replicas().map(|r| r.stats().snapshot()).unwrap_or_default();
+        let seven = stats.origins.get(&ReplicaId(7)).map_or(0, |o| o.last_seq);
+        let eight = stats.origins.get(&ReplicaId(8)).map_or(0, |o| o.last_seq);
+        (seven, eight) == (2, 1)
+    };
+    wait_for("origin 7's real booking applied and both origins reported", || async {
+        a.service().peer_bookings() == 1 && reported()
+    })
+    .await;
     let stats = a.replicas().map(|r| r.stats().snapshot()).unwrap_or_default();
     let seven = stats.origins.get(&ReplicaId(7)).copied().unwrap_or_default();
     assert_eq!(seven.stats.unknown_worker, 1, "{seven:?}");
