@@ -13,7 +13,9 @@
 //! by tonic and then decoded and validated by `wire::decode`; a frame that
 //! fails ends that stream with INVALID_ARGUMENT (its sender reconnects and
 //! starts again from a snapshot), and a caller without the shared token is
-//! refused with UNAUTHENTICATED.
+//! refused with UNAUTHENTICATED. With `tls` set, both ends of every stream
+//! present a certificate the pool's CA signed (mutual TLS): a caller
+//! without one never completes the handshake.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -35,6 +37,7 @@ use tonic::{Code, Status, Streaming};
 use crate::codec::RawCodec;
 use crate::metrics::TransportMetrics;
 use crate::sync::{Answer, Inbound, LinkId, Sent, Transport};
+use crate::tls::PeerTls;
 use crate::wire::{Frame, Limits, SnapshotParts, decode};
 
 const SERVICE: &str = "kvpick.peer.v1.Peer";
@@ -52,6 +55,8 @@ pub struct DirectConfig {
     /// Callers must present it as `authorization: Bearer <token>`; `None`:
     /// no token (peer traffic is then only as private as the network).
     pub token: Option<Arc<str>>,
+    /// Mutual TLS on the peer streams; `None`: plaintext HTTP/2.
+    pub tls: Option<PeerTls>,
     pub limits: Limits,
     /// A link that cannot connect tries again after this, doubling up to
     /// `max_backoff`.
@@ -65,6 +70,7 @@ impl DirectConfig {
         DirectConfig {
             replica,
             token,
+            tls: None,
             limits: Limits::default(),
             backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
@@ -388,7 +394,12 @@ impl Link {
         &self,
         queue: &mut mpsc::Receiver<Bytes>,
     ) -> Result<Ended, Box<dyn std::error::Error + Send + Sync>> {
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))?
+        let scheme = if self.config.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", self.addr))?;
+        if let Some(tls) = &self.config.tls {
+            endpoint = endpoint.tls_config(tls.client())?;
+        }
+        let endpoint = endpoint
             .connect_timeout(self.config.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))

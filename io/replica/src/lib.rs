@@ -5,17 +5,20 @@
 //! back (`wire`, refusing any frame that is too large, malformed or claims
 //! what no replica could send, before core sees it), runs the sync task
 //! between the shards and the peers (`sync`), and carries the frames
-//! (`direct`: a gRPC stream to each peer).
+//! (`direct`: a gRPC stream to each peer, with mutual TLS when `tls` is
+//! set).
 
 pub mod codec;
 pub mod direct;
 pub mod metrics;
 pub mod sync;
+pub mod tls;
 pub mod wire;
 
 pub use direct::{DirectConfig, DirectLinks, PeerService};
 pub use metrics::TransportMetrics;
 pub use sync::{Answer, Inbound, LinkId, OriginView, ReplicaSync, Sent, SyncConfig, SyncCounts, SyncStats, Transport};
+pub use tls::{PeerTls, PeerTlsError};
 pub use wire::{
     Frame, FrameError, Limits, ResyncRequest, SnapshotPart, SnapshotParts, decode, encode, encode_snapshot,
 };

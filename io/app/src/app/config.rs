@@ -15,6 +15,7 @@ use kvpick_discovery::{DiscoveryConfig, EngineSetting};
 use kvpick_ext_proc::ExtProcConfig;
 use kvpick_grpc::Tls;
 use kvpick_kv_events::IngestConfig;
+use kvpick_replica::PeerTls;
 use kvpick_router::tokenizer::local::parse_local_spec;
 use kvpick_router::tokenizer::{
     FallbackPolicy, LocalTokenizerConfig, TokenizerConfig, TokenizerConfigError, TokenizerField, TokenizerProtocol,
@@ -109,6 +110,32 @@ fn check_token(token: &str) -> Result<String, &'static str> {
     Ok(token.to_owned())
 }
 
+/// Where this replica's peer certificate, key and CA are (read at start:
+/// a rotated Secret takes effect on the next rollout, as the token does).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerTlsFiles {
+    pub dir: PathBuf,
+    pub server_name: Option<String>,
+}
+
+impl PeerTlsFiles {
+    /// The certificate, key and CA as read now, checked to be usable.
+    pub fn load(&self) -> Result<PeerTls, String> {
+        let read = |name: &str| {
+            let path = self.dir.join(name);
+            std::fs::read(&path).map_err(|e| format!("{}: {} is not readable ({e})", var::PEER_TLS_DIR, path.display()))
+        };
+        let tls = PeerTls {
+            cert_pem: read("tls.crt")?,
+            key_pem: read("tls.key")?,
+            ca_pem: read("ca.crt")?,
+            server_name: self.server_name.clone(),
+        };
+        tls.check().map_err(|e| format!("{}={}: {e}", var::PEER_TLS_DIR, self.dir.display()))?;
+        Ok(tls)
+    }
+}
+
 /// Replica sync: on when peers are listed or a peer service is watched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaSettings {
@@ -120,6 +147,7 @@ pub struct ReplicaSettings {
     /// `None`: derived from the host name and the bound port.
     pub replica_id: Option<u64>,
     pub token: Option<PeerToken>,
+    pub tls: Option<PeerTlsFiles>,
     pub peer_grace: Duration,
     pub batch_delay: Duration,
 }
@@ -153,11 +181,22 @@ fn replicas(v: &Values, listen: SocketAddr, discovery: &DiscoveryMode) -> Result
         }
         (None, None) => None,
     };
+    let server_name = v.get(var::PEER_TLS_SERVER_NAME).map(str::trim).filter(|n| !n.is_empty()).map(str::to_owned);
+    let tls = match v.get(var::PEER_TLS_DIR) {
+        Some(dir) => Some(PeerTlsFiles { dir: PathBuf::from(dir), server_name }),
+        None if server_name.is_some() => {
+            return Err(v
+                .error(var::PEER_TLS_SERVER_NAME, format!("needs {} (the certificates)", var::PEER_TLS_DIR))
+                .into());
+        }
+        None => None,
+    };
     Ok(Some(ReplicaSettings {
         listen,
         peers,
         replica_id: v.whole::<u64>(var::REPLICA_ID, 1)?,
         token,
+        tls,
         peer_grace: Duration::from_millis(v.whole::<u64>(var::PEER_GRACE_MS, 1)?.unwrap_or(30_000)),
         batch_delay: Duration::from_micros(v.whole_in::<u64>(var::PEER_BATCH_DELAY_US, 0, 1_000_000)?.unwrap_or(0)),
     }))

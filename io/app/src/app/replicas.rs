@@ -43,7 +43,12 @@ impl Replicas {
             Some(token) => Some(Arc::from(token.resolve().map_err(StartError::Replicas)?)),
             None => None,
         };
-        let direct = DirectConfig::new(id, token);
+        let tls = match &settings.tls {
+            Some(files) => Some(files.load().map_err(StartError::Replicas)?),
+            None => None,
+        };
+        let mut direct = DirectConfig::new(id, token);
+        direct.tls = tls.clone();
         let transport = Arc::new(TransportMetrics::default());
 
         let listed: BTreeSet<SocketAddr> = settings.peers.iter().copied().collect();
@@ -69,7 +74,11 @@ impl Replicas {
         let sync =
             ReplicaSync::spawn(sync_config, selectors, clock, links).map_err(|e| StartError::Replicas(e.into()))?;
         let service = PeerService::new(direct, sync.inbound(), transport.clone());
-        let router = kvpick_grpc::server::builder(&Http2::default()).add_service(service);
+        let mut builder = kvpick_grpc::server::builder(&Http2::default());
+        if let Some(tls) = &tls {
+            builder = builder.tls_config(tls.server()).map_err(|e| StartError::Replicas(format!("peer TLS: {e}")))?;
+        }
+        let router = builder.add_service(service);
         let server = kvpick_grpc::server::spawn_router(router, listener, None)?;
         tracing::info!(
             replica = id.0,
@@ -77,6 +86,7 @@ impl Replicas {
             listen = %server.local_addr(),
             peers = ?settings.peers,
             token = settings.token.is_some(),
+            mutual_tls = tls.is_some(),
             "replica sync: sharing bookings with peer replicas"
         );
         Ok(Replicas { id, incarnation, sync, server, merge, transport })

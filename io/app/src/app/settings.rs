@@ -58,6 +58,8 @@ pub const PEERS: &str = "KVPICK_PEERS";
 pub const REPLICA_ID: &str = "KVPICK_REPLICA_ID";
 pub const PEER_TOKEN: &str = "KVPICK_PEER_TOKEN";
 pub const PEER_TOKEN_FILE: &str = "KVPICK_PEER_TOKEN_FILE";
+pub const PEER_TLS_DIR: &str = "KVPICK_PEER_TLS_DIR";
+pub const PEER_TLS_SERVER_NAME: &str = "KVPICK_PEER_TLS_SERVER_NAME";
 pub const PEER_GRACE_MS: &str = "KVPICK_PEER_GRACE_MS";
 pub const PEER_BATCH_DELAY_US: &str = "KVPICK_PEER_BATCH_DELAY_US";
 pub const EXT_PROC_PORT: &str = "KVPICK_EXT_PROC_PORT";
@@ -237,6 +239,18 @@ pub const SETTINGS: &[Setting] = &[
         "peer-token-file",
         None,
         "A file holding the peer token (a mounted Secret); wins over the token itself",
+    ),
+    s(
+        PEER_TLS_DIR,
+        "peer-tls-dir",
+        None,
+        "Mutual TLS between replicas: a directory holding tls.crt, tls.key and ca.crt (a mounted kubernetes.io/tls Secret, as cert-manager issues it); peers must present a certificate that CA signed",
+    ),
+    s(
+        PEER_TLS_SERVER_NAME,
+        "peer-tls-server-name",
+        None,
+        "The name every peer's certificate is checked against (e.g. the peer service's DNS name); default: the peer's IP, which its certificate must then carry",
     ),
     s(
         PEER_GRACE_MS,

@@ -26,3 +26,4 @@ mod ext_proc_scale;
 mod ext_proc_subset;
 mod otlp_tracing;
 mod replicas;
+mod replicas_tls;

@@ -35,12 +35,20 @@ pub(crate) fn free_port() -> u16 {
 }
 
 async fn replica(workers: &Path, port: u16, peers: &str) -> App {
+    replica_with(workers, port, peers, &[]).await
+}
+
+/// A replica with `extra` settings on top of the shared token.
+pub(crate) async fn replica_with(workers: &Path, port: u16, peers: &str, extra: &[(&'static str, String)]) -> App {
     let mut values = Values::loopback_static(workers);
     values.set(var::SHARDS, "1");
     values.set(var::MODEL, "sim-model");
     values.set(var::REPLICA_SYNC_PORT, port.to_string());
     values.set(var::PEERS, peers);
     values.set(var::PEER_TOKEN, TOKEN);
+    for (name, value) in extra {
+        values.set(name, value.clone());
+    }
     let config = ServeConfig::from_values(&values).unwrap_or_else(|e| panic!("config: {e}"));
     App::start(config).await.unwrap_or_else(|e| panic!("start: {e}"))
 }
@@ -54,7 +62,7 @@ pub(crate) fn text(prefix: &str) -> String {
     (0..60).map(|i| format!("{prefix}{i}")).collect::<Vec<_>>().join(" ")
 }
 
-async fn open(app: &App) -> (Call, ExternalProcessorClient<tonic::transport::Channel>) {
+pub(crate) async fn open(app: &App) -> (Call, ExternalProcessorClient<tonic::transport::Channel>) {
     open_at(app.ext_proc_addr()).await
 }
 
@@ -78,12 +86,12 @@ async fn loads(app: &App) -> Vec<LoadSnapshot> {
     app.service().loads(&producers).await
 }
 
-async fn prefill_on(app: &App, endpoint: &str) -> u64 {
+pub(crate) async fn prefill_on(app: &App, endpoint: &str) -> u64 {
     let worker = app.workers().all().into_iter().find(|(_, at)| at.to_string() == endpoint).map(|(id, _)| id);
     loads(app).await.iter().filter(|l| Some(l.worker) == worker).map(|l| l.prefill_tokens).sum()
 }
 
-async fn links_up(app: &App) -> bool {
+pub(crate) async fn links_up(app: &App) -> bool {
     let replicas = app.replicas().unwrap_or_else(|| panic!("replica sync is off"));
     replicas.transport.links_up.load(std::sync::atomic::Ordering::Relaxed) == 1
 }
