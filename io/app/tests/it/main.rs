@@ -26,4 +26,5 @@ mod ext_proc_scale;
 mod ext_proc_subset;
 mod otlp_tracing;
 mod replicas;
+mod replicas_partition;
 mod replicas_tls;
