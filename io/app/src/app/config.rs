@@ -10,6 +10,7 @@ use kvpick_runtime::{RuntimeChoice, RuntimeConfig, RuntimeKind};
 
 use super::index_budget::default_max_bytes;
 use super::otlp::TracingConfig;
+use super::peers::{ListedPeer, parse_list};
 use super::settings::{self as var, SettingError, Values};
 use kvpick_discovery::{DiscoveryConfig, EngineSetting};
 use kvpick_ext_proc::ExtProcConfig;
@@ -141,9 +142,9 @@ impl PeerTlsFiles {
 pub struct ReplicaSettings {
     /// The replica-sync port.
     pub listen: SocketAddr,
-    /// Peers listed at start (static mode); Kubernetes mode adds those of
-    /// the peer service.
-    pub peers: Vec<SocketAddr>,
+    /// Peers listed at start (static mode; names looked up again while
+    /// kvpick runs); Kubernetes mode adds those of the peer service.
+    pub peers: Vec<ListedPeer>,
     /// `None`: derived from the host name and the bound port.
     pub replica_id: Option<u64>,
     pub token: Option<PeerToken>,
@@ -155,20 +156,7 @@ pub struct ReplicaSettings {
 fn replicas(v: &Values, listen: SocketAddr, discovery: &DiscoveryMode) -> Result<Option<ReplicaSettings>, ConfigError> {
     let peers = match v.get(var::PEERS) {
         None => Vec::new(),
-        Some(list) => {
-            let mut peers = Vec::new();
-            for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-                use std::net::ToSocketAddrs;
-                let resolved = entry.to_socket_addrs().map_err(|e| {
-                    v.error(var::PEERS, format!("expected host:port entries, comma-separated; {entry:?}: {e}"))
-                })?;
-                peers.extend(resolved);
-            }
-            if peers.is_empty() {
-                return Err(v.error(var::PEERS, "expected host:port entries, comma-separated").into());
-            }
-            peers
-        }
+        Some(list) => parse_list(list).map_err(|why| v.error(var::PEERS, why))?,
     };
     let watched = matches!(discovery, DiscoveryMode::Kubernetes(cfg) if cfg.peer_service.is_some());
     if peers.is_empty() && !watched {

@@ -18,6 +18,7 @@ pub mod config;
 pub mod huge_pages;
 mod index_budget;
 pub mod otlp;
+pub mod peers;
 pub mod replicas;
 pub mod settings;
 

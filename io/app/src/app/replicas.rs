@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::config::ReplicaSettings;
-use super::{StartError, bind};
+use super::{StartError, bind, peers};
 
 /// A running replica sync.
 pub struct Replicas {
@@ -51,19 +51,10 @@ impl Replicas {
         direct.tls = tls.clone();
         let transport = Arc::new(TransportMetrics::default());
 
-        let listed: BTreeSet<SocketAddr> = settings.peers.iter().copied().collect();
-        let (peers_tx, peers_rx) = watch::channel(listed.clone());
-        // Kubernetes mode: the peer service's replicas join the listed ones.
-        let merge = discovered.map(|mut discovered| {
-            tokio::spawn(async move {
-                loop {
-                    let all: BTreeSet<SocketAddr> = listed.union(&discovered.borrow_and_update()).copied().collect();
-                    if peers_tx.send(all).is_err() || discovered.changed().await.is_err() {
-                        break;
-                    }
-                }
-            })
-        });
+        // Listed names are looked up again while kvpick runs; Kubernetes
+        // mode adds the peer service's replicas.
+        let (peers_tx, peers_rx) = watch::channel(peers::numbered(&settings.peers));
+        let merge = peers::follow(settings.peers.clone(), discovered, peers_tx);
         let mut sync_config = SyncConfig::new(id, incarnation);
         sync_config.peer_grace = settings.peer_grace;
         sync_config.batch_delay = settings.batch_delay;

@@ -225,7 +225,7 @@ pub const SETTINGS: &[Setting] = &[
         PEERS,
         "peers",
         None,
-        "Other kvpick replicas to share bookings with, as host:port of their replica-sync port, comma-separated (static mode; this replica's own address may be listed)",
+        "Other kvpick replicas to share bookings with, as host:port of their replica-sync port, comma-separated (static mode; this replica's own address may be listed; names are looked up again every 10 s)",
     ),
     s(
         REPLICA_ID,

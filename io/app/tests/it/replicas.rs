@@ -104,7 +104,8 @@ async fn a_booking_on_one_replica_holds_load_on_the_other_until_freed() {
     write_workers(&file, &fleet, &[0, 1]);
     let ports = [free_port(), free_port()];
     // Both list both: each finds itself in the list and stops dialing it.
-    let peers = format!("127.0.0.1:{},127.0.0.1:{}", ports[0], ports[1]);
+    // A by name (looked up while the replicas run; /etc/hosts answers).
+    let peers = format!("localhost:{},127.0.0.1:{}", ports[0], ports[1]);
     let a = replica(&file, ports[0], &peers).await;
     let b = replica(&file, ports[1], &peers).await;
     wait_for("each replica streaming to the other", || async { links_up(&a).await && links_up(&b).await }).await;
