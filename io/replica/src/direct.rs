@@ -361,6 +361,20 @@ enum Ended {
     Closed,
 }
 
+/// An error with its sources: tonic's transport error says only
+/// "transport error"; the reason (refused, a certificate rejected) is
+/// further down.
+fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// A stream that stayed up this long was healthy: the next failure starts
 /// the backoff over. A peer that refuses at once keeps backing off.
 const HEALTHY_STREAM: Duration = Duration::from_secs(10);
@@ -368,6 +382,9 @@ const HEALTHY_STREAM: Duration = Duration::from_secs(10);
 impl Link {
     async fn run(self, mut queue: mpsc::Receiver<Bytes>) {
         let mut backoff = self.config.backoff;
+        // The last failure logged at warn: the same one again (a peer
+        // still down, a certificate still refused) goes to debug.
+        let mut failing: Option<String> = None;
         loop {
             let started = std::time::Instant::now();
             match self.connect_and_send(&mut queue).await {
@@ -378,10 +395,19 @@ impl Link {
                     std::future::pending::<()>().await;
                 }
                 Ok(Ended::Closed) => return,
-                Ok(Ended::Retry) if started.elapsed() >= HEALTHY_STREAM => backoff = self.config.backoff,
-                Ok(Ended::Retry) => {}
+                Ok(Ended::Retry) if started.elapsed() >= HEALTHY_STREAM => {
+                    backoff = self.config.backoff;
+                    failing = None;
+                }
+                Ok(Ended::Retry) => failing = None,
                 Err(error) => {
-                    tracing::debug!(peer = %self.addr, %error, "replica sync: peer not reachable");
+                    let why = causes(&*error);
+                    if failing.as_deref() == Some(why.as_str()) {
+                        tracing::debug!(peer = %self.addr, error = %why, "replica sync: peer still not reachable");
+                    } else {
+                        tracing::warn!(peer = %self.addr, error = %why, "replica sync: peer not reachable (retrying with backoff)");
+                        failing = Some(why);
+                    }
                 }
             }
             self.metrics.reconnects.fetch_add(1, Ordering::Relaxed);
