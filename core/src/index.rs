@@ -28,8 +28,10 @@ use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
 use crate::slot_set::{Slot, SlotSet};
 
 mod eviction;
+mod snapshot;
 
 use eviction::EvictionQueue;
+pub use snapshot::{BlockRecord, ImportError, OrphanRecord, WorkerExport};
 
 /// Probe distance of the jump search. 32 keeps a 512-block prompt at 16
 /// probes plus 5 per drop-out group (perf/ measures 16, 32 and 64).

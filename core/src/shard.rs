@@ -14,7 +14,11 @@ use crate::hashing::SequenceHash;
 use crate::index::{Applied, EventError, KvIndex};
 use crate::load::WorkerLoad;
 use crate::slot_set::Slot;
+
+mod warm;
+
 use crate::worker::{EndpointFilter, Lifecycle, WorkerId, WorkerSpec};
+pub use warm::WorkerSnapshot;
 
 /// Who may serve a prompt, as every shard is asked.
 #[derive(Clone, Copy, Debug)]
@@ -54,6 +58,8 @@ pub struct ShardStats {
     pub index_entries: u64,
     /// Approximate heap bytes of the index now (a gauge).
     pub index_bytes: u64,
+    /// Blocks taken from a peer replica's export (warm start).
+    pub blocks_imported: u64,
 }
 
 impl ShardStats {
@@ -70,6 +76,7 @@ impl ShardStats {
             leases_expired: self.leases_expired + other.leases_expired,
             index_entries: self.index_entries + other.index_entries,
             index_bytes: self.index_bytes + other.index_bytes,
+            blocks_imported: self.blocks_imported + other.blocks_imported,
         }
     }
 }

@@ -58,6 +58,11 @@ impl EvictionQueue {
         self.queue.pop_front()
     }
 
+    /// Front (evicted first) to back.
+    pub fn iter(&self) -> impl Iterator<Item = &Queued> {
+        self.queue.iter()
+    }
+
     pub fn len(&self) -> usize {
         self.queue.len()
     }

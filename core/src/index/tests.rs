@@ -217,3 +217,4 @@ fn continuations_inherit_their_chains_seed() {
 }
 
 mod budget;
+mod snapshot;

@@ -1,0 +1,185 @@
+//! One worker's part of the index as a value: what a replica starting up
+//! takes from a peer instead of relearning every engine's cache (warm
+//! start, issue #22).
+//!
+//! The index keeps no token ids, only the sequence hashes they chained
+//! to, so an export cannot be replayed as `Stored` events: it carries each
+//! held block's engine hash, parent, sequence hash and (when not the
+//! default) seed, plus the removed blocks that still have held children
+//! (with the sequence hash those children were chained from, which a
+//! re-stored parent is checked against). Everything derived (children
+//! counts, orphans, duplicate references, holders, the scan flag) is
+//! rebuilt on import, never taken on trust: an imported worker behaves
+//! exactly as the exporting one under every later event (tested).
+
+use std::collections::HashSet;
+
+use super::{KvIndex, StoredBlock, U64Map, WorkerBlocks};
+use crate::event::EngineBlockHash;
+use crate::hashing::{HashSeed, SequenceHash};
+use crate::slot_set::Slot;
+
+/// One held block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRecord {
+    pub engine: EngineBlockHash,
+    pub parent: Option<EngineBlockHash>,
+    pub seq: SequenceHash,
+    /// `None`: the default seed (no LoRA adapter, no cache salt).
+    pub seed: Option<HashSeed>,
+}
+
+/// A block no longer held whose children still are: the sequence hash
+/// they were chained from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OrphanRecord {
+    pub engine: EngineBlockHash,
+    pub chained_from: SequenceHash,
+}
+
+/// One worker's blocks, oldest first in the eviction order (an importing
+/// index with a budget gives up the same blocks first).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkerExport {
+    pub blocks: Vec<BlockRecord>,
+    pub orphaned: Vec<OrphanRecord>,
+    /// An engine hash came back with other content: scanned block by block
+    /// until the worker's cache is cleared.
+    pub tainted: bool,
+}
+
+impl WorkerExport {
+    /// Blocks and orphan records in hash order: two exports of equal
+    /// indexes compare equal whatever order their tables kept.
+    pub fn sorted(mut self) -> Self {
+        self.blocks.sort_unstable_by_key(|b| b.engine);
+        self.orphaned.sort_unstable_by_key(|o| o.engine);
+        self
+    }
+}
+
+/// Why an import was refused (the worker is left as it was).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ImportError {
+    #[error("worker is not known to this shard")]
+    UnknownWorker,
+    #[error("block {0:#x} is listed twice")]
+    DuplicateBlock(EngineBlockHash),
+    #[error("blocks hashed at {snapshot} tokens, the worker's block size is {worker}")]
+    BlockSizeMismatch { snapshot: u32, worker: u32 },
+    #[error("block {0:#x} names itself as its parent")]
+    OwnParent(EngineBlockHash),
+    #[error("orphan record {0:#x} is listed twice or names a held block")]
+    BadOrphan(EngineBlockHash),
+}
+
+impl KvIndex {
+    /// The worker's blocks; `None` for a slot with no worker.
+    pub fn export_worker(&self, slot: Slot) -> Option<WorkerExport> {
+        let worker = self.worker(slot)?;
+        let record = |engine: EngineBlockHash, block: &StoredBlock| BlockRecord {
+            engine,
+            parent: block.parent,
+            seq: block.seq,
+            seed: worker.seeds.get(&engine).copied(),
+        };
+        let mut blocks = Vec::with_capacity(worker.blocks.len());
+        if self.max_entries.is_some() {
+            // The queue's live entries first, in its order; blocks whose
+            // entry was compacted away (they had children then) after.
+            let mut listed = HashSet::with_capacity(worker.blocks.len());
+            for queued in self.eviction.iter().filter(|q| q.slot == slot) {
+                if let Some(block) = worker.blocks.get(&queued.engine)
+                    && block.stamp == queued.stamp
+                    && listed.insert(queued.engine)
+                {
+                    blocks.push(record(queued.engine, block));
+                }
+            }
+            let rest = worker.blocks.iter().filter(|(engine, _)| !listed.contains(*engine));
+            blocks.extend(rest.map(|(&engine, block)| record(engine, block)));
+        } else {
+            blocks.extend(worker.blocks.iter().map(|(&engine, block)| record(engine, block)));
+        }
+        let orphaned = worker
+            .orphaned_children
+            .iter()
+            .map(|(&engine, &(_, chained_from))| OrphanRecord { engine, chained_from })
+            .collect();
+        Some(WorkerExport { blocks, orphaned, tainted: worker.tainted })
+    }
+
+    /// Replaces what the worker holds with `export`; what it applied:
+    /// `removed` (the blocks it held before), `stored`, and `evicted` when
+    /// the budget could not keep them all (oldest leaves first, as if they
+    /// had been stored in the export's order).
+    pub fn import_worker(&mut self, slot: Slot, export: &WorkerExport) -> Result<super::Applied, ImportError> {
+        if self.worker(slot).is_none() {
+            return Err(ImportError::UnknownWorker);
+        }
+        let mut engines: HashSet<EngineBlockHash> = HashSet::with_capacity(export.blocks.len());
+        for block in &export.blocks {
+            if !engines.insert(block.engine) {
+                return Err(ImportError::DuplicateBlock(block.engine));
+            }
+            // No event can make a block its own parent (the index would
+            // count it as its own child and an orphan at once).
+            if block.parent == Some(block.engine) {
+                return Err(ImportError::OwnParent(block.engine));
+            }
+        }
+        let mut orphaned: U64Map<EngineBlockHash, (u32, SequenceHash)> = U64Map::default();
+        for orphan in &export.orphaned {
+            if engines.contains(&orphan.engine) || orphaned.insert(orphan.engine, (0, orphan.chained_from)).is_some() {
+                return Err(ImportError::BadOrphan(orphan.engine));
+            }
+        }
+
+        let removed = self.clear(slot).removed;
+        let budget = self.max_entries.is_some();
+        let Some(Some(worker)) = self.workers.get_mut(slot as usize) else { return Err(ImportError::UnknownWorker) };
+        let mut rebuilt = WorkerBlocks { tainted: export.tainted, ..WorkerBlocks::default() };
+        rebuilt.blocks.reserve(export.blocks.len());
+        for block in &export.blocks {
+            let stamp = if budget { self.eviction.push_back(slot, block.engine) } else { 0 };
+            rebuilt
+                .blocks
+                .insert(block.engine, StoredBlock { seq: block.seq, parent: block.parent, children: 0, stamp });
+            if let Some(seed) = block.seed.filter(|s| *s != HashSeed::default()) {
+                rebuilt.seeds.insert(block.engine, seed);
+            }
+            let holders = self.holders.entry(block.seq).or_default();
+            if holders.contains(slot) {
+                *rebuilt.dup_refs.entry(block.seq).or_default() += 1;
+            } else {
+                holders.insert(slot);
+            }
+        }
+        // Children counts and orphans, from the parent links alone.
+        for block in &export.blocks {
+            let Some(parent) = block.parent else { continue };
+            if let Some(held) = rebuilt.blocks.get_mut(&parent) {
+                held.children += 1;
+            } else {
+                rebuilt.orphans += 1;
+                // A held block's missing parent with no record (an export
+                // that lost it): its chain cannot be checked when the
+                // parent comes back, so the worker is scanned from now on.
+                let entry = orphaned.entry(parent).or_insert_with(|| {
+                    rebuilt.tainted = true;
+                    (0, SequenceHash(0))
+                });
+                entry.0 += 1;
+            }
+        }
+        // A record with no held child describes nothing.
+        orphaned.retain(|_, (children, _)| *children > 0);
+        rebuilt.orphaned_children = orphaned;
+        *worker = rebuilt;
+        let stored = export.blocks.len() as u64;
+        self.entries += stored;
+        self.refresh_scan_flag(slot);
+        let evicted = self.enforce_budget();
+        Ok(super::Applied { stored, removed, evicted, ..super::Applied::default() })
+    }
+}
