@@ -7,9 +7,10 @@ use kvpick_core::clock::Millis;
 use kvpick_core::cost::Candidate;
 use kvpick_core::event::KvEvent;
 use kvpick_core::hashing::SequenceHash;
+use kvpick_core::index::{Applied, ImportError};
 use kvpick_core::pick::{Decision, PickPolicy};
 use kvpick_core::request::{SelectError, SelectRequest, Selection};
-use kvpick_core::shard::{BookingError, LoadSnapshot, ShardStats};
+use kvpick_core::shard::{BookingError, LoadSnapshot, ShardStats, WorkerSnapshot};
 use kvpick_core::worker::{EndpointFilter, WorkerId, WorkerSpec};
 
 /// Filled exactly once by the shard thread; the awaiting task is woken on
@@ -88,18 +89,29 @@ pub(crate) enum Command {
     Loads(Reply<Vec<LoadSnapshot>>),
     Overlaps(Arc<[SequenceHash]>, Reply<Vec<(WorkerId, u32)>>),
     Stats(Reply<ShardStats>),
+    /// A worker's index after every event its ring carried before this
+    /// (warm start: the cut a peer continues from).
+    Export(WorkerId, Reply<Option<WorkerSnapshot>>),
+    /// A peer's export of a worker, applied before every event its ring
+    /// carries after this. Boxed: an export is large.
+    Import(WorkerId, Box<WorkerSnapshot>, Reply<Result<Applied, ImportError>>),
 }
 
 impl Command {
     /// Nobody waits for its answer: the shard may run it ahead of other
     /// rings' commands (never ahead of its own ring's).
+    /// An export or import rides with the events: what matters is its
+    /// place among them, and no selection waits on it.
     pub(crate) fn is_fire_and_forget(&self) -> bool {
-        matches!(self, Command::Event(..) | Command::Posted(_) | Command::Speed(..))
+        matches!(
+            self,
+            Command::Event(..) | Command::Posted(_) | Command::Speed(..) | Command::Export(..) | Command::Import(..)
+        )
     }
 
     /// A KV event: throughput work, which a glommio shard runs on its
     /// background task queue, behind selections.
     pub(crate) fn is_event(&self) -> bool {
-        matches!(self, Command::Event(..))
+        matches!(self, Command::Event(..) | Command::Export(..) | Command::Import(..))
     }
 }

@@ -51,14 +51,14 @@ use kvpick_core::clock::Millis;
 use kvpick_core::cost::{Candidate, RouterConfig};
 use kvpick_core::directory::Directory;
 use kvpick_core::event::KvEvent;
-use kvpick_core::index::EventError;
+use kvpick_core::index::{Applied, EventError, ImportError};
 use kvpick_core::pick::{Decision, PickPolicy};
 use kvpick_core::prompt::Prompt;
 use kvpick_core::replica::ReplicaId;
 use kvpick_core::request::{
     Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError,
 };
-use kvpick_core::shard::{BookingError, LoadSnapshot, ShardStats};
+use kvpick_core::shard::{BookingError, LoadSnapshot, ShardStats, WorkerSnapshot};
 use kvpick_core::worker::{EndpointFilter, WorkerId, WorkerSpec};
 
 /// What a free released: a queued request frees no capacity, a booking does.
@@ -375,6 +375,36 @@ impl ShardedService {
     pub fn apply_kv_event(&self, producer: &mut Producer, worker: WorkerId, event: KvEvent) -> Result<(), EventError> {
         let shard = self.directory().shard_of(worker).ok_or(EventError::UnknownWorker)?;
         producer.push_waiting(shard, Command::Event(worker, event)).map(drop).map_err(|_| EventError::UnknownWorker)
+    }
+
+    /// The worker's index once the shard has applied every event this
+    /// producer handed over before (warm start: the cut a peer replica
+    /// continues from); in order with its events, so the events pushed
+    /// after it are exactly the ones the export does not hold.
+    pub fn export_worker(
+        &self,
+        producer: &mut Producer,
+        worker: WorkerId,
+    ) -> Result<oneshot::Receiver<Option<WorkerSnapshot>>, EventError> {
+        let shard = self.directory().shard_of(worker).ok_or(EventError::UnknownWorker)?;
+        let (reply, answer) = oneshot::channel();
+        producer.push_waiting(shard, Command::Export(worker, reply)).map_err(|_| EventError::UnknownWorker)?;
+        Ok(answer)
+    }
+
+    /// Replaces the worker's index with a peer's export, ahead of every
+    /// event this producer hands over after it.
+    pub fn import_worker(
+        &self,
+        producer: &mut Producer,
+        worker: WorkerId,
+        snapshot: WorkerSnapshot,
+    ) -> Result<oneshot::Receiver<Result<Applied, ImportError>>, EventError> {
+        let shard = self.directory().shard_of(worker).ok_or(EventError::UnknownWorker)?;
+        let (reply, answer) = oneshot::channel();
+        let command = Command::Import(worker, Box::new(snapshot), reply);
+        producer.push_waiting(shard, command).map_err(|_| EventError::UnknownWorker)?;
+        Ok(answer)
     }
 
     async fn gather(

@@ -495,6 +495,12 @@ fn handle(shard: &mut Shard, context: &PickContext<'_>, scratch: &mut Scratch, c
         Command::Speed(worker, speed) => {
             shard.set_speed(worker, speed);
         }
+        Command::Export(worker, reply) => {
+            let _ = reply.send(shard.export_worker(worker));
+        }
+        Command::Import(worker, snapshot, reply) => {
+            let _ = reply.send(shard.import_worker(worker, &snapshot));
+        }
         Command::Expire(now, reply) => {
             let expired = shard.expire(now);
             context.replicas.dropped(&expired, now);
