@@ -132,6 +132,9 @@ pub struct Sequencer<P> {
     /// Reads a batch's stamp (the engine's wall-clock `ts`).
     stamp: fn(&P) -> Option<f64>,
     pending: Option<Pending<P>>,
+    /// Held for a seed (warm start, see `hold`): live batches kept here,
+    /// nothing applied or asked for until the seed or the release.
+    held: Option<VecDeque<(u64, P)>>,
     can_replay: bool,
     buffer_limit: usize,
 }
@@ -145,6 +148,7 @@ impl<P> Sequencer<P> {
             last_stamp: None,
             stamp: |_| None,
             pending: None,
+            held: None,
             can_replay,
             buffer_limit: buffer_limit.max(1),
         }
@@ -167,6 +171,16 @@ impl<P> Sequencer<P> {
     }
 
     pub fn live(&mut self, seq: u64, payload: P, out: &mut Vec<Step<P>>) {
+        if let Some(held) = &mut self.held {
+            if held.len() < self.buffer_limit {
+                held.push_back((seq, payload));
+                return;
+            }
+            // Held too long: the seed is given up, and this subscription
+            // starts as it would have without one.
+            self.release(out);
+            return self.live(seq, payload, out);
+        }
         if let Some(pending) = &mut self.pending {
             if pending.buffered.len() < self.buffer_limit {
                 pending.buffered.push_back((seq, payload));
@@ -262,7 +276,7 @@ impl<P> Sequencer<P> {
     /// long time, its cache unknown meanwhile. Nothing happens without a
     /// replay endpoint, or once a batch or a replay is under way.
     pub fn catch_up(&mut self, out: &mut Vec<Step<P>>) {
-        if self.can_replay && self.last.is_none() && self.pending.is_none() {
+        if self.can_replay && self.last.is_none() && self.pending.is_none() && self.held.is_none() {
             out.push(Step::Replay { from: 0, kind: ReplayKind::CatchUp });
             self.pending = Some(Pending::new(ReplayKind::CatchUp, 0, VecDeque::new()));
         }
@@ -275,7 +289,9 @@ impl<P> Sequencer<P> {
     /// (the engine restarted) or the engine's own, the answer from 0 covers
     /// what matters of them.
     pub fn reconnected(&mut self, out: &mut Vec<Step<P>>) {
-        if !self.can_replay {
+        // Held: the seed (or the release) decides what the batches held
+        // around the drop mean.
+        if !self.can_replay || self.held.is_some() {
             return;
         }
         if self.last.is_none() {
@@ -408,5 +424,6 @@ impl<P> Sequencer<P> {
     }
 }
 
+mod hold;
 #[cfg(test)]
 mod tests;
