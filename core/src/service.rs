@@ -14,12 +14,12 @@ use crate::directory::Directory;
 use crate::event::EngineBlockHash;
 use crate::event::KvEvent;
 use crate::hashing::HashSeed;
-use crate::index::{Applied, EventError, max_entries_per_shard};
+use crate::index::{Applied, EventError, ImportError, max_entries_per_shard};
 use crate::pick::{Decision, PickPolicy};
 use crate::prompt::Prompt;
 use crate::replica::ReplicaId;
 use crate::request::{Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError};
-use crate::shard::{BookingError, CandidateQuery, LoadSnapshot, Shard, ShardStats};
+use crate::shard::{BookingError, CandidateQuery, LoadSnapshot, Shard, ShardStats, WorkerSnapshot};
 use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
 
 pub struct SelectionService {
@@ -151,6 +151,17 @@ impl SelectionService {
     pub fn apply_kv_event(&mut self, worker: WorkerId, event: &KvEvent) -> Result<Applied, EventError> {
         let shard = self.directory.shard_of(worker).ok_or(EventError::UnknownWorker)?;
         self.shards[shard].apply_event(worker, event)
+    }
+
+    /// See `Shard::export_worker` (warm start).
+    pub fn export_worker(&self, worker: WorkerId) -> Option<WorkerSnapshot> {
+        self.shards[self.directory.shard_of(worker)?].export_worker(worker)
+    }
+
+    /// See `Shard::import_worker` (warm start).
+    pub fn import_worker(&mut self, worker: WorkerId, snapshot: &WorkerSnapshot) -> Result<Applied, ImportError> {
+        let shard = self.directory.shard_of(worker).ok_or(ImportError::UnknownWorker)?;
+        self.shards[shard].import_worker(worker, snapshot)
     }
 
     /// Every shard's candidates for a request, in `self.candidates`.

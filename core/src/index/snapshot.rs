@@ -73,6 +73,32 @@ pub enum ImportError {
     BadOrphan(EngineBlockHash),
 }
 
+impl WorkerExport {
+    /// What an import refuses (a duplicate block, a block its own parent,
+    /// a bad orphan record), found without an index: a peer's export is
+    /// checked before anything is done with it.
+    pub fn check(&self) -> Result<(), ImportError> {
+        let mut engines: HashSet<EngineBlockHash> = HashSet::with_capacity(self.blocks.len());
+        for block in &self.blocks {
+            if !engines.insert(block.engine) {
+                return Err(ImportError::DuplicateBlock(block.engine));
+            }
+            // No event can make a block its own parent (the index would
+            // count it as its own child and an orphan at once).
+            if block.parent == Some(block.engine) {
+                return Err(ImportError::OwnParent(block.engine));
+            }
+        }
+        let mut orphans: HashSet<EngineBlockHash> = HashSet::with_capacity(self.orphaned.len());
+        for orphan in &self.orphaned {
+            if engines.contains(&orphan.engine) || !orphans.insert(orphan.engine) {
+                return Err(ImportError::BadOrphan(orphan.engine));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl KvIndex {
     /// The worker's blocks; `None` for a slot with no worker.
     pub fn export_worker(&self, slot: Slot) -> Option<WorkerExport> {
@@ -117,23 +143,9 @@ impl KvIndex {
         if self.worker(slot).is_none() {
             return Err(ImportError::UnknownWorker);
         }
-        let mut engines: HashSet<EngineBlockHash> = HashSet::with_capacity(export.blocks.len());
-        for block in &export.blocks {
-            if !engines.insert(block.engine) {
-                return Err(ImportError::DuplicateBlock(block.engine));
-            }
-            // No event can make a block its own parent (the index would
-            // count it as its own child and an orphan at once).
-            if block.parent == Some(block.engine) {
-                return Err(ImportError::OwnParent(block.engine));
-            }
-        }
-        let mut orphaned: U64Map<EngineBlockHash, (u32, SequenceHash)> = U64Map::default();
-        for orphan in &export.orphaned {
-            if engines.contains(&orphan.engine) || orphaned.insert(orphan.engine, (0, orphan.chained_from)).is_some() {
-                return Err(ImportError::BadOrphan(orphan.engine));
-            }
-        }
+        export.check()?;
+        let mut orphaned: U64Map<EngineBlockHash, (u32, SequenceHash)> =
+            export.orphaned.iter().map(|o| (o.engine, (0, o.chained_from))).collect();
 
         let removed = self.clear(slot).removed;
         let budget = self.max_entries.is_some();

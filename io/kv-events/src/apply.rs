@@ -64,6 +64,15 @@ impl BatchApplier {
         gauges.applied(seq, now_seconds() - batch.ts);
     }
 
+    pub(crate) fn groups(&self) -> &GroupKinds {
+        &self.groups
+    }
+
+    /// Groups' kinds as a peer replica's stream learned them (warm start).
+    pub(crate) fn seed_groups(&mut self, groups: GroupKinds) {
+        self.groups = groups;
+    }
+
     /// The engine restarted: forget its blocks and its groups' kinds.
     pub(crate) fn clear(&mut self, out: &mut Outlet<'_>) {
         self.groups.clear();
@@ -100,6 +109,6 @@ pub(crate) fn clear_worker(worker: WorkerId, out: &mut Outlet<'_>) {
     }
 }
 
-fn now_seconds() -> f64 {
+pub(crate) fn now_seconds() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }

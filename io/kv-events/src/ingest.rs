@@ -4,7 +4,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::Sender;
+use std::time::Instant;
+
 use kvpick_core::WorkerId;
+use kvpick_core::index::{Applied, ImportError};
+use kvpick_core::shard::WorkerSnapshot;
 
 use super::config::{IngestConfig, Publisher};
 use super::drain::DrainPoller;
@@ -12,6 +16,7 @@ use super::metrics::IngestMetrics;
 use super::poll_loop::{Command, PollLoop};
 use super::sink::KvEventSink;
 use super::waker::Waker;
+use super::warm::{SeedRefused, StreamCut, WorkerSeed};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
@@ -64,6 +69,7 @@ impl KvEventIngest {
             commands: receiver,
             wake,
             subscriptions: Vec::new(),
+            hold_until: None,
         };
         let thread = std::thread::Builder::new().name("kvpick-kv-ingest".into()).spawn(move || poll_loop.run())?;
         Ok(KvEventIngest { commands, waker, metrics, thread: Some(thread), drains })
@@ -89,6 +95,40 @@ impl KvEventIngest {
     pub fn remove(&self, worker: WorkerId) -> Result<(), IngestError> {
         self.drain(Command::Remove(worker))?;
         self.send(Command::Remove(worker))
+    }
+
+    /// Warm start: subscriptions opened from now on are held (live
+    /// batches kept, nothing applied) until a seed or
+    /// [`release_holds`](Self::release_holds), and at the latest at
+    /// `deadline`, after which they start as usual. Drained (`http://`)
+    /// publishers are never held: their drain has no sequence to continue.
+    pub fn hold_for_seeds(&self, deadline: Instant) -> Result<(), IngestError> {
+        self.send(Command::Hold(deadline))
+    }
+
+    /// Ends the hold: streams not seeded start as usual.
+    pub fn release_holds(&self) -> Result<(), IngestError> {
+        self.send(Command::Release)
+    }
+
+    /// Seeds a held worker with a peer's export (see the `warm` module);
+    /// the answer is the shard's import.
+    pub async fn seed(&self, seed: WorkerSeed) -> Result<Result<Applied, ImportError>, SeedRefused> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Seed(Box::new(seed), reply)).map_err(|_| SeedRefused::Stopped)?;
+        let imported = answer.await.map_err(|_| SeedRefused::Stopped)??;
+        imported.await.map_err(|_| SeedRefused::Stopped)
+    }
+
+    /// The worker's index and where its stream stood, for a peer starting
+    /// up; `None` for a worker with no steady stream here (not
+    /// subscribed, held, replaying, or drained over HTTP).
+    pub async fn export(&self, worker: WorkerId) -> Result<Option<(StreamCut, WorkerSnapshot)>, IngestError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Export(worker, reply))?;
+        let Some((cut, exported)) = answer.await.map_err(|_| IngestError::Stopped)? else { return Ok(None) };
+        let snapshot = exported.await.map_err(|_| IngestError::Stopped)?;
+        Ok(snapshot.map(|snapshot| (cut, snapshot)))
     }
 
     pub fn metrics(&self) -> &Arc<IngestMetrics> {

@@ -53,11 +53,15 @@ mod sink;
 mod subscription;
 #[cfg(feature = "ingest")]
 mod waker;
+#[cfg(feature = "ingest")]
+mod warm;
 
 #[cfg(feature = "ingest")]
 pub use ingest::{IngestError, KvEventIngest};
 #[cfg(feature = "ingest")]
 pub use metrics::{IngestCounters, IngestMetrics, WorkerIngestStats};
 #[cfg(feature = "ingest")]
-pub use sink::{KvEventSink, RoleSink, ShardSink, SharedService, SinkOutcome};
+pub use sink::{Exported, Imported, KvEventSink, RoleSink, ShardSink, SharedService, SinkOutcome};
+#[cfg(feature = "ingest")]
+pub use warm::{SeedRefused, StreamCut, WorkerSeed};
 pub use wire::frames::END_SEQ;

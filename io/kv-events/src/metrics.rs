@@ -94,6 +94,14 @@ counters! {
     /// TensorRT-LLM events never received: ids skipped because the engine's
     /// event buffer overflowed before a drain (the worker is cleared).
     lost_events,
+    /// Warm start: workers whose held stream was seeded with a peer's
+    /// export and continued from its cut.
+    streams_seeded,
+    /// Warm start: held streams released without a seed (no peer, the
+    /// deadline, the hold's buffer full): they started cold.
+    streams_released_cold,
+    /// Warm start: this replica's workers exported to a peer.
+    streams_exported,
 }
 
 /// One publisher's state, as last seen by the ingest thread.

@@ -9,14 +9,23 @@ use kvpick_core::WorkerId;
 use super::apply::Outlet;
 use super::config::{IngestConfig, Publisher};
 use super::metrics::{IngestMetrics, add};
-use super::sink::KvEventSink;
+use super::sink::{Exported, Imported, KvEventSink};
 use super::subscription::Subscription;
 use super::waker;
+use super::warm::{SeedRefused, StreamCut, WorkerSeed};
 
 pub(crate) enum Command {
     /// Subscribe, or resubscribe if the worker's publisher changed.
     Add(Publisher),
     Remove(WorkerId),
+    /// Warm start: subscriptions opened from now until the release (or
+    /// this deadline) are held for a seed.
+    Hold(Instant),
+    /// Releases every held stream and ends the hold.
+    Release,
+    Seed(Box<WorkerSeed>, oneshot::Sender<Result<Imported, SeedRefused>>),
+    /// The worker's stream cut and the shard's answer to its export.
+    Export(WorkerId, oneshot::Sender<Option<(StreamCut, Exported)>>),
     Shutdown,
 }
 
@@ -35,6 +44,8 @@ pub(crate) struct PollLoop<S> {
     pub(crate) commands: Receiver<Command>,
     pub(crate) wake: zmq::Socket,
     pub(crate) subscriptions: Vec<Subscription>,
+    /// Warm start: new subscriptions are held until then.
+    pub(crate) hold_until: Option<Instant>,
 }
 
 impl<S: KvEventSink> PollLoop<S> {
@@ -67,6 +78,10 @@ impl<S: KvEventSink> PollLoop<S> {
             for subscription in &mut self.subscriptions {
                 subscription.expire_replay(now, &mut out);
             }
+            if self.hold_until.is_some_and(|until| until <= now) {
+                tracing::info!("KV events: warm start's deadline passed; held streams start cold");
+                self.release_holds();
+            }
             if woken {
                 waker::drain(&self.wake);
                 if !self.run_commands() {
@@ -96,6 +111,9 @@ impl<S: KvEventSink> PollLoop<S> {
                 deadline = Some(deadline.map_or(replay_deadline, |d| d.min(replay_deadline)));
             }
         }
+        if let Some(until) = self.hold_until {
+            deadline = Some(deadline.map_or(until, |d| d.min(until)));
+        }
         let timeout_ms = match deadline {
             // Rounded up, so a wake-up is never just before the deadline.
             Some(deadline) => deadline.saturating_duration_since(Instant::now()).as_micros().div_ceil(1000) as i64,
@@ -112,6 +130,14 @@ impl<S: KvEventSink> PollLoop<S> {
             match self.commands.try_recv() {
                 Ok(Command::Add(publisher)) => self.add(publisher),
                 Ok(Command::Remove(worker)) => self.remove(worker),
+                Ok(Command::Hold(until)) => self.hold_until = Some(until),
+                Ok(Command::Release) => self.release_holds(),
+                Ok(Command::Seed(seed, reply)) => {
+                    let _ = reply.send(self.seed(*seed));
+                }
+                Ok(Command::Export(worker, reply)) => {
+                    let _ = reply.send(self.export(worker));
+                }
                 Ok(Command::Shutdown) | Err(TryRecvError::Disconnected) => return false,
                 Err(TryRecvError::Empty) => return true,
             }
@@ -132,7 +158,10 @@ impl<S: KvEventSink> PollLoop<S> {
         match Subscription::open(&self.ctx, &self.cfg, publisher, &self.metrics) {
             Ok(mut subscription) => {
                 tracing::info!(worker, endpoint, "subscribed to KV events");
-                subscription.catch_up(&mut Outlet { sink: &mut self.sink, metrics: &self.metrics });
+                // Held for a peer's index (warm start), or caught up now.
+                if self.hold_until.is_none() || !subscription.hold() {
+                    subscription.catch_up(&mut Outlet { sink: &mut self.sink, metrics: &self.metrics });
+                }
                 self.subscriptions.push(subscription);
             }
             Err(error) => {
@@ -140,6 +169,33 @@ impl<S: KvEventSink> PollLoop<S> {
                 tracing::error!(worker, endpoint, %error, "cannot subscribe to KV events");
             }
         }
+    }
+
+    fn release_holds(&mut self) {
+        self.hold_until = None;
+        let mut out = Outlet { sink: &mut self.sink, metrics: &self.metrics };
+        for subscription in &mut self.subscriptions {
+            subscription.release(&mut out);
+        }
+    }
+
+    fn seed(&mut self, seed: WorkerSeed) -> Result<Imported, SeedRefused> {
+        let subscription = self
+            .subscriptions
+            .iter_mut()
+            .find(|s| s.publisher().worker == seed.worker)
+            .ok_or(SeedRefused::NotSubscribed)?;
+        let mut out = Outlet { sink: &mut self.sink, metrics: &self.metrics };
+        subscription.seed(seed.cut, seed.snapshot, &mut out)
+    }
+
+    /// `None` for a worker with no steady stream here (not subscribed,
+    /// held, or replaying), or one the sink cannot export.
+    fn export(&mut self, worker: WorkerId) -> Option<(StreamCut, Exported)> {
+        let cut = self.subscriptions.iter().find(|s| s.publisher().worker == worker)?.cut()?;
+        let exported = self.sink.export(worker)?;
+        add(&self.metrics.counters.streams_exported, 1);
+        Some((cut, exported))
     }
 
     fn remove(&mut self, worker: WorkerId) {

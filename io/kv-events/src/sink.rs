@@ -2,7 +2,8 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use kvpick_core::index::{Applied, EventError};
+use kvpick_core::index::{Applied, EventError, ImportError};
+use kvpick_core::shard::WorkerSnapshot;
 use kvpick_core::{KvEvent, SelectionService, WorkerId};
 use kvpick_runtime::{Producer, ShardedService};
 
@@ -22,6 +23,33 @@ pub enum SinkOutcome {
 /// publisher (a full shard ring is back-pressure, never a drop).
 pub trait KvEventSink: Send {
     fn apply(&mut self, worker: WorkerId, event: KvEvent) -> SinkOutcome;
+
+    /// Warm start: the worker's index once every event handed over before
+    /// is applied (`None` when this sink cannot export).
+    fn export(&mut self, worker: WorkerId) -> Option<Exported> {
+        let _ = worker;
+        None
+    }
+
+    /// Warm start: a peer's export of the worker, applied before every
+    /// event handed over after it (`None` when this sink cannot import).
+    fn import(&mut self, worker: WorkerId, snapshot: WorkerSnapshot) -> Option<Imported> {
+        let _ = (worker, snapshot);
+        None
+    }
+}
+
+/// The shard's answer to an export: the worker's snapshot, `None` when it
+/// has none to give (unknown, or its events at another block size).
+pub type Exported = oneshot::Receiver<Option<WorkerSnapshot>>;
+/// The shard's answer to an import.
+pub type Imported = oneshot::Receiver<Result<Applied, ImportError>>;
+
+/// An answer already known (the single-threaded service answers at once).
+fn answered<T>(value: T) -> oneshot::Receiver<T> {
+    let (reply, answer) = oneshot::channel();
+    let _ = reply.send(value);
+    answer
 }
 
 /// A [`SelectionService`] shared behind a mutex: the single-threaded
@@ -39,6 +67,15 @@ impl KvEventSink for SharedService {
             Ok(applied) => SinkOutcome::Applied(applied),
             Err(error) => SinkOutcome::Rejected(error),
         }
+    }
+
+    fn export(&mut self, worker: WorkerId) -> Option<Exported> {
+        Some(answered(self.0.lock().unwrap_or_else(PoisonError::into_inner).export_worker(worker)))
+    }
+
+    fn import(&mut self, worker: WorkerId, snapshot: WorkerSnapshot) -> Option<Imported> {
+        let mut service = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(answered(service.import_worker(worker, &snapshot)))
     }
 }
 
@@ -72,6 +109,15 @@ impl KvEventSink for ShardSink {
             Err(error) => SinkOutcome::Rejected(error),
         }
     }
+
+    /// On this sink's own ring: after every event it handed over before.
+    fn export(&mut self, worker: WorkerId) -> Option<Exported> {
+        self.service.export_worker(&mut self.producer, worker).ok()
+    }
+
+    fn import(&mut self, worker: WorkerId, snapshot: WorkerSnapshot) -> Option<Imported> {
+        self.service.import_worker(&mut self.producer, worker, snapshot).ok()
+    }
 }
 
 /// Two selection services side by side (a disaggregated fleet's decode and
@@ -93,7 +139,20 @@ impl RoleSink {
 
 impl KvEventSink for RoleSink {
     fn apply(&mut self, worker: WorkerId, event: KvEvent) -> SinkOutcome {
-        let sink = if self.prefill.service.owns(worker) { &mut self.prefill } else { &mut self.decode };
-        sink.apply(worker, event)
+        self.side(worker).apply(worker, event)
+    }
+
+    fn export(&mut self, worker: WorkerId) -> Option<Exported> {
+        self.side(worker).export(worker)
+    }
+
+    fn import(&mut self, worker: WorkerId, snapshot: WorkerSnapshot) -> Option<Imported> {
+        self.side(worker).import(worker, snapshot)
+    }
+}
+
+impl RoleSink {
+    fn side(&mut self, worker: WorkerId) -> &mut ShardSink {
+        if self.prefill.service.owns(worker) { &mut self.prefill } else { &mut self.decode }
     }
 }

@@ -4,13 +4,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::apply::{BatchApplier, Outlet};
+use super::apply::{BatchApplier, Outlet, now_seconds};
 use super::config::{IngestConfig, Publisher, millis_i32};
 use super::metrics::{IngestMetrics, WorkerMetrics, add};
 use super::replay::ReplaySession;
+use super::sink::Imported;
+use super::warm::{SeedRefused, StreamCut};
+use crate::wire::GroupKinds;
 use crate::wire::batch_ts;
 use crate::wire::frames::{FrameError, ReplayReply, parse_live, parse_replay};
 use crate::wire::sequencer::{ReplayEnd, ReplayKind, Sequencer, Step};
+use kvpick_core::shard::WorkerSnapshot;
 
 pub(crate) struct Subscription {
     publisher: Publisher,
@@ -129,6 +133,60 @@ impl Subscription {
     pub(crate) fn catch_up(&mut self, out: &mut Outlet<'_>) {
         self.sequencer.catch_up(&mut self.steps);
         self.run_steps(out);
+    }
+
+    /// Holds the stream for a seed (warm start); false once anything was
+    /// applied or asked for.
+    pub(crate) fn hold(&mut self) -> bool {
+        self.sequencer.hold()
+    }
+
+    /// No seed came: the stream starts as an unheld one would have.
+    pub(crate) fn release(&mut self, out: &mut Outlet<'_>) {
+        if self.sequencer.is_held() {
+            add(&out.metrics.counters.streams_released_cold, 1);
+            tracing::info!(
+                worker = self.worker(),
+                "KV events: no index from a peer; learning this worker's cache from its engine"
+            );
+            self.sequencer.release(&mut self.steps);
+            self.run_steps(out);
+        }
+    }
+
+    /// Takes a peer's export of the worker: imported ahead of every event
+    /// handed over after it, then the stream continues from the cut.
+    pub(crate) fn seed(
+        &mut self,
+        cut: StreamCut,
+        snapshot: WorkerSnapshot,
+        out: &mut Outlet<'_>,
+    ) -> Result<Imported, SeedRefused> {
+        if !self.sequencer.is_held() {
+            return Err(SeedRefused::NotHeld);
+        }
+        snapshot.blocks.check().map_err(SeedRefused::Malformed)?;
+        let blocks = snapshot.blocks.blocks.len();
+        let imported = out.sink.import(self.publisher.worker, snapshot).ok_or(SeedRefused::CannotImport)?;
+        self.applier.seed_groups(GroupKinds::from_learned(cut.groups));
+        add(&out.metrics.counters.streams_seeded, 1);
+        tracing::info!(
+            worker = self.worker(),
+            last_seq = cut.last_seq,
+            blocks,
+            "KV events: worker's index taken from a peer; continuing its stream from there"
+        );
+        self.gauges.applied(cut.last_seq, cut.last_ts.map_or(0.0, |ts| now_seconds() - ts));
+        self.sequencer.seed(cut.last_seq, cut.last_ts, &mut self.steps);
+        self.run_steps(out);
+        Ok(imported)
+    }
+
+    /// Where the stream stands, for an export (`None` while it is held or
+    /// a replay is in flight: the index is not at one batch's end then).
+    pub(crate) fn cut(&self) -> Option<StreamCut> {
+        let (last_seq, last_ts) = self.sequencer.cut()?;
+        Some(StreamCut { last_seq, last_ts, groups: self.applier.groups().learned_all() })
     }
 
     /// Handles up to `messages_per_turn` live messages waiting on the

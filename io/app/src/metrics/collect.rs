@@ -493,7 +493,7 @@ fn discovery_families(e: &mut Exposition, m: &DiscoveryMetrics) {
 
 fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerNames) {
     let c = ingest.snapshot();
-    let counters: [(&str, &str, u64); 25] = [
+    let counters: [(&str, &str, u64); 28] = [
         (
             "kvpick_kv_event_batches_applied_total",
             "KV-event batches decoded and applied, live or replayed.",
@@ -547,6 +547,21 @@ fn ingest_families(e: &mut Exposition, ingest: &IngestMetrics, workers: &WorkerN
             "kvpick_kv_events_lost_total",
             "TensorRT-LLM events discarded by the engine before a drain (its worker cleared).",
             c.lost_events,
+        ),
+        (
+            "kvpick_kv_event_streams_seeded_total",
+            "Warm start: workers whose stream continued from a peer replica's export.",
+            c.streams_seeded,
+        ),
+        (
+            "kvpick_kv_event_streams_released_cold_total",
+            "Warm start: held streams that got no peer export and started cold.",
+            c.streams_released_cold,
+        ),
+        (
+            "kvpick_kv_event_streams_exported_total",
+            "Warm start: workers' indexes exported to a peer replica.",
+            c.streams_exported,
         ),
         (
             "kvpick_kv_event_orphan_blocks_total",

@@ -122,6 +122,9 @@ impl<S: KvEventSink> Drainer<S> {
                         self.add(publisher, generation);
                     }
                     Some(Command::Remove(worker)) => self.remove(worker),
+                    // Warm start is the ZMQ streams' alone (a drain has no
+                    // sequence to continue from); never sent here.
+                    Some(Command::Hold(_) | Command::Release | Command::Seed(..) | Command::Export(..)) => {}
                 },
                 Some(finished) = self.polls.join_next() => {
                     // A poll aborted by a removal ends as a join error.

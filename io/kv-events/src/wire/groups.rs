@@ -54,6 +54,18 @@ impl GroupKinds {
         self.full.get(group as usize).copied().flatten()
     }
 
+    /// Every group's learned kind, by index (warm start: a peer's cut
+    /// carries them, so removals naming only a group are judged as there).
+    pub fn learned_all(&self) -> Vec<Option<bool>> {
+        self.full.clone()
+    }
+
+    /// Kinds as a peer learned them (at most `MAX_GROUPS`).
+    pub fn from_learned(mut full: Vec<Option<bool>>) -> Self {
+        full.truncate(MAX_GROUPS);
+        GroupKinds { full }
+    }
+
     /// Forgets everything (engine restarted).
     pub fn clear(&mut self) {
         self.full.clear();

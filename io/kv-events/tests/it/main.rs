@@ -9,4 +9,5 @@ mod flow;
 mod replay;
 mod shards;
 mod trtllm_drain;
+mod warm;
 mod wire_fixtures;
