@@ -137,3 +137,79 @@ pub struct ResyncRequest {
     #[prost(uint64, tag = "3")]
     pub from_seq: u64,
 }
+
+/// Warm start: the asker of an index.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct IndexRequest {
+    #[prost(fixed64, tag = "1")]
+    pub replica: u64,
+}
+
+/// One message of an index stream.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct IndexFrame {
+    #[prost(oneof = "index_frame::Body", tags = "1, 2")]
+    pub body: Option<index_frame::Body>,
+}
+
+pub mod index_frame {
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Body {
+        #[prost(message, tag = "1")]
+        Worker(super::IndexWorker),
+        #[prost(message, tag = "2")]
+        End(super::IndexEnd),
+    }
+}
+
+/// One worker's index at its stream's cut, or a part of it (see
+/// `peer.proto`).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct IndexWorker {
+    #[prost(fixed64, tag = "1")]
+    pub worker: u64,
+    #[prost(uint32, tag = "2")]
+    pub block_size: u32,
+    #[prost(uint64, tag = "3")]
+    pub last_seq: u64,
+    #[prost(double, tag = "4")]
+    pub last_ts: f64,
+    #[prost(bool, tag = "5")]
+    pub has_ts: bool,
+    #[prost(uint32, repeated, tag = "6")]
+    pub group_kinds: Vec<u32>,
+    #[prost(fixed64, repeated, tag = "7")]
+    pub engine: Vec<u64>,
+    #[prost(fixed64, repeated, tag = "8")]
+    pub parent: Vec<u64>,
+    #[prost(bytes = "vec", tag = "9")]
+    pub roots: Vec<u8>,
+    #[prost(fixed64, repeated, tag = "10")]
+    pub seq: Vec<u64>,
+    #[prost(uint32, repeated, tag = "11")]
+    pub seed_at: Vec<u32>,
+    #[prost(fixed64, repeated, tag = "12")]
+    pub seed: Vec<u64>,
+    #[prost(fixed64, repeated, tag = "13")]
+    pub orphan_engine: Vec<u64>,
+    #[prost(fixed64, repeated, tag = "14")]
+    pub orphan_seq: Vec<u64>,
+    #[prost(bool, tag = "15")]
+    pub tainted: bool,
+    #[prost(double, tag = "16")]
+    pub churn_stored: f64,
+    #[prost(double, tag = "17")]
+    pub churn_removed: f64,
+    #[prost(uint32, tag = "18")]
+    pub part: u32,
+    #[prost(uint32, tag = "19")]
+    pub parts: u32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct IndexEnd {
+    #[prost(uint64, tag = "1")]
+    pub workers: u64,
+    #[prost(uint64, tag = "2")]
+    pub blocks: u64,
+}

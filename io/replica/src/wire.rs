@@ -9,8 +9,11 @@ use kvpick_core::worker::WorkerId;
 use kvpick_proto::peer as pb;
 use prost::Message;
 
+mod index;
 #[cfg(test)]
 mod tests;
+
+pub use index::{IndexLimits, IndexPiece, WorkerIndex, WorkerParts, decode_piece, encode_end, encode_worker};
 
 /// How much one frame may claim. A peer is trusted with bookings, not
 /// with this replica's memory.
