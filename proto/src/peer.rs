@@ -153,6 +153,9 @@ pub struct IndexFrame {
 }
 
 pub mod index_frame {
+    // One frame is decoded at a time: the unboxed worker's size costs
+    // nothing, and boxing would add an allocation per frame.
+    #[allow(clippy::large_enum_variant)]
     #[derive(Clone, PartialEq, prost::Oneof)]
     pub enum Body {
         #[prost(message, tag = "1")]

@@ -35,8 +35,9 @@ pub const GATED: [&str; 3] = [READINESS, INFERENCE_EXTENSION, EXT_PROC];
 /// Where the wiring reports how many workers can take requests.
 #[derive(Clone, Debug)]
 pub struct Readiness {
-    /// Schedulable workers, and how many of them are unusable.
-    workers: Arc<watch::Sender<(usize, usize)>>,
+    /// Schedulable workers, how many of them are unusable, and whether a
+    /// warm start (the KV index from a peer replica) is still under way.
+    workers: Arc<watch::Sender<(usize, usize, bool)>>,
 }
 
 impl Readiness {
@@ -50,8 +51,23 @@ impl Readiness {
         self.workers.send_if_modified(|w| std::mem::replace(&mut w.1, count) != count);
     }
 
+    /// Not ready while warming up: a replica that routed before its index
+    /// arrived would route blind (the warm start bounds the wait).
+    pub fn set_warming(&self, warming: bool) {
+        self.workers.send_if_modified(|w| std::mem::replace(&mut w.2, warming) != warming);
+    }
+
+    pub fn is_warming(&self) -> bool {
+        self.workers.borrow().2
+    }
+
     pub fn schedulable_workers(&self) -> usize {
         self.workers.borrow().0
+    }
+
+    pub fn is_ready(&self) -> bool {
+        let (schedulable, unusable, warming) = *self.workers.borrow();
+        !warming && schedulable > unusable
     }
 }
 
@@ -74,19 +90,23 @@ impl Health {
         for name in GATED {
             reporter.set_service_status(name, ServingStatus::NotServing).await;
         }
-        let (workers, mut seen) = watch::channel((0usize, 0usize));
+        let (workers, mut seen) = watch::channel((0usize, 0usize, false));
         let mirror = reporter.clone();
         tokio::spawn(async move {
             let mut last = None;
             loop {
-                let (schedulable, unusable) = *seen.borrow_and_update();
-                let ready = schedulable > unusable;
+                let (schedulable, unusable, warming) = *seen.borrow_and_update();
+                let ready = !warming && schedulable > unusable;
                 if last != Some(ready) {
                     let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
                     for name in GATED {
                         mirror.set_service_status(name, status).await;
                     }
-                    if !ready && schedulable > 0 {
+                    if warming {
+                        tracing::info!(
+                            "readiness NOT_SERVING until the KV index arrives from a peer replica (warm start)"
+                        );
+                    } else if !ready && schedulable > 0 {
                         tracing::warn!(
                             schedulable,
                             "readiness NOT_SERVING: every worker publishes KV blocks of another size than kvpick's \

@@ -38,6 +38,7 @@ use crate::codec::RawCodec;
 use crate::metrics::TransportMetrics;
 use crate::sync::{Answer, Inbound, LinkId, Sent, Transport};
 use crate::tls::PeerTls;
+use crate::warm::IndexSource;
 use crate::wire::{Frame, Limits, SnapshotParts, decode};
 
 const SERVICE: &str = "kvpick.peer.v1.Peer";
@@ -85,15 +86,28 @@ pub struct PeerService {
     inner: Arc<ServerShared>,
 }
 
-struct ServerShared {
-    config: DirectConfig,
+pub(crate) struct ServerShared {
+    pub(crate) config: DirectConfig,
     inbound: mpsc::Sender<Inbound>,
-    metrics: Arc<TransportMetrics>,
+    pub(crate) metrics: Arc<TransportMetrics>,
+    /// Warm start: what `Peer/Index` serves (`None`: UNIMPLEMENTED).
+    pub(crate) index: Option<crate::warm::Donor>,
 }
 
 impl PeerService {
     pub fn new(config: DirectConfig, inbound: mpsc::Sender<Inbound>, metrics: Arc<TransportMetrics>) -> Self {
-        PeerService { inner: Arc::new(ServerShared { config, inbound, metrics }) }
+        PeerService { inner: Arc::new(ServerShared { config, inbound, metrics, index: None }) }
+    }
+
+    /// Also serves this replica's KV index to replicas starting up.
+    pub fn with_index(
+        config: DirectConfig,
+        inbound: mpsc::Sender<Inbound>,
+        metrics: Arc<TransportMetrics>,
+        index: Arc<dyn IndexSource>,
+    ) -> Self {
+        let index = Some(crate::warm::Donor::new(index));
+        PeerService { inner: Arc::new(ServerShared { config, inbound, metrics, index }) }
     }
 }
 
@@ -115,8 +129,13 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        if req.uri().path() == crate::warm::INDEX {
+            return crate::warm::serve(self.inner.clone(), req);
+        }
         if req.uri().path() != EXCHANGE {
-            return Box::pin(async { Ok(Status::unimplemented("kvpick.peer.v1.Peer has only Exchange").into_http()) });
+            return Box::pin(async {
+                Ok(Status::unimplemented("kvpick.peer.v1.Peer has Exchange and Index").into_http())
+            });
         }
         let inner = self.inner.clone();
         let max = inner.config.limits.max_frame_bytes;
@@ -142,7 +161,7 @@ impl tonic::server::StreamingService<Bytes> for Exchange {
         // own, so the dialer's first frame never waits on our headers.
         Box::pin(async move {
             let peer = request.remote_addr();
-            admit(&shared, &request)?;
+            admit(&shared, request.metadata(), peer)?;
             let (answers, answers_rx) = mpsc::channel::<Result<Bytes, Status>>(64);
             tokio::spawn(read_stream(shared, peer, request.into_inner(), answers));
             Ok(tonic::Response::new(ReceiverStream::new(answers_rx)))
@@ -151,9 +170,11 @@ impl tonic::server::StreamingService<Bytes> for Exchange {
 }
 
 /// The token and the caller's name: refused calls are counted and logged.
-fn admit(shared: &ServerShared, request: &tonic::Request<Streaming<Bytes>>) -> Result<(), Status> {
-    let peer = request.remote_addr();
-    let metadata = request.metadata();
+pub(crate) fn admit(
+    shared: &ServerShared,
+    metadata: &tonic::metadata::MetadataMap,
+    peer: Option<SocketAddr>,
+) -> Result<(), Status> {
     if let Some(token) = &shared.config.token {
         let presented =
             metadata.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
@@ -361,10 +382,46 @@ enum Ended {
     Closed,
 }
 
+/// A client of a peer's replica-sync port, with this replica's TLS.
+pub(crate) async fn dial(
+    addr: SocketAddr,
+    config: &DirectConfig,
+    max_message: usize,
+) -> Result<tonic::client::Grpc<tonic::transport::Channel>, Box<dyn std::error::Error + Send + Sync>> {
+    let scheme = if config.tls.is_some() { "https" } else { "http" };
+    let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))?;
+    if let Some(tls) = &config.tls {
+        endpoint = endpoint.tls_config(tls.client())?;
+    }
+    let endpoint = endpoint
+        .connect_timeout(config.connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .keep_alive_while_idle(true);
+    let channel = endpoint.connect().await?;
+    let mut client =
+        tonic::client::Grpc::new(channel).max_decoding_message_size(max_message).max_encoding_message_size(max_message);
+    client.ready().await?;
+    Ok(client)
+}
+
+/// The token and this replica's name, on a call to a peer.
+pub(crate) fn introduce<T>(
+    request: &mut tonic::Request<T>,
+    config: &DirectConfig,
+) -> Result<(), tonic::metadata::errors::InvalidMetadataValue> {
+    if let Some(token) = &config.token {
+        request.metadata_mut().insert("authorization", MetadataValue::try_from(format!("Bearer {token}"))?);
+    }
+    request.metadata_mut().insert(REPLICA_HEADER, MetadataValue::from(config.replica.0));
+    Ok(())
+}
+
 /// An error with its sources: tonic's transport error says only
 /// "transport error"; the reason (refused, a certificate rejected) is
 /// further down.
-fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn causes(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -420,22 +477,7 @@ impl Link {
         &self,
         queue: &mut mpsc::Receiver<Bytes>,
     ) -> Result<Ended, Box<dyn std::error::Error + Send + Sync>> {
-        let scheme = if self.config.tls.is_some() { "https" } else { "http" };
-        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{}", self.addr))?;
-        if let Some(tls) = &self.config.tls {
-            endpoint = endpoint.tls_config(tls.client())?;
-        }
-        let endpoint = endpoint
-            .connect_timeout(self.config.connect_timeout)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true);
-        let channel = endpoint.connect().await?;
-        let max = self.config.limits.max_frame_bytes;
-        let mut client =
-            tonic::client::Grpc::new(channel).max_decoding_message_size(max).max_encoding_message_size(max);
-        client.ready().await?;
+        let mut client = dial(self.addr, &self.config, self.config.limits.max_frame_bytes).await?;
         // What was queued for the last connection is stale: the snapshot
         // asked for next stands for all of it.
         while queue.try_recv().is_ok() {}
@@ -446,10 +488,7 @@ impl Link {
         let Some(first) = queue.recv().await else { return Ok(Ended::Closed) };
         frames.send(first).await?;
         let mut request = tonic::Request::new(ReceiverStream::new(frames_rx));
-        if let Some(token) = &self.config.token {
-            request.metadata_mut().insert("authorization", MetadataValue::try_from(format!("Bearer {token}"))?);
-        }
-        request.metadata_mut().insert(REPLICA_HEADER, MetadataValue::from(self.config.replica.0));
+        introduce(&mut request, &self.config)?;
         let path = http::uri::PathAndQuery::from_static(EXCHANGE);
         let response = match client.streaming(request, path, RawCodec).await {
             Ok(response) => response,

@@ -13,12 +13,15 @@ pub mod direct;
 pub mod metrics;
 pub mod sync;
 pub mod tls;
+pub mod warm;
 pub mod wire;
 
 pub use direct::{DirectConfig, DirectLinks, PeerService};
 pub use metrics::TransportMetrics;
 pub use sync::{Answer, Inbound, LinkId, OriginView, ReplicaSync, Sent, SyncConfig, SyncCounts, SyncStats, Transport};
 pub use tls::{PeerTls, PeerTlsError};
+pub use warm::{IndexSource, IndexSummary, Pending, WarmError, fetch_index};
 pub use wire::{
-    Frame, FrameError, Limits, ResyncRequest, SnapshotPart, SnapshotParts, decode, encode, encode_snapshot,
+    Frame, FrameError, IndexLimits, Limits, ResyncRequest, SnapshotPart, SnapshotParts, WorkerIndex, decode, encode,
+    encode_snapshot,
 };

@@ -16,6 +16,8 @@ pub struct TransportMetrics {
     pub bytes_in: AtomicU64,
     pub frames_out: AtomicU64,
     pub bytes_out: AtomicU64,
+    /// Warm start: this replica's index served to a replica starting up.
+    pub indexes_served: AtomicU64,
     /// Frames and calls refused, by reason.
     refused: Mutex<BTreeMap<&'static str, u64>>,
 }

@@ -421,7 +421,7 @@ fn replica_families(e: &mut Exposition, sync: &SyncStats, transport: &TransportM
         &[],
         get(&transport.streams_in) as f64,
     );
-    let transport_counters: [(&str, &str, u64); 5] = [
+    let transport_counters: [(&str, &str, u64); 6] = [
         (
             "kvpick_replica_reconnects_total",
             "Links that ended or failed to connect and tried again.",
@@ -431,6 +431,11 @@ fn replica_families(e: &mut Exposition, sync: &SyncStats, transport: &TransportM
         ("kvpick_replica_received_bytes_total", "Their bytes.", get(&transport.bytes_in)),
         ("kvpick_replica_frames_sent_total", "Frames sent to peers.", get(&transport.frames_out)),
         ("kvpick_replica_sent_bytes_total", "Their bytes.", get(&transport.bytes_out)),
+        (
+            "kvpick_replica_indexes_served_total",
+            "Warm start: this replica's KV index sent to a replica starting up.",
+            get(&transport.indexes_served),
+        ),
     ];
     for (name, help, value) in transport_counters {
         e.counter(name, help, &[], value);

@@ -328,7 +328,8 @@ mod tests {
             pb::IndexFrame { body: Some(pb::index_frame::Body::Worker(w)) }.encode_to_vec()
         };
         assert!(decode_piece(&worker(&|_| {}), &limits).is_ok());
-        let refused: Vec<(&str, Box<dyn Fn(&mut pb::IndexWorker)>)> = vec![
+        type Edit = Box<dyn Fn(&mut pb::IndexWorker)>;
+        let refused: Vec<(&str, Edit)> = vec![
             (
                 "short parents",
                 Box::new(|w| {

@@ -1,0 +1,215 @@
+//! Warm start's transport: `kvpick.peer.v1.Peer/Index`, a server stream
+//! from a ready replica to one starting up, carrying the ready one's KV
+//! index a worker at a time (`wire::index`), each at its KV-event
+//! stream's cut, then an end with the counts.
+//!
+//! The same port, token and TLS as the booking streams. A replica serves
+//! one index at a time (another asker gets RESOURCE_EXHAUSTED and asks
+//! another peer) and none while it is warming up itself
+//! (FAILED_PRECONDITION): replicas starting together do not wait on each
+//! other. Frames are produced as the stream takes them (a bounded
+//! channel), so gRPC's flow control paces the exports and a slow asker
+//! holds at most a few frames here.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kvpick_core::worker::WorkerId;
+use kvpick_proto::peer as pb;
+use prost::Message;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::{BoxFuture, http};
+use tonic::{Code, Status};
+
+use crate::codec::RawCodec;
+use crate::direct::{DirectConfig, ServerShared, admit, dial, introduce};
+use crate::wire::{
+    FrameError, IndexLimits, IndexPiece, WorkerIndex, WorkerParts, decode_piece, encode_end, encode_worker,
+};
+
+pub(crate) const INDEX: &str = "/kvpick.peer.v1.Peer/Index";
+
+/// A future this crate can hold across threads.
+pub type Pending<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Where a replica's index comes from (the app: its ingest's exports).
+pub trait IndexSource: Send + Sync + 'static {
+    /// Ready to serve: not warming up itself.
+    fn ready(&self) -> bool;
+    /// The workers it may have an index of.
+    fn workers(&self) -> Vec<WorkerId>;
+    /// One worker's index at its stream's cut; `None` when it has none to
+    /// give now (its stream replaying, held, or drained over HTTP).
+    fn export(&self, worker: WorkerId) -> Pending<Option<WorkerIndex>>;
+}
+
+/// The serving side's state.
+#[derive(Clone)]
+pub(crate) struct Donor {
+    source: Arc<dyn IndexSource>,
+    serving: Arc<Semaphore>,
+}
+
+impl Donor {
+    pub(crate) fn new(source: Arc<dyn IndexSource>) -> Self {
+        Donor { source, serving: Arc::new(Semaphore::new(1)) }
+    }
+}
+
+pub(crate) fn serve<B>(
+    shared: Arc<ServerShared>,
+    req: http::Request<B>,
+) -> BoxFuture<http::Response<tonic::body::Body>, std::convert::Infallible>
+where
+    B: tonic::codegen::Body + Send + 'static,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    Box::pin(async move {
+        // The request is a replica id: a few bytes.
+        let mut grpc = tonic::server::Grpc::new(RawCodec)
+            .apply_max_message_size_config(Some(1024), Some(IndexLimits::default().max_frame_bytes));
+        Ok(grpc.server_streaming(IndexCall(shared), req).await)
+    })
+}
+
+struct IndexCall(Arc<ServerShared>);
+
+type Frames = ReceiverStream<Result<Bytes, Status>>;
+
+impl tonic::server::ServerStreamingService<Bytes> for IndexCall {
+    type Response = Bytes;
+    type ResponseStream = Frames;
+    type Future = BoxFuture<tonic::Response<Frames>, Status>;
+
+    fn call(&mut self, request: tonic::Request<Bytes>) -> Self::Future {
+        let shared = self.0.clone();
+        Box::pin(async move {
+            let peer = request.remote_addr();
+            admit(&shared, request.metadata(), peer)?;
+            let Some(donor) = shared.index.clone() else {
+                return Err(Status::unimplemented("this replica serves no index"));
+            };
+            let asker = pb::IndexRequest::decode(request.into_inner())
+                .map_err(|e| Status::invalid_argument(format!("not an IndexRequest: {e}")))?
+                .replica;
+            if !donor.source.ready() {
+                return Err(Status::failed_precondition("this replica is warming up itself"));
+            }
+            let Ok(permit) = donor.serving.clone().try_acquire_owned() else {
+                return Err(Status::resource_exhausted("this replica is serving its index to another replica"));
+            };
+            let (frames, frames_rx) = mpsc::channel(4);
+            tokio::spawn(async move {
+                let _serving = permit;
+                let limits = IndexLimits::default();
+                let (mut workers, mut blocks) = (0u64, 0u64);
+                for worker in donor.source.workers() {
+                    let Some(index) = donor.source.export(worker).await else { continue };
+                    workers += 1;
+                    blocks += index.snapshot.blocks.blocks.len() as u64;
+                    for frame in encode_worker(&index, &limits) {
+                        if frames.send(Ok(Bytes::from(frame))).await.is_err() {
+                            tracing::info!(asker, ?peer, "warm start: the asker left before the index's end");
+                            return;
+                        }
+                    }
+                }
+                if frames.send(Ok(Bytes::from(encode_end(workers, blocks)))).await.is_ok() {
+                    shared.metrics.indexes_served.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(
+                        asker,
+                        ?peer,
+                        workers,
+                        blocks,
+                        "warm start: KV index served to a replica starting up"
+                    );
+                }
+            });
+            Ok(tonic::Response::new(ReceiverStream::new(frames_rx)))
+        })
+    }
+}
+
+/// How an index fetch ended badly.
+#[derive(Debug, thiserror::Error)]
+pub enum WarmError {
+    #[error("peer not reachable: {0}")]
+    Unreachable(String),
+    #[error("peer refused ({code:?}): {message}")]
+    Refused { code: Code, message: String },
+    #[error("peer's index stream broke: {0}")]
+    Broken(String),
+    #[error("peer's index frame refused: {0}")]
+    Frame(#[from] FrameError),
+    #[error("peer sent nothing for {0:?}")]
+    Idle(Duration),
+    #[error("peer's index ended after {got} of {said} workers")]
+    Incomplete { got: u64, said: u64 },
+    #[error("the index's taker stopped")]
+    Dropped,
+}
+
+impl WarmError {
+    /// The asked replica is warming up or busy: another may answer.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, WarmError::Refused { code: Code::FailedPrecondition | Code::ResourceExhausted, .. })
+    }
+}
+
+/// What a whole index held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexSummary {
+    pub workers: u64,
+    pub blocks: u64,
+}
+
+/// Asks the replica at `addr` for its index and passes each worker to
+/// `out` as it arrives (a full `out` slows the peer, never grows memory).
+/// A frame not received within `idle` ends the fetch.
+pub async fn fetch_index(
+    addr: SocketAddr,
+    config: &DirectConfig,
+    limits: IndexLimits,
+    idle: Duration,
+    out: mpsc::Sender<WorkerIndex>,
+) -> Result<IndexSummary, WarmError> {
+    let mut client = dial(addr, config, limits.max_frame_bytes)
+        .await
+        .map_err(|e| WarmError::Unreachable(crate::direct::causes(&*e)))?;
+    let ask = pb::IndexRequest { replica: config.replica.0 }.encode_to_vec();
+    let mut request = tonic::Request::new(Bytes::from(ask));
+    introduce(&mut request, config).map_err(|e| WarmError::Unreachable(e.to_string()))?;
+    let path = http::uri::PathAndQuery::from_static(INDEX);
+    let mut frames = match client.server_streaming(request, path, RawCodec).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => return Err(WarmError::Refused { code: status.code(), message: status.message().to_owned() }),
+    };
+    let mut parts = WorkerParts::default();
+    let mut got = IndexSummary::default();
+    loop {
+        let next = tokio::time::timeout(idle, frames.message()).await.map_err(|_| WarmError::Idle(idle))?;
+        let bytes = match next {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Err(WarmError::Broken("ended without its end frame".into())),
+            Err(status) => return Err(WarmError::Broken(status.to_string())),
+        };
+        match parts.take(decode_piece(&bytes, &limits)?, &limits)? {
+            None => {}
+            Some(IndexPiece::Worker { index, .. }) => {
+                got.workers += 1;
+                got.blocks += index.snapshot.blocks.blocks.len() as u64;
+                out.send(index).await.map_err(|_| WarmError::Dropped)?;
+            }
+            Some(IndexPiece::End { workers, .. }) if workers != got.workers => {
+                return Err(WarmError::Incomplete { got: got.workers, said: workers });
+            }
+            Some(IndexPiece::End { .. }) => return Ok(got),
+        }
+    }
+}
