@@ -18,6 +18,15 @@ pub struct TransportMetrics {
     pub bytes_out: AtomicU64,
     /// Warm start: this replica's index served to a replica starting up.
     pub indexes_served: AtomicU64,
+    /// This replica's own warm start: 0 under way (or off), 1 warm (a
+    /// peer's whole index taken), 2 cold.
+    pub warm_outcome: AtomicU64,
+    pub warm_workers_seeded: AtomicU64,
+    /// Workers of a peer's index refused here (their shard or stream).
+    pub warm_workers_refused: AtomicU64,
+    pub warm_blocks_imported: AtomicU64,
+    /// From start to the warm start's end.
+    pub warm_took_ms: AtomicU64,
     /// Frames and calls refused, by reason.
     refused: Mutex<BTreeMap<&'static str, u64>>,
 }

@@ -149,6 +149,8 @@ pub struct ReplicaSettings {
     pub replica_id: Option<u64>,
     pub token: Option<PeerToken>,
     pub tls: Option<PeerTlsFiles>,
+    /// How long a warm start may hold readiness; `None`: no warm start.
+    pub warm_start: Option<Duration>,
     pub peer_grace: Duration,
     pub batch_delay: Duration,
 }
@@ -185,6 +187,10 @@ fn replicas(v: &Values, listen: SocketAddr, discovery: &DiscoveryMode) -> Result
         replica_id: v.whole::<u64>(var::REPLICA_ID, 1)?,
         token,
         tls,
+        warm_start: match v.whole_in::<u64>(var::WARM_START_TIMEOUT_MS, 0, 600_000)?.unwrap_or(10_000) {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        },
         peer_grace: Duration::from_millis(v.whole::<u64>(var::PEER_GRACE_MS, 1)?.unwrap_or(30_000)),
         batch_delay: Duration::from_micros(v.whole_in::<u64>(var::PEER_BATCH_DELAY_US, 0, 1_000_000)?.unwrap_or(0)),
     }))

@@ -21,10 +21,11 @@ pub mod otlp;
 pub mod peers;
 pub mod replicas;
 pub mod settings;
+pub mod warm_start;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvpick_core::Lifecycle;
 use kvpick_core::shard::ShardStats;
@@ -37,6 +38,7 @@ pub use config::{ConfigError, DiscoveryMode, HugePages, LogFormat, ReplicaSettin
 
 use self::otlp::TraceExport;
 use self::replicas::Replicas;
+use self::warm_start::AppIndex;
 use crate::metrics::MetricsServer;
 use crate::metrics::collect::{Sources, WorkerNames};
 use kvpick_discovery::workers_file::{Defaults, WorkersFile};
@@ -126,6 +128,13 @@ impl App {
         });
         let prefill_producers = prefill.clone().map(ThreadProducers::new);
         let health = Health::start().await;
+        // Warm start: the streams discovery opens from here on wait for a
+        // peer's index, and readiness with them (bounded by the deadline).
+        let warm_deadline = config.replicas.as_ref().and_then(|r| r.warm_start).map(|t| Instant::now() + t);
+        if let Some(deadline) = warm_deadline {
+            ingest.hold_for_seeds(deadline)?;
+            health.readiness().set_warming(true);
+        }
         let workers = WorkerNames::default();
         let mut applier = Applier {
             producers: producers.clone(),
@@ -245,7 +254,23 @@ impl App {
         let replicas = match &config.replicas {
             Some(settings) => {
                 let selectors = std::iter::once(producers.clone()).chain(prefill_producers.clone()).collect();
-                Some(Replicas::start(settings, selectors, clock.clone(), discovered_peers).await?)
+                let index = Arc::new(AppIndex {
+                    ingest: ingest.clone(),
+                    workers: workers.clone(),
+                    readiness: health.readiness(),
+                });
+                let replicas = Replicas::start(settings, selectors, clock.clone(), discovered_peers, index).await?;
+                if let Some(deadline) = warm_deadline {
+                    tasks.push(tokio::spawn(warm_start::run(
+                        ingest.clone(),
+                        health.readiness(),
+                        replicas.direct_config().clone(),
+                        replicas.peers(),
+                        deadline,
+                        replicas.transport.clone(),
+                    )));
+                }
+                Some(replicas)
             }
             None => None,
         };

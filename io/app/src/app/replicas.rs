@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use kvpick_core::replica::{Incarnation, ReplicaId};
 use kvpick_grpc::{Http2, ServerHandle};
-use kvpick_replica::{DirectConfig, DirectLinks, PeerService, ReplicaSync, SyncConfig, SyncStats, TransportMetrics};
+use kvpick_replica::{
+    DirectConfig, DirectLinks, IndexSource, PeerService, ReplicaSync, SyncConfig, SyncStats, TransportMetrics,
+};
 use kvpick_runtime::{Clock, ThreadProducers};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -24,6 +26,9 @@ pub struct Replicas {
     server: ServerHandle,
     merge: Option<JoinHandle<()>>,
     pub transport: Arc<TransportMetrics>,
+    /// What the links dial (warm start asks the same peers).
+    peers: watch::Receiver<BTreeSet<SocketAddr>>,
+    direct: DirectConfig,
 }
 
 impl Replicas {
@@ -34,6 +39,7 @@ impl Replicas {
         selectors: Vec<ThreadProducers>,
         clock: Clock,
         discovered: Option<watch::Receiver<BTreeSet<SocketAddr>>>,
+        index: Arc<dyn IndexSource>,
     ) -> Result<Replicas, StartError> {
         let listener = bind("replica-sync", settings.listen).await?;
         let port = listener.local_addr().map_err(|source| StartError::Listen { what: "replica-sync", source })?.port();
@@ -55,6 +61,7 @@ impl Replicas {
         // mode adds the peer service's replicas.
         let (peers_tx, peers_rx) = watch::channel(peers::numbered(&settings.peers));
         let merge = peers::follow(settings.peers.clone(), discovered, peers_tx);
+        let peers = peers_rx.clone();
         let mut sync_config = SyncConfig::new(id, incarnation);
         sync_config.peer_grace = settings.peer_grace;
         sync_config.batch_delay = settings.batch_delay;
@@ -64,7 +71,7 @@ impl Replicas {
         };
         let sync =
             ReplicaSync::spawn(sync_config, selectors, clock, links).map_err(|e| StartError::Replicas(e.into()))?;
-        let service = PeerService::new(direct, sync.inbound(), transport.clone());
+        let service = PeerService::with_index(direct.clone(), sync.inbound(), transport.clone(), index);
         let mut builder = kvpick_grpc::server::builder(&Http2::default());
         if let Some(tls) = &tls {
             builder = builder.tls_config(tls.server()).map_err(|e| StartError::Replicas(format!("peer TLS: {e}")))?;
@@ -80,7 +87,17 @@ impl Replicas {
             mutual_tls = tls.is_some(),
             "replica sync: sharing bookings with peer replicas"
         );
-        Ok(Replicas { id, incarnation, sync, server, merge, transport })
+        Ok(Replicas { id, incarnation, sync, server, merge, transport, peers, direct })
+    }
+
+    /// The peers dialed, as they change.
+    pub fn peers(&self) -> watch::Receiver<BTreeSet<SocketAddr>> {
+        self.peers.clone()
+    }
+
+    /// How this replica dials its peers (identity, token, TLS).
+    pub fn direct_config(&self) -> &DirectConfig {
+        &self.direct
     }
 
     pub fn local_addr(&self) -> SocketAddr {

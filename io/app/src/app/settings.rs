@@ -61,6 +61,7 @@ pub const PEER_TOKEN_FILE: &str = "KVPICK_PEER_TOKEN_FILE";
 pub const PEER_TLS_DIR: &str = "KVPICK_PEER_TLS_DIR";
 pub const PEER_TLS_SERVER_NAME: &str = "KVPICK_PEER_TLS_SERVER_NAME";
 pub const PEER_GRACE_MS: &str = "KVPICK_PEER_GRACE_MS";
+pub const WARM_START_TIMEOUT_MS: &str = "KVPICK_WARM_START_TIMEOUT_MS";
 pub const PEER_BATCH_DELAY_US: &str = "KVPICK_PEER_BATCH_DELAY_US";
 pub const EXT_PROC_PORT: &str = "KVPICK_EXT_PROC_PORT";
 pub const TOKENIZER_URL: &str = "DYN_EPP_TOKENIZER_SERVICE_URL";
@@ -251,6 +252,12 @@ pub const SETTINGS: &[Setting] = &[
         "peer-tls-server-name",
         None,
         "The name every peer's certificate is checked against (e.g. the peer service's DNS name); default: the peer's IP, which its certificate must then carry",
+    ),
+    s(
+        WARM_START_TIMEOUT_MS,
+        "warm-start-timeout-ms",
+        Some("10000"),
+        "With peers: before reporting ready, take the KV index from a ready peer replica for at most this long, then start with whatever came (0: no warm start)",
     ),
     s(
         PEER_GRACE_MS,

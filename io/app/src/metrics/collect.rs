@@ -414,6 +414,31 @@ fn replica_families(e: &mut Exposition, sync: &SyncStats, transport: &TransportM
     );
     let get = TransportMetrics::get;
     e.gauge("kvpick_replica_links", "Peers this replica dials.", &[], get(&transport.links) as f64);
+    e.gauge(
+        "kvpick_warm_start_outcome",
+        "This replica's warm start: 0 under way or off, 1 warm (a peer's whole KV index taken), 2 cold.",
+        &[],
+        get(&transport.warm_outcome) as f64,
+    );
+    e.gauge(
+        "kvpick_warm_start_workers",
+        "Workers whose KV index came from a peer at start, by result.",
+        &[("result", "seeded")],
+        get(&transport.warm_workers_seeded) as f64,
+    );
+    e.gauge("kvpick_warm_start_workers", "", &[("result", "refused")], get(&transport.warm_workers_refused) as f64);
+    e.gauge(
+        "kvpick_warm_start_blocks",
+        "KV blocks imported from a peer at start.",
+        &[],
+        get(&transport.warm_blocks_imported) as f64,
+    );
+    e.gauge(
+        "kvpick_warm_start_seconds",
+        "How long the warm start took (readiness waited for it).",
+        &[],
+        get(&transport.warm_took_ms) as f64 / 1000.0,
+    );
     e.gauge("kvpick_replica_links_up", "Of those, the links streaming now.", &[], get(&transport.links_up) as f64);
     e.gauge(
         "kvpick_replica_streams_in",

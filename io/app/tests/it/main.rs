@@ -28,3 +28,4 @@ mod otlp_tracing;
 mod replicas;
 mod replicas_partition;
 mod replicas_tls;
+mod replicas_warm;

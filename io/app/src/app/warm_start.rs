@@ -1,0 +1,146 @@
+//! Warm start in `kvpick serve` (issue #22): a replica starting up takes
+//! the KV index from a ready peer before it reports ready, instead of
+//! routing blind until the engines' caches are relearned.
+//!
+//! From the ingest's start its new streams are held; discovery subscribes
+//! them as usual. Then the peers are asked in turn (`Peer/Index`); each
+//! worker that arrives seeds its held stream (the import goes ahead of
+//! every later event, and the stream continues from the peer's cut). When
+//! a peer's whole index is in, when no peer can give one (none listed,
+//! none reachable, all warming up themselves), or at the deadline, the
+//! holds end (workers not seeded start cold) and readiness stops waiting.
+//! This replica serves its own index to others once it is ready.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use kvpick_core::WorkerId;
+use kvpick_grpc::Readiness;
+use kvpick_kv_events::{KvEventIngest, SeedRefused, StreamCut, WorkerSeed};
+use kvpick_replica::{DirectConfig, IndexLimits, IndexSource, Pending, TransportMetrics, WorkerIndex, fetch_index};
+use tokio::sync::{mpsc, watch};
+
+use crate::metrics::collect::WorkerNames;
+
+/// How long a peer may stay silent in the middle of its index.
+const IDLE: Duration = Duration::from_secs(5);
+/// How long to wait for a first peer to be known (Kubernetes discovery
+/// lists them shortly after start; a lone first replica has none).
+const PEERS_WAIT: Duration = Duration::from_secs(2);
+
+/// This replica's index, served to peers starting up.
+pub struct AppIndex {
+    pub ingest: Arc<KvEventIngest>,
+    pub workers: WorkerNames,
+    pub readiness: Readiness,
+}
+
+impl IndexSource for AppIndex {
+    fn ready(&self) -> bool {
+        !self.readiness.is_warming()
+    }
+
+    fn workers(&self) -> Vec<WorkerId> {
+        self.workers.all().into_iter().map(|(id, _)| id).collect()
+    }
+
+    fn export(&self, worker: WorkerId) -> Pending<Option<WorkerIndex>> {
+        let ingest = self.ingest.clone();
+        Box::pin(async move {
+            let (cut, snapshot) = ingest.export(worker).await.ok()??;
+            Some(WorkerIndex { worker, last_seq: cut.last_seq, last_ts: cut.last_ts, groups: cut.groups, snapshot })
+        })
+    }
+}
+
+/// Runs the warm start to its end (see the module docs).
+pub async fn run(
+    ingest: Arc<KvEventIngest>,
+    readiness: Readiness,
+    config: DirectConfig,
+    mut peers: watch::Receiver<BTreeSet<SocketAddr>>,
+    deadline: Instant,
+    stats: Arc<TransportMetrics>,
+) {
+    let started = Instant::now();
+    let outcome = tokio::time::timeout_at(deadline.into(), async {
+        // A first peer, if one comes soon.
+        let _ = tokio::time::timeout(PEERS_WAIT, peers.wait_for(|set| !set.is_empty())).await;
+        let candidates: Vec<SocketAddr> = peers.borrow().iter().copied().collect();
+        for peer in candidates {
+            match from_peer(peer, &ingest, &config, &stats).await {
+                Ok(()) => return Some(peer),
+                Err(why) => tracing::info!(%peer, %why, "warm start: no index from this peer"),
+            }
+        }
+        None
+    })
+    .await;
+    let (warm, outcome) = match outcome {
+        Ok(Some(peer)) => (true, format!("warm, from {peer}")),
+        Ok(None) => (false, "cold: no peer gave its index".to_owned()),
+        Err(_) => (false, "cold: the deadline passed".to_owned()),
+    };
+    stats.warm_outcome.store(if warm { 1 } else { 2 }, Ordering::Relaxed);
+    if let Err(error) = ingest.release_holds() {
+        tracing::warn!(%error, "warm start: could not end the holds");
+    }
+    readiness.set_warming(false);
+    let took = started.elapsed();
+    stats.warm_took_ms.store(took.as_millis() as u64, Ordering::Relaxed);
+    tracing::info!(
+        %outcome,
+        workers_seeded = stats.warm_workers_seeded.load(Ordering::Relaxed),
+        blocks = stats.warm_blocks_imported.load(Ordering::Relaxed),
+        took_ms = took.as_millis() as u64,
+        "warm start over"
+    );
+}
+
+/// One peer's whole index, each worker seeded as it arrives.
+async fn from_peer(
+    peer: SocketAddr,
+    ingest: &KvEventIngest,
+    config: &DirectConfig,
+    stats: &TransportMetrics,
+) -> Result<(), String> {
+    let (out, mut arrived) = mpsc::channel::<WorkerIndex>(2);
+    let fetch = fetch_index(peer, config, IndexLimits::default(), IDLE, out);
+    let seed_all = async {
+        while let Some(index) = arrived.recv().await {
+            let worker = index.worker;
+            let blocks = index.snapshot.blocks.blocks.len() as u64;
+            let cut = StreamCut { last_seq: index.last_seq, last_ts: index.last_ts, groups: index.groups };
+            match ingest.seed(WorkerSeed { worker, cut, snapshot: index.snapshot }).await {
+                Ok(Ok(applied)) => {
+                    stats.warm_workers_seeded.fetch_add(1, Ordering::Relaxed);
+                    stats.warm_blocks_imported.fetch_add(applied.stored, Ordering::Relaxed);
+                }
+                // Not ours (a worker the peer has and this replica does
+                // not, yet), or already started: it learns on its own.
+                Ok(Err(error)) => {
+                    stats.warm_workers_refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(worker = worker.0, blocks, %error, "warm start: a worker's index refused by its shard");
+                }
+                Err(SeedRefused::NotSubscribed | SeedRefused::NotHeld) => {}
+                Err(error) => {
+                    stats.warm_workers_refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(worker = worker.0, blocks, %error, "warm start: a worker's index not taken");
+                }
+            }
+        }
+    };
+    let seeded_before = stats.warm_workers_seeded.load(Ordering::Relaxed);
+    let (fetched, ()) = tokio::join!(fetch, seed_all);
+    let summary = fetched.map_err(|e| e.to_string())?;
+    // A peer that started cold itself, with nothing learned yet: another
+    // may know more.
+    if stats.warm_workers_seeded.load(Ordering::Relaxed) == seeded_before {
+        return Err(format!("its index had nothing for this replica's workers ({} workers)", summary.workers));
+    }
+    tracing::info!(%peer, workers = summary.workers, blocks = summary.blocks, "warm start: a peer's index taken");
+    Ok(())
+}
