@@ -136,8 +136,12 @@ pub fn decode_piece(bytes: &[u8], limits: &IndexLimits) -> Result<IndexPiece, Fr
     }
     super::cap("blocks of a worker", n, limits.max_blocks_per_worker)?;
     super::cap("cache groups of a worker", w.group_kinds.len(), limits.max_groups)?;
+    let count = |x: f64| x.is_finite() && x >= 0.0;
     if w.group_kinds.iter().any(|&k| k > 2) || (w.has_ts && !w.last_ts.is_finite()) || w.block_size == 0 {
         return Err(malformed("a group kind, stamp or block size no stream has"));
+    }
+    if !count(w.churn_stored) || !count(w.churn_removed) {
+        return Err(malformed("a churn that is not a count"));
     }
     if w.parts > 1 && w.part >= w.parts {
         return Err(FrameError::BadPart { part: w.part, parts: w.parts });
@@ -345,6 +349,8 @@ mod tests {
             ("stamp not finite", Box::new(|w| (w.has_ts, w.last_ts) = (true, f64::NAN))),
             ("part past parts", Box::new(|w| (w.part, w.parts) = (2, 2))),
             ("too many groups", Box::new(|w| w.group_kinds = vec![1; 257])),
+            ("churn not a number", Box::new(|w| w.churn_removed = f64::NAN)),
+            ("churn below 0", Box::new(|w| w.churn_stored = -1.0)),
         ];
         for (what, edit) in refused {
             assert!(decode_piece(&worker(&*edit), &limits).is_err(), "{what} accepted");
