@@ -7,51 +7,10 @@ is written here by hand from the schema, apart from kvpick's own encoder.
     python3 fuzz/seeds/index_frames.py   # from the repository root
 """
 import os
-import struct
+
+from protobuf_wire import double, fixed64, message, packed64, packed_uint, stream, uint
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "corpus", "index_frames")
-
-
-def varint(n):
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def key(field, wire):
-    return varint(field << 3 | wire)
-
-
-def fixed64(field, n):
-    return key(field, 1) + struct.pack("<Q", n)
-
-
-def uint(field, n):
-    return key(field, 0) + varint(n) if n else b""
-
-
-def double(field, x):
-    return key(field, 1) + struct.pack("<d", x)
-
-
-def packed64(field, values):
-    body = b"".join(struct.pack("<Q", v) for v in values)
-    return key(field, 2) + varint(len(body)) + body if values else b""
-
-
-def packed_uint(field, values):
-    body = b"".join(varint(v) for v in values)
-    return key(field, 2) + varint(len(body)) + body if values else b""
-
-
-def raw(field, body):
-    return key(field, 2) + varint(len(body)) + body
 
 
 def worker(wid, blocks, orphans=(), tainted=False, part=0, parts=0, groups=(1,), seeds=()):
@@ -63,19 +22,15 @@ def worker(wid, blocks, orphans=(), tainted=False, part=0, parts=0, groups=(1,),
     body = (fixed64(1, wid) + uint(2, 16) + uint(3, 41) + double(4, 1764800000.25) + uint(5, 1)
             + packed_uint(6, list(groups))
             + packed64(7, [b[0] for b in blocks]) + packed64(8, [b[1] or 0 for b in blocks])
-            + (raw(9, bytes(roots)) if blocks else b"") + packed64(10, [b[2] for b in blocks])
+            + (message(9, bytes(roots)) if blocks else b"") + packed64(10, [b[2] for b in blocks])
             + packed_uint(11, [s[0] for s in seeds]) + packed64(12, [s[1] for s in seeds])
             + packed64(13, [o[0] for o in orphans]) + packed64(14, [o[1] for o in orphans])
             + uint(15, int(tainted)) + double(16, 12.5) + double(17, 3.25) + uint(18, part) + uint(19, parts))
-    return raw(1, body)
+    return message(1, body)
 
 
 def end(workers, blocks):
-    return raw(2, uint(1, workers) + uint(2, blocks))
-
-
-def stream(*frames):
-    return b"".join(struct.pack("<H", len(f)) + f for f in frames)
+    return message(2, uint(1, workers) + uint(2, blocks))
 
 
 chain = [(100 + i, None if i == 0 else 99 + i, 7000 + i) for i in range(6)]

@@ -9,31 +9,9 @@ written here by hand from the schema, apart from kvpick's own encoder.
 import os
 import struct
 
+from protobuf_wire import fixed64, message, stream, uint
+
 OUT = os.path.join(os.path.dirname(__file__), "..", "corpus", "peer_frames")
-
-
-def varint(n):
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def fixed64(field, n):
-    return bytes([field << 3 | 1]) + struct.pack("<Q", n)
-
-
-def uint(field, n):
-    return bytes([field << 3]) + varint(n) if n else b""
-
-
-def message(field, body):
-    return bytes([field << 3 | 2]) + varint(len(body)) + body
 
 
 def booking(id, worker, hashes, unhashed=0, prefill=64, lease=300_000, done=False):
@@ -77,10 +55,6 @@ def digest(last_seq, live, total, origin=1, incarnation=1):
 
 def resync(from_seq, origin=1, incarnation=1):
     return message(4, fixed64(1, origin) + fixed64(2, incarnation) + uint(3, from_seq))
-
-
-def stream(*frames):
-    return b"".join(struct.pack("<H", len(f)) + f for f in frames)
 
 
 SEEDS = {

@@ -25,6 +25,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use kvpick_core::error_chain::error_chain;
 use kvpick_core::replica::ReplicaId;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -418,20 +419,6 @@ pub(crate) fn introduce<T>(
     Ok(())
 }
 
-/// An error with its sources: tonic's transport error says only
-/// "transport error"; the reason (refused, a certificate rejected) is
-/// further down.
-pub(crate) fn causes(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 /// A stream that stayed up this long was healthy: the next failure starts
 /// the backoff over. A peer that refuses at once keeps backing off.
 const HEALTHY_STREAM: Duration = Duration::from_secs(10);
@@ -458,7 +445,7 @@ impl Link {
                 }
                 Ok(Ended::Retry) => failing = None,
                 Err(error) => {
-                    let why = causes(&*error);
+                    let why = error_chain(&*error);
                     if failing.as_deref() == Some(why.as_str()) {
                         tracing::debug!(peer = %self.addr, error = %why, "replica sync: peer still not reachable");
                     } else {

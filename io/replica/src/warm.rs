@@ -19,6 +19,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
+use kvpick_core::error_chain::error_chain;
 use kvpick_core::worker::WorkerId;
 use kvpick_proto::peer as pb;
 use prost::Message;
@@ -179,9 +180,8 @@ pub async fn fetch_index(
     idle: Duration,
     out: mpsc::Sender<WorkerIndex>,
 ) -> Result<IndexSummary, WarmError> {
-    let mut client = dial(addr, config, limits.max_frame_bytes)
-        .await
-        .map_err(|e| WarmError::Unreachable(crate::direct::causes(&*e)))?;
+    let mut client =
+        dial(addr, config, limits.max_frame_bytes).await.map_err(|e| WarmError::Unreachable(error_chain(&*e)))?;
     let ask = pb::IndexRequest { replica: config.replica.0 }.encode_to_vec();
     let mut request = tonic::Request::new(Bytes::from(ask));
     introduce(&mut request, config).map_err(|e| WarmError::Unreachable(e.to_string()))?;
