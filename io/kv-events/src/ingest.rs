@@ -113,11 +113,22 @@ impl KvEventIngest {
 
     /// Seeds a held worker with a peer's export (see the `warm` module);
     /// the answer is the shard's import.
+    /// An import the shard refuses (another block size, the worker gone)
+    /// starts the worker's stream over, as a new subscription: it went on
+    /// from the peer's cut without the peer's blocks.
     pub async fn seed(&self, seed: WorkerSeed) -> Result<Result<Applied, ImportError>, SeedRefused> {
+        // Checked here, not on the ingest thread: a large export's check
+        // would pause every stream.
+        seed.snapshot.blocks.check().map_err(SeedRefused::Malformed)?;
+        let worker = seed.worker;
         let (reply, answer) = oneshot::channel();
         self.send(Command::Seed(Box::new(seed), reply)).map_err(|_| SeedRefused::Stopped)?;
         let imported = answer.await.map_err(|_| SeedRefused::Stopped)??;
-        imported.await.map_err(|_| SeedRefused::Stopped)
+        let imported = imported.await.map_err(|_| SeedRefused::Stopped)?;
+        if imported.is_err() {
+            self.send(Command::Restart(worker)).map_err(|_| SeedRefused::Stopped)?;
+        }
+        Ok(imported)
     }
 
     /// The worker's index and where its stream stood, for a peer starting

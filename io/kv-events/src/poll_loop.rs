@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, TryRecvError};
-use kvpick_core::WorkerId;
+use kvpick_core::{KvEvent, WorkerId};
 
 use super::apply::Outlet;
 use super::config::{IngestConfig, Publisher};
@@ -26,6 +26,9 @@ pub(crate) enum Command {
     Seed(Box<WorkerSeed>, oneshot::Sender<Result<Imported, SeedRefused>>),
     /// The worker's stream cut and the shard's answer to its export.
     Export(WorkerId, oneshot::Sender<Option<(StreamCut, Exported)>>),
+    /// Forgets the worker's blocks and subscribes it again from scratch
+    /// (a seed whose import the shard refused).
+    Restart(WorkerId),
     Shutdown,
 }
 
@@ -138,6 +141,7 @@ impl<S: KvEventSink> PollLoop<S> {
                 Ok(Command::Export(worker, reply)) => {
                     let _ = reply.send(self.export(worker));
                 }
+                Ok(Command::Restart(worker)) => self.restart(worker),
                 Ok(Command::Shutdown) | Err(TryRecvError::Disconnected) => return false,
                 Err(TryRecvError::Empty) => return true,
             }
@@ -196,6 +200,21 @@ impl<S: KvEventSink> PollLoop<S> {
         let exported = self.sink.export(worker)?;
         add(&self.metrics.counters.streams_exported, 1);
         Some((cut, exported))
+    }
+
+    fn restart(&mut self, worker: WorkerId) {
+        let Some(publisher) =
+            self.subscriptions.iter().find(|s| s.publisher().worker == worker).map(|s| s.publisher().clone())
+        else {
+            return;
+        };
+        tracing::warn!(
+            worker = worker.0,
+            "KV events: the peer's index of this worker was refused; its stream starts over"
+        );
+        let _ = self.sink.apply(worker, KvEvent::Cleared);
+        self.remove(worker);
+        self.add(publisher);
     }
 
     fn remove(&mut self, worker: WorkerId) {

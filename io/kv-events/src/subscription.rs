@@ -32,6 +32,9 @@ pub(crate) struct Subscription {
     steps: Vec<Step<Vec<u8>>>,
     /// The first bad message is a warning, the rest debug lines.
     warned: bool,
+    /// The live socket's first connection was seen: a later one is a
+    /// reconnect.
+    connected_once: bool,
 }
 
 impl Subscription {
@@ -78,6 +81,7 @@ impl Subscription {
             replay: None,
             steps: Vec::new(),
             warned: false,
+            connected_once: false,
         })
     }
 
@@ -113,6 +117,12 @@ impl Subscription {
             // The old connection's messages first, so none is taken for the
             // new one's.
             while self.read_live(out) {}
+            // A first connection of a held or seeded stream is not a
+            // reconnect: its history is the peer's export (warm start).
+            let first = !std::mem::replace(&mut self.connected_once, true);
+            if first && (self.sequencer.is_held() || self.sequencer.last().is_some()) {
+                continue;
+            }
             if self.sequencer.last().is_some() {
                 tracing::info!(worker = self.worker(), "KV event connection back: asking the engine for its history");
             }
@@ -165,7 +175,6 @@ impl Subscription {
         if !self.sequencer.is_held() {
             return Err(SeedRefused::NotHeld);
         }
-        snapshot.blocks.check().map_err(SeedRefused::Malformed)?;
         let blocks = snapshot.blocks.blocks.len();
         let imported = out.sink.import(self.publisher.worker, snapshot).ok_or(SeedRefused::CannotImport)?;
         self.applier.seed_groups(GroupKinds::from_learned(cut.groups));
@@ -204,7 +213,16 @@ impl Subscription {
             };
             match parse_live(frames) {
                 Ok(message) => {
+                    let held = self.sequencer.is_held();
                     self.sequencer.live(message.seq, message.payload, &mut self.steps);
+                    if held && !self.sequencer.is_held() {
+                        // The hold's buffer was full: started as unheld.
+                        add(&out.metrics.counters.streams_released_cold, 1);
+                        tracing::warn!(
+                            worker = self.worker(),
+                            "KV events: too many batches held waiting for a peer's index; learning this worker's cache from its engine"
+                        );
+                    }
                     self.run_steps(out);
                 }
                 Err(error) => self.bad_frames(out, &error),

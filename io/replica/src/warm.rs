@@ -7,9 +7,10 @@
 //! one index at a time (another asker gets RESOURCE_EXHAUSTED and asks
 //! another peer) and none while it is warming up itself
 //! (FAILED_PRECONDITION): replicas starting together do not wait on each
-//! other. Frames are produced as the stream takes them (a bounded
-//! channel), so gRPC's flow control paces the exports and a slow asker
-//! holds at most a few frames here.
+//! other. Workers are exported as the stream takes their frames (a
+//! bounded channel), so gRPC's flow control paces the exports and a slow
+//! asker holds at most one worker's frames here; one that stops reading
+//! is dropped after [`SERVE_AT_MOST`], which frees the port for others.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -35,6 +36,10 @@ use crate::wire::{
 };
 
 pub(crate) const INDEX: &str = "/kvpick.peer.v1.Peer/Index";
+
+/// Longest one asker may hold this replica's index serving: past any warm
+/// start's own deadline (at most 10 minutes), with room.
+pub const SERVE_AT_MOST: Duration = Duration::from_secs(1200);
 
 /// A future this crate can hold across threads.
 pub type Pending<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -108,28 +113,37 @@ impl tonic::server::ServerStreamingService<Bytes> for IndexCall {
             let (frames, frames_rx) = mpsc::channel(4);
             tokio::spawn(async move {
                 let _serving = permit;
-                let limits = IndexLimits::default();
-                let (mut workers, mut blocks) = (0u64, 0u64);
-                for worker in donor.source.workers() {
-                    let Some(index) = donor.source.export(worker).await else { continue };
-                    workers += 1;
-                    blocks += index.snapshot.blocks.blocks.len() as u64;
-                    for frame in encode_worker(&index, &limits) {
-                        if frames.send(Ok(Bytes::from(frame))).await.is_err() {
-                            tracing::info!(asker, ?peer, "warm start: the asker left before the index's end");
-                            return;
+                let serving = async {
+                    let limits = IndexLimits::default();
+                    let (mut workers, mut blocks) = (0u64, 0u64);
+                    for worker in donor.source.workers() {
+                        let Some(index) = donor.source.export(worker).await else { continue };
+                        workers += 1;
+                        blocks += index.snapshot.blocks.blocks.len() as u64;
+                        for frame in encode_worker(&index, &limits) {
+                            frames.send(Ok(Bytes::from(frame))).await.map_err(|_| "the asker left")?;
                         }
                     }
-                }
-                if frames.send(Ok(Bytes::from(encode_end(workers, blocks)))).await.is_ok() {
-                    shared.metrics.indexes_served.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(
+                    frames.send(Ok(Bytes::from(encode_end(workers, blocks)))).await.map_err(|_| "the asker left")?;
+                    Ok::<_, &str>((workers, blocks))
+                };
+                match tokio::time::timeout(SERVE_AT_MOST, serving).await {
+                    Ok(Ok((workers, blocks))) => {
+                        shared.metrics.indexes_served.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(
+                            asker,
+                            ?peer,
+                            workers,
+                            blocks,
+                            "warm start: KV index served to a replica starting up"
+                        );
+                    }
+                    Ok(Err(why)) => tracing::info!(asker, ?peer, why, "warm start: index not served to its end"),
+                    Err(_) => tracing::warn!(
                         asker,
                         ?peer,
-                        workers,
-                        blocks,
-                        "warm start: KV index served to a replica starting up"
-                    );
+                        "warm start: an asker stopped reading this replica's index; dropped"
+                    ),
                 }
             });
             Ok(tonic::Response::new(ReceiverStream::new(frames_rx)))
@@ -154,13 +168,6 @@ pub enum WarmError {
     Incomplete { got: u64, said: u64 },
     #[error("the index's taker stopped")]
     Dropped,
-}
-
-impl WarmError {
-    /// The asked replica is warming up or busy: another may answer.
-    pub fn is_busy(&self) -> bool {
-        matches!(self, WarmError::Refused { code: Code::FailedPrecondition | Code::ResourceExhausted, .. })
-    }
 }
 
 /// What a whole index held.

@@ -30,6 +30,9 @@ const IDLE: Duration = Duration::from_secs(5);
 /// How long to wait for a first peer to be known (Kubernetes discovery
 /// lists them shortly after start; a lone first replica has none).
 const PEERS_WAIT: Duration = Duration::from_secs(2);
+/// How long workers of a peer's index that discovery had not added yet
+/// are given before their seeds are tried again, once.
+const LATER: Duration = Duration::from_millis(500);
 
 /// This replica's index, served to peers starting up.
 pub struct AppIndex {
@@ -67,8 +70,11 @@ pub async fn run(
 ) {
     let started = Instant::now();
     let outcome = tokio::time::timeout_at(deadline.into(), async {
-        // A first peer, if one comes soon.
+        // A first peer, if one comes soon; and this replica's first
+        // workers (Kubernetes discovery lists them after start), whose
+        // streams the seeds continue.
         let _ = tokio::time::timeout(PEERS_WAIT, peers.wait_for(|set| !set.is_empty())).await;
+        let _ = tokio::time::timeout(PEERS_WAIT, workers_known(&readiness)).await;
         let candidates: Vec<SocketAddr> = peers.borrow().iter().copied().collect();
         for peer in candidates {
             match from_peer(peer, &ingest, &config, &stats).await {
@@ -100,6 +106,40 @@ pub async fn run(
     );
 }
 
+/// Until discovery has reported a worker.
+async fn workers_known(readiness: &Readiness) {
+    while readiness.schedulable_workers() == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Seeds one worker; the index back when its stream is not subscribed
+/// here yet (discovery may still be adding it).
+async fn seed(ingest: &KvEventIngest, index: WorkerIndex, stats: &TransportMetrics) -> Option<WorkerIndex> {
+    let worker = index.worker;
+    let blocks = index.snapshot.blocks.blocks.len() as u64;
+    let cut = StreamCut { last_seq: index.last_seq, last_ts: index.last_ts, groups: index.groups.clone() };
+    match ingest.seed(WorkerSeed { worker, cut, snapshot: index.snapshot.clone() }).await {
+        Ok(Ok(applied)) => {
+            stats.warm_workers_seeded.fetch_add(1, Ordering::Relaxed);
+            stats.warm_blocks_imported.fetch_add(applied.stored, Ordering::Relaxed);
+        }
+        // The ingest started the worker's stream over: it learns on its own.
+        Ok(Err(error)) => {
+            stats.warm_workers_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(worker = worker.0, blocks, %error, "warm start: a worker's index refused by its shard; its stream starts over");
+        }
+        Err(SeedRefused::NotSubscribed) => return Some(index),
+        // Its stream started on its own already.
+        Err(SeedRefused::NotHeld) => {}
+        Err(error) => {
+            stats.warm_workers_refused.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(worker = worker.0, blocks, %error, "warm start: a worker's index not taken");
+        }
+    }
+    None
+}
+
 /// One peer's whole index, each worker seeded as it arrives.
 async fn from_peer(
     peer: SocketAddr,
@@ -110,32 +150,26 @@ async fn from_peer(
     let (out, mut arrived) = mpsc::channel::<WorkerIndex>(2);
     let fetch = fetch_index(peer, config, IndexLimits::default(), IDLE, out);
     let seed_all = async {
+        let mut later = Vec::new();
         while let Some(index) = arrived.recv().await {
-            let worker = index.worker;
-            let blocks = index.snapshot.blocks.blocks.len() as u64;
-            let cut = StreamCut { last_seq: index.last_seq, last_ts: index.last_ts, groups: index.groups };
-            match ingest.seed(WorkerSeed { worker, cut, snapshot: index.snapshot }).await {
-                Ok(Ok(applied)) => {
-                    stats.warm_workers_seeded.fetch_add(1, Ordering::Relaxed);
-                    stats.warm_blocks_imported.fetch_add(applied.stored, Ordering::Relaxed);
-                }
-                // Not ours (a worker the peer has and this replica does
-                // not, yet), or already started: it learns on its own.
-                Ok(Err(error)) => {
-                    stats.warm_workers_refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(worker = worker.0, blocks, %error, "warm start: a worker's index refused by its shard");
-                }
-                Err(SeedRefused::NotSubscribed | SeedRefused::NotHeld) => {}
-                Err(error) => {
-                    stats.warm_workers_refused.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(worker = worker.0, blocks, %error, "warm start: a worker's index not taken");
-                }
-            }
+            later.extend(seed(ingest, index, stats).await);
         }
+        later
     };
     let seeded_before = stats.warm_workers_seeded.load(Ordering::Relaxed);
-    let (fetched, ()) = tokio::join!(fetch, seed_all);
+    let (fetched, mut later) = tokio::join!(fetch, seed_all);
     let summary = fetched.map_err(|e| e.to_string())?;
+    // Workers discovery had not added yet: once more after a moment.
+    if !later.is_empty() {
+        tokio::time::sleep(LATER).await;
+        let mut unknown = 0;
+        for index in later.drain(..) {
+            unknown += usize::from(seed(ingest, index, stats).await.is_some());
+        }
+        if unknown > 0 {
+            tracing::info!(%peer, unknown, "warm start: workers of the peer's index not in this replica's pool");
+        }
+    }
     // A peer that started cold itself, with nothing learned yet: another
     // may know more.
     if stats.warm_workers_seeded.load(Ordering::Relaxed) == seeded_before {

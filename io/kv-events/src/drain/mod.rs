@@ -124,7 +124,7 @@ impl<S: KvEventSink> Drainer<S> {
                     Some(Command::Remove(worker)) => self.remove(worker),
                     // Warm start is the ZMQ streams' alone (a drain has no
                     // sequence to continue from); never sent here.
-                    Some(Command::Hold(_) | Command::Release | Command::Seed(..) | Command::Export(..)) => {}
+                    Some(Command::Hold(_) | Command::Release | Command::Seed(..) | Command::Export(..) | Command::Restart(_)) => {}
                 },
                 Some(finished) = self.polls.join_next() => {
                     // A poll aborted by a removal ends as a join error.

@@ -135,6 +135,9 @@ pub struct Sequencer<P> {
     /// Held for a seed (warm start, see `hold`): live batches kept here,
     /// nothing applied or asked for until the seed or the release.
     held: Option<VecDeque<(u64, P)>>,
+    /// The connection dropped and came back while held: the seed asks the
+    /// engine for its history, as a reconnect does.
+    dropped_while_held: bool,
     can_replay: bool,
     buffer_limit: usize,
 }
@@ -149,6 +152,7 @@ impl<P> Sequencer<P> {
             stamp: |_| None,
             pending: None,
             held: None,
+            dropped_while_held: false,
             can_replay,
             buffer_limit: buffer_limit.max(1),
         }
@@ -290,8 +294,12 @@ impl<P> Sequencer<P> {
     /// what matters of them.
     pub fn reconnected(&mut self, out: &mut Vec<Step<P>>) {
         // Held: the seed (or the release) decides what the batches held
-        // around the drop mean.
-        if !self.can_replay || self.held.is_some() {
+        // around the drop mean; a seed then asks as a reconnect does.
+        if self.held.is_some() {
+            self.dropped_while_held = true;
+            return;
+        }
+        if !self.can_replay {
             return;
         }
         if self.last.is_none() {

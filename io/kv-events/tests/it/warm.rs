@@ -96,3 +96,29 @@ fn without_a_seed_the_deadline_starts_the_stream_as_usual() {
     assert_eq!(block_on(replica.seed(stranger)), Err(SeedRefused::NotSubscribed));
     replica.shutdown().unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn a_seed_its_shard_refuses_starts_the_stream_over() {
+    let svc = service(&[1]);
+    let replica = spawn(&svc, config(WAIT));
+    let mut engine = crate::common::publisher::TestPublisher::bind("kv");
+    for k in 0..3 {
+        engine.record(k, chain_batch(k));
+    }
+    replica.hold_for_seeds(Instant::now() + WAIT).unwrap_or_else(|e| panic!("{e}"));
+    replica.add(engine.publisher(WORKER, true)).unwrap_or_else(|e| panic!("{e}"));
+    engine.wait_subscribed();
+    // Hashed at 8 tokens a block; this replica's worker is at 4.
+    let snapshot = kvpick_core::shard::WorkerSnapshot { block_size: 8, ..Default::default() };
+    let cut = StreamCut { last_seq: 2, ..StreamCut::default() };
+    let imported = block_on(replica.seed(WorkerSeed { worker: WORKER, cut, snapshot }));
+    assert!(matches!(imported, Ok(Err(kvpick_core::index::ImportError::BlockSizeMismatch { .. }))), "{imported:?}");
+    // Subscribed again, held again until the release, then caught up from
+    // 0 as a new subscription is.
+    engine.wait_subscribed();
+    replica.release_holds().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(engine.serve_replay(ReplayLayout::WithTopic), 0);
+    wait_for_seq(&replica, 1, 2);
+    assert_eq!(overlap(&svc, 1, 3), 3);
+    replica.shutdown().unwrap_or_else(|e| panic!("{e}"));
+}

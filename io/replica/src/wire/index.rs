@@ -34,14 +34,15 @@ pub struct WorkerIndex {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IndexLimits {
     pub max_frame_bytes: usize,
-    /// Over all of a worker's parts (8M blocks: 128M tokens of 16).
+    /// Over all of a worker's parts (4M blocks, 64M tokens of 16: past
+    /// any engine's cache; ~200 MB while a worker is put together).
     pub max_blocks_per_worker: usize,
     pub max_groups: usize,
 }
 
 impl Default for IndexLimits {
     fn default() -> Self {
-        IndexLimits { max_frame_bytes: 16 << 20, max_blocks_per_worker: 1 << 23, max_groups: 256 }
+        IndexLimits { max_frame_bytes: 16 << 20, max_blocks_per_worker: 1 << 22, max_groups: 256 }
     }
 }
 
@@ -60,18 +61,20 @@ pub enum IndexPiece {
     },
 }
 
-/// The frames of one worker: one, or consecutive parts of at most half a
-/// frame of blocks each (orphans, taint and churn in the first).
+/// The frames of one worker: one, or consecutive parts, each with at most
+/// `per_part` blocks and as many orphan records (under 3/4 of a frame
+/// however many are seeded); taint and churn in the first.
 pub fn encode_worker(index: &WorkerIndex, limits: &IndexLimits) -> Vec<Vec<u8>> {
-    // A seeded block costs 12 bytes more than the 24 every block costs.
+    // A block is 24 bytes, a seeded one 36, an orphan record 16.
     let per_part = (limits.max_frame_bytes / 2 / 40).max(1);
     let blocks = &index.snapshot.blocks.blocks;
-    let chunks: Vec<&[BlockRecord]> = if blocks.is_empty() { vec![&[]] } else { blocks.chunks(per_part).collect() };
-    let parts = if chunks.len() > 1 { u32::try_from(chunks.len()).unwrap_or(u32::MAX) } else { 0 };
-    chunks
-        .iter()
-        .enumerate()
-        .map(|(i, chunk)| {
+    let orphans = &index.snapshot.blocks.orphaned;
+    let count = blocks.len().div_ceil(per_part).max(orphans.len().div_ceil(per_part)).max(1);
+    let slice = |all_len: usize, i: usize| (i * per_part).min(all_len)..((i + 1) * per_part).min(all_len);
+    let parts = if count > 1 { u32::try_from(count).unwrap_or(u32::MAX) } else { 0 };
+    (0..count)
+        .map(|i| (i, &blocks[slice(blocks.len(), i)], &orphans[slice(orphans.len(), i)]))
+        .map(|(i, chunk, orphans)| {
             let first = i == 0;
             let blocks = &index.snapshot.blocks;
             let (seed_at, seed): (Vec<u32>, Vec<u64>) =
@@ -95,8 +98,8 @@ pub fn encode_worker(index: &WorkerIndex, limits: &IndexLimits) -> Vec<Vec<u8>> 
                 seq: chunk.iter().map(|b| b.seq.0).collect(),
                 seed_at,
                 seed,
-                orphan_engine: if first { blocks.orphaned.iter().map(|o| o.engine).collect() } else { Vec::new() },
-                orphan_seq: if first { blocks.orphaned.iter().map(|o| o.chained_from.0).collect() } else { Vec::new() },
+                orphan_engine: orphans.iter().map(|o| o.engine).collect(),
+                orphan_seq: orphans.iter().map(|o| o.chained_from.0).collect(),
                 tainted: first && blocks.tainted,
                 churn_stored: if first { index.snapshot.churn_stored } else { 0.0 },
                 churn_removed: if first { index.snapshot.churn_removed } else { 0.0 },
@@ -135,6 +138,7 @@ pub fn decode_piece(bytes: &[u8], limits: &IndexLimits) -> Result<IndexPiece, Fr
         return Err(malformed("orphan columns of different lengths"));
     }
     super::cap("blocks of a worker", n, limits.max_blocks_per_worker)?;
+    super::cap("orphan records of a worker", w.orphan_engine.len(), limits.max_blocks_per_worker)?;
     super::cap("cache groups of a worker", w.group_kinds.len(), limits.max_groups)?;
     let count = |x: f64| x.is_finite() && x >= 0.0;
     if w.group_kinds.iter().any(|&k| k > 2) || (w.has_ts && !w.last_ts.is_finite()) || w.block_size == 0 {
@@ -142,6 +146,10 @@ pub fn decode_piece(bytes: &[u8], limits: &IndexLimits) -> Result<IndexPiece, Fr
     }
     if !count(w.churn_stored) || !count(w.churn_removed) {
         return Err(malformed("a churn that is not a count"));
+    }
+    // The live stream's end marker: no batch is numbered after it.
+    if w.last_seq == u64::MAX {
+        return Err(malformed("a cut at the end of all sequence numbers"));
     }
     if w.parts > 1 && w.part >= w.parts {
         return Err(FrameError::BadPart { part: w.part, parts: w.parts });
@@ -208,7 +216,10 @@ impl WorkerParts {
             Some((mut held, last, total)) if held.worker == index.worker && total == parts && last + 1 == part => {
                 let blocks = held.snapshot.blocks.blocks.len() + index.snapshot.blocks.blocks.len();
                 super::cap("blocks of a worker in parts", blocks, limits.max_blocks_per_worker)?;
+                let orphans = held.snapshot.blocks.orphaned.len() + index.snapshot.blocks.orphaned.len();
+                super::cap("orphan records of a worker in parts", orphans, limits.max_blocks_per_worker)?;
                 held.snapshot.blocks.blocks.extend(index.snapshot.blocks.blocks);
+                held.snapshot.blocks.orphaned.extend(index.snapshot.blocks.orphaned);
                 if part + 1 == parts {
                     return Ok(Some(IndexPiece::Worker { index: held, part: 0, parts: 1 }));
                 }
@@ -276,6 +287,13 @@ mod tests {
         let (frames, back) = round_trip(&big, &tight);
         assert!(frames > 5, "{frames} frames");
         assert_eq!(back, big);
+        // Orphan records past a part's worth go in parts too.
+        let mut holes = index(10);
+        holes.snapshot.blocks.orphaned =
+            (0..5_000).map(|i| OrphanRecord { engine: 50_000 + i, chained_from: SequenceHash(i) }).collect();
+        let (frames, back) = round_trip(&holes, &tight);
+        assert!(frames > 5, "{frames} frames");
+        assert_eq!(back, holes);
         let empty = index(0);
         assert_eq!(round_trip(&empty, &IndexLimits::default()).1, empty);
     }
@@ -351,6 +369,7 @@ mod tests {
             ("too many groups", Box::new(|w| w.group_kinds = vec![1; 257])),
             ("churn not a number", Box::new(|w| w.churn_removed = f64::NAN)),
             ("churn below 0", Box::new(|w| w.churn_stored = -1.0)),
+            ("a cut at u64::MAX", Box::new(|w| w.last_seq = u64::MAX)),
         ];
         for (what, edit) in refused {
             assert!(decode_piece(&worker(&*edit), &limits).is_err(), "{what} accepted");

@@ -42,9 +42,19 @@ impl<P> Sequencer<P> {
     /// module docs say. False, and nothing changed, when not held (a seed
     /// that came too late: the stream started on its own).
     pub fn seed(&mut self, last: u64, last_stamp: Option<f64>, out: &mut Vec<Step<P>>) -> bool {
+        // Nothing is numbered after the end marker's number.
+        if last == u64::MAX {
+            return false;
+        }
         let Some(held) = self.held.take() else { return false };
         self.last = Some(last);
         self.last_stamp = last_stamp;
+        // The connection dropped while held: the engine may have restarted
+        // in place and gone past `last` meanwhile. Its history from 0 tells
+        // (an answer from 0 rebuilds the worker; a later one is a gap).
+        if std::mem::take(&mut self.dropped_while_held) {
+            self.reconnected(out);
+        }
         let mut restarted = false;
         for (seq, payload) in held {
             let covered = !restarted
@@ -74,6 +84,8 @@ impl<P> Sequencer<P> {
     /// was held). Nothing happens when not held.
     pub fn release(&mut self, out: &mut Vec<Step<P>>) {
         let Some(held) = self.held.take() else { return };
+        // Nothing applied yet: the catch-up below covers a drop.
+        self.dropped_while_held = false;
         if held.is_empty() {
             return self.catch_up(out);
         }
@@ -128,7 +140,6 @@ mod tests {
         assert!(feed(&mut s, &[(5, 5.0), (6, 6.0), (7, 7.0)]).is_empty(), "a held stream applies nothing");
         let mut out = Vec::new();
         s.catch_up(&mut out);
-        s.reconnected(&mut out);
         assert!(out.is_empty(), "a held stream asks for nothing");
         assert_eq!(s.cut(), None);
         let out = seeded(&mut s, 6, 6.0);
@@ -218,6 +229,28 @@ mod tests {
         assert_eq!(out, (0..5).map(|seq| apply(seq, seq as f64)).collect::<Vec<_>>());
         assert!(!s.seed(2, Some(2.0), &mut Vec::new()));
         assert!(!s.hold(), "a started stream is not held again");
+    }
+
+    #[test]
+    fn a_drop_while_held_makes_the_seed_ask_for_the_history() {
+        let mut s = stamped(true);
+        s.hold();
+        let mut out = Vec::new();
+        s.reconnected(&mut out);
+        assert!(out.is_empty());
+        feed(&mut s, &[(7, 7.0)]);
+        let out = seeded(&mut s, 6, 6.0);
+        // Asked from 0 before anything is applied; 7 waits for the answer.
+        assert_eq!(out, vec![Step::Replay { from: 0, kind: ReplayKind::Reconnect }]);
+        let mut out = Vec::new();
+        s.replayed(5, 5.0, &mut out);
+        s.replayed(6, 6.0, &mut out);
+        s.replayed(7, 7.0, &mut out);
+        s.end_replay(ReplayEnd::Completed, &mut out);
+        // A long-lived engine (its answer starts past 0): what follows the
+        // cut is asked for, then applied once.
+        assert_eq!(out[0], Step::Replay { from: 7, kind: ReplayKind::Gap });
+        assert!(!s.seed(u64::MAX, None, &mut Vec::new()), "seeded twice");
     }
 
     #[test]
