@@ -26,73 +26,28 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kvpick_core::error_chain::error_chain;
-use kvpick_core::replica::ReplicaId;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::{BoxFuture, Service, http};
-use tonic::metadata::MetadataValue;
 use tonic::server::NamedService;
 use tonic::{Code, Status, Streaming};
 
 use crate::codec::RawCodec;
+use crate::endpoint::{DirectConfig, Donor, IndexSource, ServerShared, admit, dial, introduce};
 use crate::metrics::TransportMetrics;
 use crate::sync::{Answer, Inbound, LinkId, Sent, Transport};
-use crate::tls::PeerTls;
-use crate::warm::IndexSource;
-use crate::wire::{Frame, Limits, SnapshotParts, decode};
+use crate::wire::{Frame, SnapshotParts, decode};
 
 const SERVICE: &str = "kvpick.peer.v1.Peer";
 const EXCHANGE: &str = "/kvpick.peer.v1.Peer/Exchange";
-/// Names the dialing replica, so a replica that finds itself in its own
-/// peer list (a static list shared by all) stops dialing itself.
-const REPLICA_HEADER: &str = "x-kvpick-replica";
 /// Frames queued for one peer before new ones are dropped.
 const LINK_QUEUE: usize = 1024;
-
-/// What both ends of the transport are set with.
-#[derive(Clone, Debug)]
-pub struct DirectConfig {
-    pub replica: ReplicaId,
-    /// Callers must present it as `authorization: Bearer <token>`; `None`:
-    /// no token (peer traffic is then only as private as the network).
-    pub token: Option<Arc<str>>,
-    /// Mutual TLS on the peer streams; `None`: plaintext HTTP/2.
-    pub tls: Option<PeerTls>,
-    pub limits: Limits,
-    /// A link that cannot connect tries again after this, doubling up to
-    /// `max_backoff`.
-    pub backoff: Duration,
-    pub max_backoff: Duration,
-    pub connect_timeout: Duration,
-}
-
-impl DirectConfig {
-    pub fn new(replica: ReplicaId, token: Option<Arc<str>>) -> Self {
-        DirectConfig {
-            replica,
-            token,
-            tls: None,
-            limits: Limits::default(),
-            backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(2),
-        }
-    }
-}
 
 /// The server half: mount it on the peer port's router.
 #[derive(Clone)]
 pub struct PeerService {
     inner: Arc<ServerShared>,
-}
-
-pub(crate) struct ServerShared {
-    pub(crate) config: DirectConfig,
-    inbound: mpsc::Sender<Inbound>,
-    pub(crate) metrics: Arc<TransportMetrics>,
-    /// Warm start: what `Peer/Index` serves (`None`: UNIMPLEMENTED).
-    pub(crate) index: Option<crate::warm::Donor>,
 }
 
 impl PeerService {
@@ -107,7 +62,7 @@ impl PeerService {
         metrics: Arc<TransportMetrics>,
         index: Arc<dyn IndexSource>,
     ) -> Self {
-        let index = Some(crate::warm::Donor::new(index));
+        let index = Some(Donor::new(index));
         PeerService { inner: Arc::new(ServerShared { config, inbound, metrics, index }) }
     }
 }
@@ -168,33 +123,6 @@ impl tonic::server::StreamingService<Bytes> for Exchange {
             Ok(tonic::Response::new(ReceiverStream::new(answers_rx)))
         })
     }
-}
-
-/// The token and the caller's name: refused calls are counted and logged.
-pub(crate) fn admit(
-    shared: &ServerShared,
-    metadata: &tonic::metadata::MetadataMap,
-    peer: Option<SocketAddr>,
-) -> Result<(), Status> {
-    if let Some(token) = &shared.config.token {
-        let presented =
-            metadata.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        if !presented.is_some_and(|p| same_secret(p.as_bytes(), token.as_bytes())) {
-            shared.metrics.refused("unauthenticated");
-            tracing::warn!(peer = ?peer, "peer stream refused: no or wrong token");
-            return Err(Status::unauthenticated("kvpick peer token missing or wrong"));
-        }
-    }
-    let caller = metadata.get(REPLICA_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
-    if caller == Some(shared.config.replica.0) {
-        return Err(Status::already_exists("this is the replica itself"));
-    }
-    Ok(())
-}
-
-/// Compares without stopping at the first difference.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn read_stream(
@@ -381,42 +309,6 @@ enum Ended {
     Itself,
     /// The queue was closed (stopping): what it held was sent.
     Closed,
-}
-
-/// A client of a peer's replica-sync port, with this replica's TLS.
-pub(crate) async fn dial(
-    addr: SocketAddr,
-    config: &DirectConfig,
-    max_message: usize,
-) -> Result<tonic::client::Grpc<tonic::transport::Channel>, Box<dyn std::error::Error + Send + Sync>> {
-    let scheme = if config.tls.is_some() { "https" } else { "http" };
-    let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))?;
-    if let Some(tls) = &config.tls {
-        endpoint = endpoint.tls_config(tls.client())?;
-    }
-    let endpoint = endpoint
-        .connect_timeout(config.connect_timeout)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .keep_alive_while_idle(true);
-    let channel = endpoint.connect().await?;
-    let mut client =
-        tonic::client::Grpc::new(channel).max_decoding_message_size(max_message).max_encoding_message_size(max_message);
-    client.ready().await?;
-    Ok(client)
-}
-
-/// The token and this replica's name, on a call to a peer.
-pub(crate) fn introduce<T>(
-    request: &mut tonic::Request<T>,
-    config: &DirectConfig,
-) -> Result<(), tonic::metadata::errors::InvalidMetadataValue> {
-    if let Some(token) = &config.token {
-        request.metadata_mut().insert("authorization", MetadataValue::try_from(format!("Bearer {token}"))?);
-    }
-    request.metadata_mut().insert(REPLICA_HEADER, MetadataValue::from(config.replica.0));
-    Ok(())
 }
 
 /// A stream that stayed up this long was healthy: the next failure starts

@@ -10,17 +10,19 @@
 
 pub mod codec;
 pub mod direct;
+pub mod endpoint;
 pub mod metrics;
 pub mod sync;
 pub mod tls;
 pub mod warm;
 pub mod wire;
 
-pub use direct::{DirectConfig, DirectLinks, PeerService};
+pub use direct::{DirectLinks, PeerService};
+pub use endpoint::{DirectConfig, IndexSource, Pending};
 pub use metrics::TransportMetrics;
 pub use sync::{Answer, Inbound, LinkId, OriginView, ReplicaSync, Sent, SyncConfig, SyncCounts, SyncStats, Transport};
 pub use tls::{PeerTls, PeerTlsError};
-pub use warm::{IndexSource, IndexSummary, Pending, WarmError, fetch_index};
+pub use warm::{IndexSummary, WarmError, fetch_index};
 pub use wire::{
     Frame, FrameError, IndexLimits, Limits, ResyncRequest, SnapshotPart, SnapshotParts, WorkerIndex, decode, encode,
     encode_snapshot,

@@ -12,25 +12,22 @@
 //! asker holds at most one worker's frames here; one that stops reading
 //! is dropped after [`SERVE_AT_MOST`], which frees the port for others.
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
 use kvpick_core::error_chain::error_chain;
-use kvpick_core::worker::WorkerId;
 use kvpick_proto::peer as pb;
 use prost::Message;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::{BoxFuture, http};
 use tonic::{Code, Status};
 
 use crate::codec::RawCodec;
-use crate::direct::{DirectConfig, ServerShared, admit, dial, introduce};
+use crate::endpoint::{DirectConfig, ServerShared, admit, dial, introduce};
 use crate::wire::{
     FrameError, IndexLimits, IndexPiece, WorkerIndex, WorkerParts, decode_piece, encode_end, encode_worker,
 };
@@ -40,33 +37,6 @@ pub(crate) const INDEX: &str = "/kvpick.peer.v1.Peer/Index";
 /// Longest one asker may hold this replica's index serving: past any warm
 /// start's own deadline (at most 10 minutes), with room.
 pub const SERVE_AT_MOST: Duration = Duration::from_secs(1200);
-
-/// A future this crate can hold across threads.
-pub type Pending<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-/// Where a replica's index comes from (the app: its ingest's exports).
-pub trait IndexSource: Send + Sync + 'static {
-    /// Ready to serve: not warming up itself.
-    fn ready(&self) -> bool;
-    /// The workers it may have an index of.
-    fn workers(&self) -> Vec<WorkerId>;
-    /// One worker's index at its stream's cut; `None` when it has none to
-    /// give now (its stream replaying, held, or drained over HTTP).
-    fn export(&self, worker: WorkerId) -> Pending<Option<WorkerIndex>>;
-}
-
-/// The serving side's state.
-#[derive(Clone)]
-pub(crate) struct Donor {
-    source: Arc<dyn IndexSource>,
-    serving: Arc<Semaphore>,
-}
-
-impl Donor {
-    pub(crate) fn new(source: Arc<dyn IndexSource>) -> Self {
-        Donor { source, serving: Arc::new(Semaphore::new(1)) }
-    }
-}
 
 pub(crate) fn serve<B>(
     shared: Arc<ServerShared>,
