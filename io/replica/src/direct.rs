@@ -51,18 +51,15 @@ pub struct PeerService {
 }
 
 impl PeerService {
-    pub fn new(config: DirectConfig, inbound: mpsc::Sender<Inbound>, metrics: Arc<TransportMetrics>) -> Self {
-        PeerService { inner: Arc::new(ServerShared { config, inbound, metrics, index: None }) }
-    }
-
-    /// Also serves this replica's KV index to replicas starting up.
-    pub fn with_index(
+    /// Serves the booking streams and, to replicas starting up, this
+    /// replica's KV index.
+    pub fn new(
         config: DirectConfig,
         inbound: mpsc::Sender<Inbound>,
         metrics: Arc<TransportMetrics>,
         index: Arc<dyn IndexSource>,
     ) -> Self {
-        let index = Some(Donor::new(index));
+        let index = Donor::new(index);
         PeerService { inner: Arc::new(ServerShared { config, inbound, metrics, index }) }
     }
 }

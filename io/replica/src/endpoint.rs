@@ -60,8 +60,8 @@ pub(crate) struct ServerShared {
     pub(crate) config: DirectConfig,
     pub(crate) inbound: mpsc::Sender<Inbound>,
     pub(crate) metrics: Arc<TransportMetrics>,
-    /// Warm start: what `Peer/Index` serves (`None`: UNIMPLEMENTED).
-    pub(crate) index: Option<Donor>,
+    /// Warm start: what `Peer/Index` serves.
+    pub(crate) index: Donor,
 }
 
 /// A future this crate can hold across threads.

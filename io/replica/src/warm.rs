@@ -68,9 +68,7 @@ impl tonic::server::ServerStreamingService<Bytes> for IndexCall {
         Box::pin(async move {
             let peer = request.remote_addr();
             admit(&shared, request.metadata(), peer)?;
-            let Some(donor) = shared.index.clone() else {
-                return Err(Status::unimplemented("this replica serves no index"));
-            };
+            let donor = shared.index.clone();
             let asker = pb::IndexRequest::decode(request.into_inner())
                 .map_err(|e| Status::invalid_argument(format!("not an IndexRequest: {e}")))?
                 .replica;

@@ -71,7 +71,7 @@ impl Replicas {
         };
         let sync =
             ReplicaSync::spawn(sync_config, selectors, clock, links).map_err(|e| StartError::Replicas(e.into()))?;
-        let service = PeerService::with_index(direct.clone(), sync.inbound(), transport.clone(), index);
+        let service = PeerService::new(direct.clone(), sync.inbound(), transport.clone(), index);
         let mut builder = kvpick_grpc::server::builder(&Http2::default());
         if let Some(tls) = &tls {
             builder = builder.tls_config(tls.server()).map_err(|e| StartError::Replicas(format!("peer TLS: {e}")))?;
