@@ -27,8 +27,13 @@ pub const USAGE: &str = "usage: kvpick-bench-routing [flags]
                         kvpick-skewed-priors, oracle (default: all of these), and with --pd
                         kvpick-pd, llm-d-pd, random-pd; kvpick-x2, kvpick-x4: kvpick as 2 or 4
                         replicas behind a round-robin gateway, sharing bookings, and
-                        kvpick-x2-unshared, kvpick-x4-unshared: the same without sharing
+                        kvpick-x2-unshared, kvpick-x4-unshared: the same without sharing;
+                        kvpick-x2-join-warm, kvpick-x2-join-cold: 2 sharing replicas, the second
+                        starting at --join-at-s with its peer's KV index or with none
   --peer-delay-ms F     the kvpick-x2/x4 replicas' booking changes reach their peers this late (default 1)
+  --join-at-s F         when the joining replica starts, in seconds of the run (default: halfway
+                        through the workload's arrivals)
+  --ramp-window-s F     the joining replica's hit rate is reported over windows this long (default 2)
   --prefill-load-scale F  kvpick-dynamo's and the oracle's prefill_load_scale (default 1, Dynamo's default)
   --pd P+D              a disaggregated fleet: P prefill engines, then D decode engines (e.g. 2+6); the
                         policies default to kvpick (aggregated, on all P+D engines), kvpick-pd, llm-d-pd
@@ -80,6 +85,10 @@ pub enum PolicyName {
     KvpickX2Unshared,
     KvpickX4,
     KvpickX4Unshared,
+    /// Two sharing replicas, the second joining mid-run with its peer's
+    /// KV index (warm start) or with none.
+    KvpickX2JoinWarm,
+    KvpickX2JoinCold,
 }
 
 impl PolicyName {
@@ -89,8 +98,8 @@ impl PolicyName {
 
     /// Every name `--policies` knows: the aggregated ones, then the
     /// disaggregated fleets' own.
-    pub const ALL: [PolicyName; 18] = {
-        let mut all = [PolicyName::Random; 18];
+    pub const ALL: [PolicyName; 20] = {
+        let mut all = [PolicyName::Random; 20];
         let mut i = 0;
         while i < Self::AGGREGATED.len() {
             all[i] = Self::AGGREGATED[i];
@@ -104,6 +113,8 @@ impl PolicyName {
             all[14 + j] = Self::REPLICAS[j];
             j += 1;
         }
+        all[18] = Self::JOINS[0];
+        all[19] = Self::JOINS[1];
         all
     };
 
@@ -111,6 +122,10 @@ impl PolicyName {
     /// bookings and not (`--policies` only; compare with `kvpick`).
     pub const REPLICAS: [PolicyName; 4] =
         [PolicyName::KvpickX2, PolicyName::KvpickX2Unshared, PolicyName::KvpickX4, PolicyName::KvpickX4Unshared];
+
+    /// Two sharing replicas, the second joining mid-run warm or cold
+    /// (`--policies` only).
+    pub const JOINS: [PolicyName; 2] = [PolicyName::KvpickX2JoinWarm, PolicyName::KvpickX2JoinCold];
 
     /// The policies of an aggregated fleet's run by default.
     pub const AGGREGATED: [PolicyName; 11] = [
@@ -147,6 +162,8 @@ impl PolicyName {
             PolicyName::KvpickX2Unshared => "kvpick-x2-unshared",
             PolicyName::KvpickX4 => "kvpick-x4",
             PolicyName::KvpickX4Unshared => "kvpick-x4-unshared",
+            PolicyName::KvpickX2JoinWarm => "kvpick-x2-join-warm",
+            PolicyName::KvpickX2JoinCold => "kvpick-x2-join-cold",
         }
     }
 
@@ -215,6 +232,10 @@ pub struct Args {
     pub event_delay_ms: f64,
     /// How long a replica's booking change takes to reach its peers.
     pub peer_delay_ms: f64,
+    /// When the joining replica starts (None: halfway through the arrivals).
+    pub join_at_s: Option<f64>,
+    /// The ramp report's window.
+    pub ramp_window_s: f64,
     /// A disaggregated fleet's roles.
     pub pd: Option<super::pd::Roles>,
     pub pd_threshold_tokens: u32,
@@ -248,6 +269,8 @@ impl Default for Args {
             clients: 0,
             event_delay_ms: 1.0,
             peer_delay_ms: 1.0,
+            join_at_s: None,
+            ramp_window_s: 2.0,
             pd: None,
             pd_threshold_tokens: kvpick_router::DisaggConfig::default().threshold_tokens,
             pd_compare_ttft: kvpick_router::DisaggConfig::default().compare_ttft,
@@ -326,6 +349,8 @@ impl Args {
                 "--clients" => out.clients = count(name, &value()?)?,
                 "--event-delay-ms" => out.event_delay_ms = non_negative(name, &value()?)?,
                 "--peer-delay-ms" => out.peer_delay_ms = non_negative(name, &value()?)?,
+                "--join-at-s" => out.join_at_s = Some(non_negative(name, &value()?)?),
+                "--ramp-window-s" => out.ramp_window_s = positive(name, &value()?)?,
                 "--prefill-load-scale" => out.prefill_load_scale = positive(name, &value()?)?,
                 "--workloads" => out.workloads = list(name, &value()?, &WorkloadName::ALL, |w| w.as_str())?,
                 "--policies" => {

@@ -110,6 +110,18 @@ pub trait Policy {
     fn notes(&self) -> Vec<String> {
         Vec::new()
     }
+    /// A replica that joined mid-run, and the requests it picked.
+    fn joined(&self) -> Option<Joined> {
+        None
+    }
+}
+
+/// A replica that joined mid-run (`replicas.rs`): when, and the requests
+/// it picked, whose fate the ramp report follows.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Joined {
+    pub at_ns: u64,
+    pub requests: Vec<usize>,
 }
 
 /// What an engine runs of a request.
@@ -213,6 +225,7 @@ pub struct RunResult {
     pub steps: u64,
     pub wall: Duration,
     pub notes: Vec<String>,
+    pub joined: Option<Joined>,
 }
 
 /// Requests waiting to arrive: those with a fixed time from the start,
@@ -339,6 +352,7 @@ pub fn run(requests: &[Request], fleet: &FleetConfig, policy: &mut dyn Policy) -
         steps,
         wall: started.elapsed(),
         notes: policy.notes(),
+        joined: policy.joined(),
     }
 }
 

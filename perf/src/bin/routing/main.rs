@@ -42,6 +42,7 @@ mod llmd_precise;
 mod oracle;
 mod pd;
 mod plots;
+mod ramp;
 mod replicas;
 mod sglang_cache_aware;
 mod summary;
@@ -63,7 +64,7 @@ use kvpick_perf::sim::EngineConfig;
 use args::{Args, PolicyName, WorkloadName};
 use fleet::{FleetConfig, Policy, RunResult, Transfer};
 use summary::{Summary, summarise};
-use workload::{Shape, Workload};
+use workload::{Request, Shape, Workload};
 
 /// The design targets (issue #10).
 const HIT_RATE_OF_ORACLE: f64 = 0.95;
@@ -119,8 +120,9 @@ fn latency_rates(fleet: &FleetConfig) -> EngineRates {
 }
 
 /// A fresh policy of this kind for one run.
-pub fn policy(name: PolicyName, fleet: &FleetConfig, requests: usize, args: &Args) -> Box<dyn Policy> {
+pub fn policy(name: PolicyName, fleet: &FleetConfig, workload: &[Request], args: &Args) -> Box<dyn Policy> {
     let n = fleet.engines;
+    let requests = workload.len();
     let (prefill_load_scale, seed) = (args.prefill_load_scale, args.seed);
     // kvpick's own settings: the TPOT guard applies to its latency cost.
     let tpot_target = args.tpot_target_ms.map(|ms| Duration::from_secs_f64(ms / 1e3));
@@ -155,13 +157,21 @@ pub fn policy(name: PolicyName, fleet: &FleetConfig, requests: usize, args: &Arg
         PolicyName::Oracle => {
             Box::new(oracle::Oracle::new(n, requests, fleet.engine.block_size, prefill_load_scale, seed))
         }
-        PolicyName::KvpickX2 | PolicyName::KvpickX2Unshared | PolicyName::KvpickX4 | PolicyName::KvpickX4Unshared => {
-            let count = if matches!(name, PolicyName::KvpickX2 | PolicyName::KvpickX2Unshared) { 2 } else { 4 };
-            let share = matches!(name, PolicyName::KvpickX2 | PolicyName::KvpickX4);
+        PolicyName::KvpickX2
+        | PolicyName::KvpickX2Unshared
+        | PolicyName::KvpickX4
+        | PolicyName::KvpickX4Unshared
+        | PolicyName::KvpickX2JoinWarm
+        | PolicyName::KvpickX2JoinCold => {
+            let count = if matches!(name, PolicyName::KvpickX4 | PolicyName::KvpickX4Unshared) { 4 } else { 2 };
+            let share = !matches!(name, PolicyName::KvpickX2Unshared | PolicyName::KvpickX4Unshared);
+            let join = matches!(name, PolicyName::KvpickX2JoinWarm | PolicyName::KvpickX2JoinCold).then(|| {
+                replicas::Join { at_ns: join_at_ns(workload, args), warm: name == PolicyName::KvpickX2JoinWarm }
+            });
             let cost = CostModel::Latency(latency_rates(fleet));
             let cfg = kvpick_policy::router_config(prefill_load_scale, cost, tpot_target, seed);
             let delay_ns = (args.peer_delay_ms * 1e6) as u64;
-            Box::new(replicas::KvpickReplicas::new(count, share, delay_ns, n, &fleet.engine, cfg))
+            Box::new(replicas::KvpickReplicas::new(count, share, delay_ns, n, &fleet.engine, cfg, join))
         }
         PolicyName::KvpickPd | PolicyName::LlmdPd | PolicyName::RandomPd => {
             // `Args::parse` refuses these without `--pd`.
@@ -182,6 +192,15 @@ pub fn policy(name: PolicyName, fleet: &FleetConfig, requests: usize, args: &Arg
                 _ => Box::new(pd::RandomPd::new(roles, seed)),
             }
         }
+    }
+}
+
+/// When the joining replica starts: `--join-at-s`, or halfway through
+/// the workload's arrivals.
+pub fn join_at_ns(workload: &[Request], args: &Args) -> u64 {
+    match args.join_at_s {
+        Some(s) => (s * 1e9) as u64,
+        None => workload.iter().map(|r| r.arrival_ns).max().unwrap_or(0) / 2,
     }
 }
 
@@ -222,7 +241,7 @@ pub fn run_workload(workload: Workload, args: &Args, fleet: &FleetConfig) -> Wor
         .policies
         .iter()
         .map(|&name| {
-            let mut p = policy(name, fleet, workload.requests.len(), args);
+            let mut p = policy(name, fleet, &workload.requests, args);
             let result = fleet::run(&workload.requests, fleet, p.as_mut());
             let summary = summarise(&result, args.ttft_slo_ms);
             eprintln!(
@@ -305,13 +324,17 @@ fn run(args: &Args) -> Result<(), String> {
         let workload = build_workload(name, args, &fleet)?;
         eprintln!("{}: {} requests", workload.name, workload.requests.len());
         let result = run_workload(workload, args, &fleet);
-        let text = format!("\n{}", table(&result));
+        let mut text = format!("\n{}", table(&result));
+        if let Some(ramp) = ramp::table(&result, args.ramp_window_s) {
+            text.push_str(&format!("\n{ramp}"));
+        }
         print!("{text}");
         report.push_str(&text);
         results.push(result);
     }
     if let Some(out) = &args.out {
-        write_outputs(out, &report, &results).map_err(|e| format!("cannot write to {}: {e}", out.display()))?;
+        write_outputs(out, &report, &results, args.ramp_window_s)
+            .map_err(|e| format!("cannot write to {}: {e}", out.display()))?;
         eprintln!("wrote {}", out.display());
     }
     Ok(())
@@ -349,10 +372,10 @@ fn sweep(args: &Args, fleet: &FleetConfig, mut report: String) -> Result<(), Str
     Ok(())
 }
 
-fn write_outputs(out: &Path, report: &str, results: &[WorkloadResult]) -> std::io::Result<()> {
+fn write_outputs(out: &Path, report: &str, results: &[WorkloadResult], ramp_window_s: f64) -> std::io::Result<()> {
     std::fs::create_dir_all(out)?;
     std::fs::write(out.join("results.md"), report)?;
-    for (file, svg) in plots::all(results) {
+    for (file, svg) in plots::all(results).into_iter().chain(ramp::plots(results, ramp_window_s)) {
         std::fs::write(out.join(file), svg)?;
     }
     Ok(())

@@ -6,6 +6,13 @@
 //! (`replica::Inbox`) after a network delay; unshared, each books only the
 //! requests that reach it, so all of them think the fleet idler than it is:
 //! the herding sharing prevents.
+//!
+//! With a [`Join`], the last replica starts mid-run (a rollout, a
+//! restart): before it, the gateway spreads requests over the others
+//! only. Warm, it takes the first replica's KV index at that instant, as
+//! `kvpick serve`'s warm start takes a peer's; cold, it knows only what
+//! the engines store from then on. Either way its peers' links send it
+//! their live bookings as it connects, as `kvpick serve`'s do.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -13,7 +20,7 @@ use kvpick_core::replica::{Batch, Inbox, InboxConfig, Incarnation, Outbox, Repli
 use kvpick_core::{BookingEvent, ReservationId, RouterConfig, SelectionService, WorkerId};
 use kvpick_perf::sim::{CacheEvent, EngineConfig};
 
-use super::fleet::{Arrival, FleetView, Policy};
+use super::fleet::{Arrival, FleetView, Joined, Policy};
 use super::kvpick_policy::{kv_event, millis, reserve, selection_service};
 
 struct Replica {
@@ -38,6 +45,20 @@ pub struct KvpickReplicas {
     peer_changes: u64,
     peer_errors: u64,
     first_peer_error: Option<String>,
+    join: Option<Join>,
+    /// Replicas the gateway knows now (the last one only once it joined).
+    active: usize,
+    /// Requests the joining replica picked.
+    by_joiner: Vec<usize>,
+    /// Blocks the joining replica imported, and workers it could not.
+    imported: (u64, usize),
+}
+
+/// The last replica joins at `at_ns`, with a peer's index or none.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Join {
+    pub at_ns: u64,
+    pub warm: bool,
 }
 
 impl KvpickReplicas {
@@ -48,7 +69,9 @@ impl KvpickReplicas {
         engines: usize,
         engine: &EngineConfig,
         cfg: RouterConfig,
+        join: Option<Join>,
     ) -> Self {
+        let count = replicas;
         let replicas = (0..replicas)
             .map(|r| Replica {
                 svc: selection_service(
@@ -71,7 +94,44 @@ impl KvpickReplicas {
             peer_changes: 0,
             peer_errors: 0,
             first_peer_error: None,
+            join,
+            active: if join.is_some() { count - 1 } else { count },
+            by_joiner: Vec::new(),
+            imported: (0, 0),
         }
+    }
+
+    /// Brings the last replica in once its time has come.
+    fn join_if_due(&mut self, now_ns: u64) {
+        let Some(join) = self.join.filter(|j| self.active < self.replicas.len() && now_ns >= j.at_ns) else { return };
+        let j = self.replicas.len() - 1;
+        let (veterans, joiner) = self.replicas.split_at_mut(j);
+        let joiner = &mut joiner[0];
+        if join.warm {
+            for w in (0..self.engines as u64).map(WorkerId) {
+                let Some(snapshot) = veterans[0].svc.export_worker(w) else { continue };
+                match joiner.svc.import_worker(w, &snapshot) {
+                    Ok(applied) => self.imported.0 += applied.stored,
+                    Err(_) => self.imported.1 += 1,
+                }
+            }
+        }
+        if self.share {
+            let engines = self.engines as u64;
+            for (o, veteran) in veterans.iter().enumerate() {
+                let snapshot = veteran.outbox.snapshot(millis(now_ns));
+                for event in joiner.inboxes[o].resync(&snapshot, millis(now_ns), |w| w.0 < engines) {
+                    self.peer_changes += 1;
+                    let id = event.id();
+                    if let Err(e) = joiner.svc.apply_peer_booking(snapshot.origin, event, millis(now_ns)) {
+                        joiner.inboxes[o].not_applied(id);
+                        self.peer_errors += 1;
+                        self.first_peer_error.get_or_insert(format!("replica {j}: {e}"));
+                    }
+                }
+            }
+        }
+        self.active = self.replicas.len();
     }
 
     /// Records replica `r`'s own change and, shared, sends it to every peer.
@@ -82,7 +142,7 @@ impl KvpickReplicas {
         let replica = &mut self.replicas[r];
         replica.outbox.record(event, millis(now_ns));
         let Some(batch) = replica.outbox.take_batch() else { return };
-        for to in (0..self.replicas.len()).filter(|&to| to != r) {
+        for to in (0..self.active).filter(|&to| to != r) {
             self.wire.push_back((now_ns + self.delay_ns, to, batch.clone()));
         }
     }
@@ -118,9 +178,13 @@ impl KvpickReplicas {
 
 impl Policy for KvpickReplicas {
     fn route(&mut self, arrival: &Arrival<'_>, _: &FleetView<'_>) -> usize {
+        self.join_if_due(arrival.now_ns);
         self.deliver(arrival.now_ns);
-        let r = self.next;
-        self.next = (self.next + 1) % self.replicas.len();
+        let r = self.next % self.active;
+        self.next = (r + 1) % self.active;
+        if self.active == self.replicas.len() && self.join.is_some() && r == self.active - 1 {
+            self.by_joiner.push(arrival.id);
+        }
         let svc = &mut self.replicas[r].svc;
         let selection = reserve(svc, arrival);
         let booking = svc.booking(selection.id).expect("just reserved").clone();
@@ -130,8 +194,9 @@ impl Policy for KvpickReplicas {
     }
 
     fn on_events(&mut self, engine: usize, events: &[CacheEvent], now_ns: u64) {
+        self.join_if_due(now_ns);
         self.deliver(now_ns);
-        for replica in &mut self.replicas {
+        for replica in &mut self.replicas[..self.active] {
             for event in events {
                 // kvpick's own run (the `kvpick` policy) reports refusals;
                 // the replicas see the same events.
@@ -141,6 +206,7 @@ impl Policy for KvpickReplicas {
     }
 
     fn on_first_token(&mut self, id: usize, now_ns: u64) {
+        self.join_if_due(now_ns);
         self.deliver(now_ns);
         let Some(&(r, worker, predicted, at)) = self.picked.get(&id) else { return };
         let svc = &mut self.replicas[r].svc;
@@ -154,6 +220,7 @@ impl Policy for KvpickReplicas {
     }
 
     fn on_finished(&mut self, id: usize, now_ns: u64) {
+        self.join_if_due(now_ns);
         self.deliver(now_ns);
         let Some((r, ..)) = self.picked.remove(&id) else { return };
         let id = ReservationId(id as u64);
@@ -172,6 +239,26 @@ impl Policy for KvpickReplicas {
         if let Some(first) = &self.first_peer_error {
             note.push_str(&format!(", {} refused (first: {first})", self.peer_errors));
         }
+        if let Some(join) = self.join {
+            note.push_str(&format!(
+                "; replica {} joined at {:.1} s {}, then picked {} requests",
+                self.replicas.len(),
+                join.at_ns as f64 / 1e9,
+                if !join.warm {
+                    "cold".to_owned()
+                } else if self.imported.1 == 0 {
+                    format!("warm ({} blocks imported)", self.imported.0)
+                } else {
+                    format!("warm ({} blocks imported, {} workers refused)", self.imported.0, self.imported.1)
+                },
+                self.by_joiner.len()
+            ));
+        }
         vec![note]
+    }
+
+    fn joined(&self) -> Option<Joined> {
+        let join = self.join?;
+        Some(Joined { at_ns: join.at_ns, requests: self.by_joiner.clone() })
     }
 }

@@ -177,3 +177,36 @@ fn replicas_share_every_booking_change_and_unshared_ones_none() {
         }
     }
 }
+
+#[test]
+fn a_warm_joiner_routes_like_its_peer_at_once_and_a_cold_one_does_not() {
+    let policies = PolicyName::JOINS.to_vec();
+    let args = Args { policies, requests: 2_000, ..small_args() };
+    let fleet = fleet(&args);
+    let w = synthetic(Shape::Chat, args.requests, fleet.engines, &fleet.engine, args.load, args.seed);
+    let join_at = super::join_at_ns(&w.requests, &args);
+    let result = run_workload(w, &args, &fleet);
+    // The first 20 s after the join, as one window per side.
+    let first = |name: PolicyName| {
+        let (_, run, summary) = result.runs.iter().find(|(n, ..)| *n == name).expect("ran");
+        assert_eq!(summary.completed, run.records.len(), "{name:?} lost requests");
+        let joined = run.joined.as_ref().expect("a replica joined");
+        assert_eq!(joined.at_ns, join_at);
+        assert!(!joined.requests.is_empty(), "{name:?}: the joiner picked nothing");
+        assert!(
+            joined.requests.iter().all(|&id| run.records[id].arrival_ns >= join_at),
+            "{name:?}: the joiner picked before it joined"
+        );
+        let note = run.notes.iter().find(|n| n.starts_with("kvpick ×")).expect("the replicas' note");
+        assert!(!note.contains("refused"), "{name:?}: {note}");
+        super::ramp::windows(run, joined, 20_000_000_000)[0]
+    };
+    let (warm, warm_other) = first(PolicyName::KvpickX2JoinWarm);
+    let (cold, cold_other) = first(PolicyName::KvpickX2JoinCold);
+    assert!(warm.requests > 0 && cold.requests > 0 && warm_other.requests > 0 && cold_other.requests > 0);
+    // Warm: as good as the replica that was there all along; cold: blind
+    // to everything stored before it joined.
+    assert!(warm.hit_rate >= 0.95 * warm_other.hit_rate, "warm {warm:?} against {warm_other:?}");
+    assert!(cold.hit_rate < 0.9 * cold_other.hit_rate, "cold {cold:?} against {cold_other:?}");
+    assert!(warm.hit_rate > cold.hit_rate + 0.05, "warm {warm:?} against cold {cold:?}");
+}
