@@ -110,26 +110,16 @@ pub fn follow(
     }
     Some(tokio::spawn(async move {
         let mut discovered = discovered;
+        // What discovery last listed: kept when its watch stops.
+        let mut found = discovered.as_mut().map(|d| d.borrow_and_update().clone()).unwrap_or_default();
         let mut last = BTreeMap::new();
-        let mut tick = tokio::time::interval(RESOLVE_EVERY);
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + RESOLVE_EVERY, RESOLVE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut resolved = BTreeSet::new();
+        // Numbers only need no lookup: the first one gives the set for good.
+        let mut resolved = resolve(&listed, &mut last, system_lookup).await;
         loop {
-            tokio::select! {
-                _ = tick.tick() => resolved = resolve(&listed, &mut last, system_lookup).await,
-                changed = async {
-                    match discovered.as_mut() {
-                        Some(d) => d.changed().await,
-                        None => std::future::pending().await,
-                    }
-                } => if changed.is_err() {
-                    discovered = None; // the watch stopped: its last set stays
-                },
-            }
             let mut all = resolved.clone();
-            if let Some(d) = discovered.as_mut() {
-                all.extend(d.borrow_and_update().iter().copied());
-            }
+            all.extend(found.iter().copied());
             peers.send_if_modified(|held| {
                 let differs = *held != all;
                 if differs {
@@ -139,6 +129,20 @@ pub fn follow(
             });
             if peers.is_closed() {
                 break;
+            }
+            tokio::select! {
+                _ = tick.tick(), if named => resolved = resolve(&listed, &mut last, system_lookup).await,
+                changed = async {
+                    match discovered.as_mut() {
+                        Some(d) => d.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => match (changed, discovered.as_mut()) {
+                    (Ok(()), Some(d)) => found = d.borrow_and_update().clone(),
+                    // The watch stopped: its last set stays.
+                    _ => discovered = None,
+                },
+                () = peers.closed() => break,
             }
         }
     }))
@@ -208,5 +212,30 @@ mod tests {
         let want = ["10.1.0.1:7001", "10.1.0.3:7002", "10.1.0.4:7003", "10.1.0.5:7003"];
         assert_eq!(second, want.iter().map(|a| addr(a)).collect());
         assert_eq!(numbered(&listed), BTreeSet::from([addr("10.1.0.1:7001")]));
+    }
+
+    #[tokio::test]
+    async fn discovered_peers_join_the_listed_ones_and_stay_when_discovery_stops() {
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap_or_else(|e| panic!("{e}"));
+        let listed = parse_list("10.1.0.1:7001").unwrap_or_default();
+        let (found_tx, found_rx) = watch::channel(BTreeSet::from([addr("10.2.0.1:7001")]));
+        let (peers_tx, mut peers) = watch::channel(BTreeSet::new());
+        let task = follow(listed, Some(found_rx), peers_tx).unwrap_or_else(|| panic!("discovery is followed"));
+        async fn expect(peers: &mut watch::Receiver<BTreeSet<SocketAddr>>, want: &[&str]) -> bool {
+            let want: BTreeSet<SocketAddr> = want.iter().filter_map(|a| a.parse().ok()).collect();
+            let wait = tokio::time::timeout(Duration::from_secs(10), peers.wait_for(|held| *held == want));
+            wait.await.is_ok_and(|seen| seen.is_ok())
+        }
+        assert!(expect(&mut peers, &["10.1.0.1:7001", "10.2.0.1:7001"]).await);
+        found_tx.send_replace(BTreeSet::from([addr("10.2.0.2:7001")]));
+        assert!(expect(&mut peers, &["10.1.0.1:7001", "10.2.0.2:7001"]).await);
+        // Discovery's watch stops (its task ended): its last set stays.
+        drop(found_tx);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(*peers.borrow(), BTreeSet::from([addr("10.1.0.1:7001"), addr("10.2.0.2:7001")]));
+        // Nobody reads the set any more: the task ends.
+        drop(peers);
+        let ended = tokio::time::timeout(Duration::from_secs(10), task).await;
+        assert!(ended.is_ok_and(|done| done.is_ok()), "the task did not end");
     }
 }
