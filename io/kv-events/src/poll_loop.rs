@@ -136,7 +136,7 @@ impl<S: KvEventSink> PollLoop<S> {
                 Ok(Command::Hold(until)) => self.hold_until = Some(until),
                 Ok(Command::Release) => self.release_holds(),
                 Ok(Command::Seed(seed, reply)) => {
-                    let _ = reply.send(self.seed(*seed));
+                    let _ = reply.send(self.seed(seed));
                 }
                 Ok(Command::Export(worker, reply)) => {
                     let _ = reply.send(self.export(worker));
@@ -183,12 +183,11 @@ impl<S: KvEventSink> PollLoop<S> {
         }
     }
 
-    fn seed(&mut self, seed: WorkerSeed) -> Result<Imported, SeedRefused> {
-        let subscription = self
-            .subscriptions
-            .iter_mut()
-            .find(|s| s.publisher().worker == seed.worker)
-            .ok_or(SeedRefused::NotSubscribed)?;
+    fn seed(&mut self, seed: Box<WorkerSeed>) -> Result<Imported, SeedRefused> {
+        let Some(subscription) = self.subscriptions.iter_mut().find(|s| s.publisher().worker == seed.worker) else {
+            return Err(SeedRefused::NotSubscribed(seed));
+        };
+        let seed = *seed;
         let mut out = Outlet { sink: &mut self.sink, metrics: &self.metrics };
         subscription.seed(seed.cut, seed.snapshot, &mut out)
     }

@@ -38,10 +38,12 @@ pub struct WorkerSeed {
 }
 
 /// Why a seed was not taken (the worker's stream is as it was).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum SeedRefused {
+    /// The seed back, for a later try (discovery may still be adding the
+    /// worker).
     #[error("the worker has no KV-event subscription here")]
-    NotSubscribed,
+    NotSubscribed(Box<WorkerSeed>),
     #[error("the worker's stream is not held (it started on its own)")]
     NotHeld,
     #[error("the export is malformed: {0}")]

@@ -93,7 +93,8 @@ fn without_a_seed_the_deadline_starts_the_stream_as_usual() {
     let seed = WorkerSeed { worker: WORKER, cut: StreamCut::default(), snapshot: Default::default() };
     assert_eq!(block_on(replica.seed(seed.clone())), Err(SeedRefused::NotHeld));
     let stranger = WorkerSeed { worker: WorkerId(9), ..seed };
-    assert_eq!(block_on(replica.seed(stranger)), Err(SeedRefused::NotSubscribed));
+    // The seed comes back whole, for a later try.
+    assert_eq!(block_on(replica.seed(stranger.clone())), Err(SeedRefused::NotSubscribed(Box::new(stranger))));
     replica.shutdown().unwrap_or_else(|e| panic!("{e}"));
 }
 
