@@ -18,9 +18,13 @@ pub(crate) struct SliceFacts {
 
 impl SliceFacts {
     /// The ready endpoints of `slice` as `ip:sync_port`, leaving out
-    /// `own_ip` and every address of the other family (an FQDN slice gives
-    /// none). An endpoint whose `ready` condition is unset counts as ready,
-    /// as the EndpointSlice API asks. The port is the slice's `replica-agg`
+    /// `own_ip`, terminating endpoints and every address of the other
+    /// family (an FQDN slice gives none). An endpoint whose `ready`
+    /// condition is unset counts as ready, as the EndpointSlice API asks.
+    /// kvpick's peer Service publishes replicas not yet ready (they are
+    /// `ready` in its slices), so that peers send a starting replica their
+    /// bookings before it reports ready; a terminating one is `ready` there
+    /// too, and left out here. The port is the slice's `replica-agg`
     /// port if it names one, else `default_port`. `None` for a slice
     /// without a name.
     pub fn from_slice(slice: &EndpointSlice, own_ip: IpAddr, default_port: u16) -> Option<(String, SliceFacts)> {
@@ -42,7 +46,10 @@ impl SliceFacts {
         let mut peers = Vec::new();
         if family_ok {
             for ep in &slice.endpoints {
-                if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+                let conditions = ep.conditions.as_ref();
+                if conditions.and_then(|c| c.ready) == Some(false)
+                    || conditions.and_then(|c| c.terminating) == Some(true)
+                {
                     continue;
                 }
                 for addr in &ep.addresses {
@@ -79,6 +86,9 @@ mod tests {
                 {"addresses": ["10.0.0.1"], "conditions": {"ready": true}},
                 {"addresses": ["10.0.0.2"]},
                 {"addresses": ["10.0.0.3"], "conditions": {"ready": false}},
+                // As a Service publishing not-ready addresses lists a
+                // terminating pod.
+                {"addresses": ["10.0.0.4"], "conditions": {"ready": true, "serving": true, "terminating": true}},
                 {"addresses": ["10.0.0.9", "bogus"]},
             ],
         }))

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kvpick_core::error_chain::error_chain;
+use kvpick_core::replica::ReplicaId;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
@@ -34,7 +35,7 @@ use tonic::server::NamedService;
 use tonic::{Code, Status, Streaming};
 
 use crate::codec::RawCodec;
-use crate::endpoint::{DirectConfig, Donor, IndexSource, ServerShared, admit, dial, introduce};
+use crate::endpoint::{DirectConfig, Donor, IndexSource, REPLICA_HEADER, ServerShared, admit, dial, introduce};
 use crate::metrics::TransportMetrics;
 use crate::sync::{Answer, Inbound, LinkId, Sent, Transport};
 use crate::wire::{Frame, SnapshotParts, decode};
@@ -116,8 +117,13 @@ impl tonic::server::StreamingService<Bytes> for Exchange {
             let peer = request.remote_addr();
             admit(&shared, request.metadata(), peer)?;
             let (answers, answers_rx) = mpsc::channel::<Result<Bytes, Status>>(64);
+            let us = shared.config.replica.0;
             tokio::spawn(read_stream(shared, peer, request.into_inner(), answers));
-            Ok(tonic::Response::new(ReceiverStream::new(answers_rx)))
+            // Named back, so the dialer knows whose bookings to wait for
+            // when it starts up.
+            let mut response = tonic::Response::new(ReceiverStream::new(answers_rx));
+            response.metadata_mut().insert(REPLICA_HEADER, tonic::metadata::MetadataValue::from(us));
+            Ok(response)
         })
     }
 }
@@ -374,11 +380,14 @@ impl Link {
                 return Ok(Ended::Retry);
             }
         };
-        tracing::info!(peer = %self.addr, "replica sync: streaming to a peer");
+        let named = response.metadata().get(REPLICA_HEADER).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        tracing::info!(peer = %self.addr, replica = ?named, "replica sync: streaming to a peer");
         self.metrics.links_up.fetch_add(1, Ordering::Relaxed);
+        self.metrics.link_reached(self.id, named.map(ReplicaId));
         self.up.store(true, Ordering::Release);
         let ended = self.pump(queue, frames, response.into_inner()).await;
         self.up.store(false, Ordering::Release);
+        self.metrics.link_reached(self.id, None);
         self.metrics.links_up.fetch_sub(1, Ordering::Relaxed);
         ended
     }

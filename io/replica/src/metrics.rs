@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
+use kvpick_core::replica::ReplicaId;
+
 #[derive(Debug, Default)]
 pub struct TransportMetrics {
     /// Peers dialed, and of those the links streaming now.
@@ -29,6 +31,9 @@ pub struct TransportMetrics {
     pub warm_took_ms: AtomicU64,
     /// Frames and calls refused, by reason.
     refused: Mutex<BTreeMap<&'static str, u64>>,
+    /// The peer each streaming link reaches, by link, as the peer named
+    /// itself answering the call (a peer too old to name itself is absent).
+    reached: Mutex<BTreeMap<u64, ReplicaId>>,
 }
 
 impl TransportMetrics {
@@ -38,6 +43,20 @@ impl TransportMetrics {
 
     pub fn refusals(&self) -> BTreeMap<&'static str, u64> {
         self.refused.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// The peers this replica's links stream to now (warm start waits for
+    /// each one's live bookings).
+    pub fn reached(&self) -> Vec<ReplicaId> {
+        self.reached.lock().unwrap_or_else(PoisonError::into_inner).values().copied().collect()
+    }
+
+    pub(crate) fn link_reached(&self, link: u64, peer: Option<ReplicaId>) {
+        let mut reached = self.reached.lock().unwrap_or_else(PoisonError::into_inner);
+        match peer {
+            Some(peer) => reached.insert(link, peer),
+            None => reached.remove(&link),
+        };
     }
 
     pub fn get(counter: &AtomicU64) -> u64 {

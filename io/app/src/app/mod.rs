@@ -268,6 +268,7 @@ impl App {
                         replicas.peers(),
                         deadline,
                         replicas.transport.clone(),
+                        replicas.stats().clone(),
                     )));
                 }
                 Some(replicas)

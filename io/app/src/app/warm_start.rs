@@ -8,8 +8,15 @@
 //! every later event, and the stream continues from the peer's cut). When
 //! a peer's whole index is in, when no peer can give one (none listed,
 //! none reachable, all warming up themselves), or at the deadline, the
-//! holds end (workers not seeded start cold) and readiness stops waiting.
-//! This replica serves its own index to others once it is ready.
+//! holds end (workers not seeded start cold).
+//!
+//! The peers' live bookings come from the peers themselves: each dials
+//! this replica (its discovery lists replicas not yet ready: the peer
+//! Service publishes them) and opens its stream with a snapshot of them.
+//! Readiness also waits, within the same deadline, until as many peers
+//! have sent theirs as this replica's own links reach, so its first picks
+//! see the load the others booked. This replica serves its own index to
+//! others once it is ready.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -18,9 +25,12 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kvpick_core::WorkerId;
+use kvpick_core::replica::ReplicaId;
 use kvpick_grpc::Readiness;
 use kvpick_kv_events::{KvEventIngest, SeedRefused, StreamCut, WorkerSeed};
-use kvpick_replica::{DirectConfig, IndexLimits, IndexSource, Pending, TransportMetrics, WorkerIndex, fetch_index};
+use kvpick_replica::{
+    DirectConfig, IndexLimits, IndexSource, Pending, SyncStats, TransportMetrics, WorkerIndex, fetch_index,
+};
 use tokio::sync::{mpsc, watch};
 
 use crate::metrics::collect::WorkerNames;
@@ -67,7 +77,11 @@ pub async fn run(
     mut peers: watch::Receiver<BTreeSet<SocketAddr>>,
     deadline: Instant,
     stats: Arc<TransportMetrics>,
+    sync: Arc<SyncStats>,
 ) {
+    // Readiness stops waiting however this ends, a panic included (the
+    // ingest's holds end at their own deadline).
+    let _warming = EndsWarming(readiness.clone());
     let started = Instant::now();
     let outcome = tokio::time::timeout_at(deadline.into(), async {
         // A first peer, if one comes soon; and this replica's first
@@ -94,6 +108,15 @@ pub async fn run(
     if let Err(error) = ingest.release_holds() {
         tracing::warn!(%error, "warm start: could not end the holds");
     }
+    let bookings = tokio::time::timeout_at(deadline.into(), peers_bookings(&stats, &sync)).await;
+    let missing = without_bookings(&stats, &sync);
+    if bookings.is_err() {
+        let missing: Vec<u64> = missing.iter().map(|r| r.0).collect();
+        tracing::warn!(
+            ?missing,
+            "warm start: not every peer this replica reaches sent its live bookings by the deadline"
+        );
+    }
     readiness.set_warming(false);
     let took = started.elapsed();
     stats.warm_took_ms.store(took.as_millis() as u64, Ordering::Relaxed);
@@ -101,9 +124,34 @@ pub async fn run(
         %outcome,
         workers_seeded = stats.warm_workers_seeded.load(Ordering::Relaxed),
         blocks = stats.warm_blocks_imported.load(Ordering::Relaxed),
+        peers_without_bookings = missing.len(),
         took_ms = took.as_millis() as u64,
         "warm start over"
     );
+}
+
+/// Clears readiness's `warming` gate when dropped.
+struct EndsWarming(Readiness);
+
+impl Drop for EndsWarming {
+    fn drop(&mut self) {
+        self.0.set_warming(false);
+    }
+}
+
+/// The peers this replica's links reach now whose live bookings have not
+/// come yet (each opens its own stream to this replica with them).
+fn without_bookings(stats: &TransportMetrics, sync: &SyncStats) -> Vec<ReplicaId> {
+    let origins = sync.snapshot().origins;
+    let sent = |peer: &ReplicaId| origins.get(peer).is_some_and(|o| o.stats.resyncs > 0 && !o.forgotten);
+    stats.reached().into_iter().filter(|peer| !sent(peer)).collect()
+}
+
+/// Until every peer this replica reaches has sent its live bookings.
+async fn peers_bookings(stats: &TransportMetrics, sync: &SyncStats) {
+    while !without_bookings(stats, sync).is_empty() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Until discovery has reported a worker.
@@ -116,10 +164,10 @@ async fn workers_known(readiness: &Readiness) {
 /// Seeds one worker; the index back when its stream is not subscribed
 /// here yet (discovery may still be adding it).
 async fn seed(ingest: &KvEventIngest, index: WorkerIndex, stats: &TransportMetrics) -> Option<WorkerIndex> {
-    let worker = index.worker;
-    let blocks = index.snapshot.blocks.blocks.len() as u64;
-    let cut = StreamCut { last_seq: index.last_seq, last_ts: index.last_ts, groups: index.groups.clone() };
-    match ingest.seed(WorkerSeed { worker, cut, snapshot: index.snapshot.clone() }).await {
+    let WorkerIndex { worker, last_seq, last_ts, groups, snapshot } = index;
+    let blocks = snapshot.blocks.blocks.len() as u64;
+    let cut = StreamCut { last_seq, last_ts, groups };
+    match ingest.seed(WorkerSeed { worker, cut, snapshot }).await {
         Ok(Ok(applied)) => {
             stats.warm_workers_seeded.fetch_add(1, Ordering::Relaxed);
             stats.warm_blocks_imported.fetch_add(applied.stored, Ordering::Relaxed);
@@ -129,7 +177,11 @@ async fn seed(ingest: &KvEventIngest, index: WorkerIndex, stats: &TransportMetri
             stats.warm_workers_refused.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(worker = worker.0, blocks, %error, "warm start: a worker's index refused by its shard; its stream starts over");
         }
-        Err(SeedRefused::NotSubscribed) => return Some(index),
+        Err(SeedRefused::NotSubscribed(seed)) => {
+            let WorkerSeed { worker, cut, snapshot } = *seed;
+            let StreamCut { last_seq, last_ts, groups } = cut;
+            return Some(WorkerIndex { worker, last_seq, last_ts, groups, snapshot });
+        }
         // Its stream started on its own already.
         Err(SeedRefused::NotHeld) => {}
         Err(error) => {

@@ -2,8 +2,8 @@
 //! the peer's KV index before it reports ready, so it knows the engines'
 //! caches at once; a cold one (warm start off) knows nothing of what was
 //! cached before it subscribed (these engines have no replay endpoint,
-//! as many fleets run). Readiness waits for the warm start, bounded by
-//! its deadline.
+//! as many fleets run). Its peers' live bookings are in before it reports
+//! ready too. Readiness waits for the warm start, bounded by its deadline.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 
 use crate::bin_support::{TempDir, fleet};
 use crate::ext_proc_support::wait_for;
-use crate::replicas::{free_port, replica_with};
+use crate::replicas::{body, free_port, open, pick, prefill_on, replica_with, text};
 
 /// The engines' workers file, without their replay endpoints.
 fn write_workers_without_replay(path: &Path, fleet: &Fleet) {
@@ -84,9 +84,17 @@ async fn a_replica_started_later_knows_the_engines_caches_at_once() {
             .await;
     }
 
+    // A request A picked and still serves: a booking live on A.
+    let (mut on_a, _client) = open(&a).await;
+    let picked = pick(&mut on_a, &body(&text("alpha"))).await;
+
     // B warm (the default), C cold.
     let b = replica_with(&file, ports[1], &peers, &[]).await;
     let c = replica_with(&file, ports[2], &peers, &[(var::WARM_START_TIMEOUT_MS, "0".to_owned())]).await;
+    wait_for("B ready", || async { readiness(b.health_addr()).await == ServingStatus::Serving }).await;
+    // Ready means A's live booking is in: B's first picks see that load.
+    assert_eq!(b.service().peer_bookings(), 1, "B ready without A's live booking");
+    assert!(prefill_on(&b, &picked).await > 0, "B does not count A's booking on the worker A picked");
     wait_for("B's warm start over", || async { transport(&b).warm_outcome.load(Ordering::Relaxed) != 0 }).await;
     assert_eq!(transport(&b).warm_outcome.load(Ordering::Relaxed), 1, "B started cold");
     assert_eq!(transport(&b).warm_workers_seeded.load(Ordering::Relaxed), 2);
@@ -113,6 +121,8 @@ async fn a_replica_started_later_knows_the_engines_caches_at_once() {
         !at_a.is_empty() && overlaps(&b, &more).await == at_a
     })
     .await;
+    crate::ext_proc_support::finish_response(&mut on_a).await;
+    wait_for("A's booking freed on B", || async { b.service().peer_bookings() == 0 }).await;
     for app in [a, b, c] {
         app.shutdown().await;
     }
