@@ -10,9 +10,11 @@
 //!   pagination, chunked WATCH, bookmarks, 410 Gone, dropped watches).
 //! - [`otlp_collector`]: an OTLP/gRPC trace collector stand-in on
 //!   127.0.0.1 that keeps every span it is sent.
+//! - [`nats_server`]: a real `nats-server` with JetStream on 127.0.0.1.
 
 pub mod fake_kube;
 pub mod gateway;
+pub mod nats_server;
 pub mod otlp_collector;
 
 use std::borrow::Cow;

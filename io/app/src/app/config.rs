@@ -137,7 +137,8 @@ impl PeerTlsFiles {
     }
 }
 
-/// Replica sync: on when peers are listed or a peer service is watched.
+/// Replica sync: on when peers are listed, a peer service is watched or
+/// the `nats` transport is chosen.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReplicaSettings {
     /// The replica-sync port.
@@ -153,6 +154,41 @@ pub struct ReplicaSettings {
     pub warm_start: Option<Duration>,
     pub peer_grace: Duration,
     pub batch_delay: Duration,
+    /// The `nats` transport; `None`: `direct`.
+    pub nats: Option<NatsSettings>,
+}
+
+/// The `nats` transport's settings (`kvpick_replica::nats`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NatsSettings {
+    pub url: String,
+    pub pool: String,
+    pub credentials: Option<PathBuf>,
+    pub ca: Option<PathBuf>,
+}
+
+fn nats(v: &Values, discovery: &DiscoveryMode) -> Result<Option<NatsSettings>, ConfigError> {
+    match v.get(var::PEER_TRANSPORT).map(str::trim).unwrap_or("direct") {
+        "direct" => return Ok(None),
+        "nats" => {}
+        _ => return Err(v.error(var::PEER_TRANSPORT, "direct or nats").into()),
+    }
+    let url = v.get(var::PEER_NATS_URL).map(str::trim).filter(|u| !u.is_empty());
+    let url = url.ok_or_else(|| v.error(var::PEER_TRANSPORT, format!("nats needs {}", var::PEER_NATS_URL)))?;
+    let pool = match (v.get(var::PEER_NATS_POOL).map(str::trim), discovery) {
+        (Some(pool), _) => pool.to_owned(),
+        (None, DiscoveryMode::Kubernetes(cfg)) => cfg.pool_name.clone(),
+        (None, _) => "kvpick".to_owned(),
+    };
+    if pool.is_empty() || !pool.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return Err(v.error(var::PEER_NATS_POOL, format!("letters, digits, '-' and '_' (got {pool:?})")).into());
+    }
+    Ok(Some(NatsSettings {
+        url: url.to_owned(),
+        pool,
+        credentials: v.get(var::PEER_NATS_CREDS).map(PathBuf::from),
+        ca: v.get(var::PEER_NATS_CA).map(PathBuf::from),
+    }))
 }
 
 fn replicas(v: &Values, listen: SocketAddr, discovery: &DiscoveryMode) -> Result<Option<ReplicaSettings>, ConfigError> {
@@ -161,7 +197,8 @@ fn replicas(v: &Values, listen: SocketAddr, discovery: &DiscoveryMode) -> Result
         Some(list) => parse_list(list).map_err(|why| v.error(var::PEERS, why))?,
     };
     let watched = matches!(discovery, DiscoveryMode::Kubernetes(cfg) if cfg.peer_service.is_some());
-    if peers.is_empty() && !watched {
+    let nats = nats(v, discovery)?;
+    if peers.is_empty() && !watched && nats.is_none() {
         return Ok(None);
     }
     let token = match (v.get(var::PEER_TOKEN_FILE), v.get(var::PEER_TOKEN)) {
@@ -193,6 +230,7 @@ fn replicas(v: &Values, listen: SocketAddr, discovery: &DiscoveryMode) -> Result
         },
         peer_grace: Duration::from_millis(v.whole::<u64>(var::PEER_GRACE_MS, 1)?.unwrap_or(30_000)),
         batch_delay: Duration::from_micros(v.whole_in::<u64>(var::PEER_BATCH_DELAY_US, 0, 1_000_000)?.unwrap_or(0)),
+        nats,
     }))
 }
 

@@ -1,6 +1,7 @@
 //! Replica sync in `kvpick serve`: the peer port, the sync task over the
-//! selectors, and the links to the peers listed at start or found through
-//! the peer service.
+//! selectors, and the transport: the links to the peers listed at start or
+//! found through the peer service (`direct`), or the pool's NATS JetStream
+//! stream (`nats`). The peer port serves warm start's index either way.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -9,7 +10,8 @@ use std::sync::Arc;
 use kvpick_core::replica::{Incarnation, ReplicaId};
 use kvpick_grpc::{Http2, ServerHandle};
 use kvpick_replica::{
-    DirectConfig, DirectLinks, IndexSource, PeerService, ReplicaSync, SyncConfig, SyncStats, TransportMetrics,
+    DirectConfig, DirectLinks, IndexSource, NatsConfig, NatsLink, PeerService, ReplicaSync, SyncConfig, SyncStats,
+    TransportMetrics,
 };
 use kvpick_runtime::{Clock, ThreadProducers};
 use tokio::sync::watch;
@@ -25,6 +27,8 @@ pub struct Replicas {
     sync: ReplicaSync,
     server: ServerHandle,
     merge: Option<JoinHandle<()>>,
+    /// The `nats` transport's reader and snapshot-request tasks.
+    nats_tasks: Vec<JoinHandle<()>>,
     pub transport: Arc<TransportMetrics>,
     /// What the links dial (warm start asks the same peers).
     peers: watch::Receiver<BTreeSet<SocketAddr>>,
@@ -65,12 +69,37 @@ impl Replicas {
         let mut sync_config = SyncConfig::new(id, incarnation);
         sync_config.peer_grace = settings.peer_grace;
         sync_config.batch_delay = settings.batch_delay;
-        let links = {
-            let (direct, metrics) = (direct.clone(), transport.clone());
-            move |snapshots| DirectLinks::spawn(direct, peers_rx, snapshots, metrics)
+        let (sync, nats_tasks) = match &settings.nats {
+            None => {
+                let links = {
+                    let (direct, metrics) = (direct.clone(), transport.clone());
+                    move |snapshots| DirectLinks::spawn(direct, peers_rx, snapshots, metrics)
+                };
+                let sync = ReplicaSync::spawn(sync_config, selectors, clock, links)
+                    .map_err(|e| StartError::Replicas(e.into()))?;
+                (sync, Vec::new())
+            }
+            Some(nats) => {
+                let config = NatsConfig {
+                    credentials: nats.credentials.clone(),
+                    ca: nats.ca.clone(),
+                    ..NatsConfig::new(nats.url.clone(), nats.pool.clone(), id)
+                };
+                let link = NatsLink::connect(config).await.map_err(|e| StartError::Replicas(e.to_string()))?;
+                // Batches and snapshots are split to what the server takes.
+                let limits = sync_config.limits;
+                sync_config.limits.max_frame_bytes = limits.max_frame_bytes.min(link.max_payload());
+                let publisher = link.transport(transport.clone());
+                let sync = ReplicaSync::spawn(sync_config, selectors, clock, |_| publisher)
+                    .map_err(|e| StartError::Replicas(e.into()))?;
+                let nats_error = |e: kvpick_replica::NatsError| StartError::Replicas(e.to_string());
+                let requests =
+                    link.serve_requests(sync.snapshot_requests(), transport.clone()).await.map_err(nats_error)?;
+                let reader = link.consume(sync.inbound(), limits, transport.clone()).await.map_err(nats_error)?;
+                tracing::info!(url = %nats.url, pool = %nats.pool, "replica sync: bookings through NATS JetStream");
+                (sync, vec![requests, reader])
+            }
         };
-        let sync =
-            ReplicaSync::spawn(sync_config, selectors, clock, links).map_err(|e| StartError::Replicas(e.into()))?;
         let service = PeerService::new(direct.clone(), sync.inbound(), transport.clone(), index);
         let mut builder = kvpick_grpc::server::builder(&Http2::default());
         if let Some(tls) = &tls {
@@ -87,7 +116,7 @@ impl Replicas {
             mutual_tls = tls.is_some(),
             "replica sync: sharing bookings with peer replicas"
         );
-        Ok(Replicas { id, incarnation, sync, server, merge, transport, peers, direct })
+        Ok(Replicas { id, incarnation, sync, server, merge, nats_tasks, transport, peers, direct })
     }
 
     /// The peers dialed, as they change.
@@ -113,6 +142,9 @@ impl Replicas {
             merge.abort();
         }
         self.sync.shutdown(std::time::Duration::from_secs(2)).await;
+        for task in self.nats_tasks {
+            task.abort();
+        }
         if let Err(error) = self.server.shutdown_within(std::time::Duration::from_millis(500)).await {
             tracing::warn!(%error, "replica-sync server ended with an error");
         }

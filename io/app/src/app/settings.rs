@@ -63,6 +63,11 @@ pub const PEER_TLS_SERVER_NAME: &str = "KVPICK_PEER_TLS_SERVER_NAME";
 pub const PEER_GRACE_MS: &str = "KVPICK_PEER_GRACE_MS";
 pub const WARM_START_TIMEOUT_MS: &str = "KVPICK_WARM_START_TIMEOUT_MS";
 pub const PEER_BATCH_DELAY_US: &str = "KVPICK_PEER_BATCH_DELAY_US";
+pub const PEER_TRANSPORT: &str = "KVPICK_PEER_TRANSPORT";
+pub const PEER_NATS_URL: &str = "KVPICK_PEER_NATS_URL";
+pub const PEER_NATS_POOL: &str = "KVPICK_PEER_NATS_POOL";
+pub const PEER_NATS_CREDS: &str = "KVPICK_PEER_NATS_CREDS";
+pub const PEER_NATS_CA: &str = "KVPICK_PEER_NATS_CA";
 pub const EXT_PROC_PORT: &str = "KVPICK_EXT_PROC_PORT";
 pub const TOKENIZER_URL: &str = "DYN_EPP_TOKENIZER_SERVICE_URL";
 pub const TOKENIZER_PROTOCOL: &str = "DYN_EPP_TOKENIZER_PROTOCOL";
@@ -252,6 +257,31 @@ pub const SETTINGS: &[Setting] = &[
         "peer-tls-server-name",
         None,
         "The name every peer's certificate is checked against (e.g. the peer service's DNS name); default: the peer's IP, which its certificate must then carry",
+    ),
+    s(
+        PEER_TRANSPORT,
+        "peer-transport",
+        Some("direct"),
+        "How booking changes reach the peer replicas: direct (a gRPC stream to each) or nats (NATS JetStream, KVPICK_PEER_NATS_URL)",
+    ),
+    s(
+        PEER_NATS_URL,
+        "peer-nats-url",
+        None,
+        "The NATS servers of the nats transport (nats://host:4222, comma-separated; tls:// for TLS; user:password@ accepted)",
+    ),
+    s(
+        PEER_NATS_POOL,
+        "peer-nats-pool",
+        None,
+        "The pool's name in the nats transport's subjects and stream (letters, digits, - and _); default: the InferencePool's name, or kvpick",
+    ),
+    s(PEER_NATS_CREDS, "peer-nats-creds", None, "A NATS credentials file (JWT and NKey seed) for the nats transport"),
+    s(
+        PEER_NATS_CA,
+        "peer-nats-ca",
+        None,
+        "A CA file the NATS servers' certificates are checked against (TLS then required)",
     ),
     s(
         WARM_START_TIMEOUT_MS,

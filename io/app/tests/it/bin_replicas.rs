@@ -1,12 +1,15 @@
 //! Two `kvpick serve` processes sharing bookings over the `direct`
 //! transport, behind gateway stand-ins that spread requests over them:
 //! they converge under load, across a frozen replica (its streams stall,
-//! then resume) and across a replica killed mid-booking and restarted.
+//! then resume) and across a replica killed mid-booking and restarted;
+//! and the same load and restart through NATS JetStream (the `nats`
+//! transport, a real nats-server on loopback).
 
 use std::time::Duration;
 
 use futures::future::join_all;
 use kvpick_test_support::gateway::Gateway;
+use kvpick_test_support::nats_server::NatsServer;
 
 use crate::bin_support::{
     Kvpick, TempDir, chat, fleet, scrape, serve, until, value, write_roled_workers, write_workers,
@@ -52,6 +55,28 @@ async fn load(gateways: &[Gateway], topic: &str, requests: usize, concurrency: u
     }
 }
 
+/// 24 requests over both replicas' gateways: each applied every change
+/// of the other's, with no gap and none refused, and every booking freed.
+async fn shared_load(a: &Kvpick, b: &Kvpick) -> [Gateway; 2] {
+    let gateways = [
+        Gateway::connect(a.ext_proc).await.unwrap_or_else(|e| panic!("{e}")),
+        Gateway::connect(b.ext_proc).await.unwrap_or_else(|e| panic!("{e}")),
+    ];
+    load(&gateways, "rivers", 24, 6).await;
+    converged_to_nothing(&[a, b]).await;
+    for kvpick in [a, b] {
+        let m = scrape(kvpick.metrics).await;
+        let own = value(&m, "kvpick_replica_own_events_total", &[]);
+        assert!(own >= 24.0, "each of its 12 requests reserved and freed: {own}");
+        assert!(value(&m, "kvpick_replica_peer_events_applied_total", &[]) >= 24.0, "the other's applied");
+        assert_eq!(value(&m, "kvpick_replica_peer_gaps_total", &[]), 0.0);
+        assert_eq!(value(&m, "kvpick_replica_peer_refused_total", &[]), 0.0);
+        let delays = value(&m, "kvpick_replica_peer_delay_seconds_count", &[]);
+        assert!(delays >= 1.0, "the delay of the other's batches measured: {delays}");
+    }
+    gateways
+}
+
 /// Every booking freed, on both, as each sees its own and the other's.
 async fn converged_to_nothing(replicas: &[&Kvpick]) {
     for kvpick in replicas {
@@ -77,22 +102,7 @@ async fn replica_processes_share_bookings_through_a_freeze_and_a_restart() {
     wait_streaming(&mut a);
     wait_streaming(&mut b);
 
-    let gateways = [
-        Gateway::connect(a.ext_proc).await.unwrap_or_else(|e| panic!("{e}")),
-        Gateway::connect(b.ext_proc).await.unwrap_or_else(|e| panic!("{e}")),
-    ];
-    load(&gateways, "rivers", 24, 6).await;
-    converged_to_nothing(&[&a, &b]).await;
-    for kvpick in [&a, &b] {
-        let m = scrape(kvpick.metrics).await;
-        let own = value(&m, "kvpick_replica_own_events_total", &[]);
-        assert!(own >= 24.0, "each of its 12 requests reserved and freed: {own}");
-        assert!(value(&m, "kvpick_replica_peer_events_applied_total", &[]) >= 24.0, "the other's applied");
-        assert_eq!(value(&m, "kvpick_replica_peer_gaps_total", &[]), 0.0);
-        assert_eq!(value(&m, "kvpick_replica_peer_refused_total", &[]), 0.0);
-        let delays = value(&m, "kvpick_replica_peer_delay_seconds_count", &[]);
-        assert!(delays >= 1.0, "the delay of the other's batches measured: {delays}");
-    }
+    let gateways = shared_load(&a, &b).await;
 
     // B frozen (SIGSTOP): A's stream to it stalls, A goes on booking and
     // freeing; thawed, B catches up to A's live set (nothing).
@@ -103,33 +113,42 @@ async fn replica_processes_share_bookings_through_a_freeze_and_a_restart() {
     load(&gateways, "seas", 8, 4).await;
     converged_to_nothing(&[&a, &b]).await;
 
-    // B killed while it holds a booking: A keeps it (no free came, the
-    // grace period is long) until B's next incarnation replaces it.
+    kill_and_restart_b(&a, b, &gateways[0], || {
+        let mut b = replica(&file, ports[1], &peers);
+        wait_streaming(&mut b);
+        b
+    })
+    .await;
+    fleet.shutdown().await;
+}
+
+/// B killed while it holds a booking: A keeps it (no free came, the
+/// grace period is long) until B's next incarnation (`restart`) replaces
+/// it. Then the pair shares as before: a load over both, and a request
+/// held on A across the end whose booking and free reach the new B.
+async fn kill_and_restart_b(a: &Kvpick, mut b: Kvpick, gateway_a: &Gateway, restart: impl FnOnce() -> Kvpick) {
     let (mut on_b, client) = open_at(b.ext_proc).await;
     pick(&mut on_b, &body(&text("held"))).await;
-    until(&a, "B's booking held on A", |m| value(m, "kvpick_replica_peer_bookings", &[]) == 1.0).await;
+    until(a, "B's booking held on A", |m| value(m, "kvpick_replica_peer_bookings", &[]) == 1.0).await;
     b.signal("KILL");
     b.wait_exit();
     drop((on_b, client));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let m = scrape(a.metrics).await;
     assert_eq!(value(&m, "kvpick_replica_peer_bookings", &[]), 1.0, "a killed peer's booking outlives its stream");
-    let mut b = replica(&file, ports[1], &peers);
-    wait_streaming(&mut b);
-    until(&a, "the restarted B's new incarnation clears its old booking", |m| {
+    let b = restart();
+    until(a, "the restarted B's new incarnation clears its old booking", |m| {
         value(m, "kvpick_replica_peer_restarts_total", &[]) == 1.0
             && value(m, "kvpick_replica_peer_bookings", &[]) == 0.0
     })
     .await;
-    let gateways = [gateways[0].clone(), Gateway::connect(b.ext_proc).await.unwrap_or_else(|e| panic!("{e}"))];
+    let gateways = [gateway_a.clone(), Gateway::connect(b.ext_proc).await.unwrap_or_else(|e| panic!("{e}"))];
     load(&gateways, "glaciers", 8, 4).await;
-    // A request held on A across the end: its free reaches B too.
     let (mut on_a, _client) = open_at(a.ext_proc).await;
     pick(&mut on_a, &body(&text("late"))).await;
     until(&b, "A's booking held on the new B", |m| value(m, "kvpick_replica_peer_bookings", &[]) == 1.0).await;
     finish_response(&mut on_a).await;
-    converged_to_nothing(&[&a, &b]).await;
-    fleet.shutdown().await;
+    converged_to_nothing(&[a, &b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,5 +183,40 @@ async fn a_disaggregated_requests_two_legs_reach_the_peer_as_two_bookings() {
     let m = scrape(b.metrics).await;
     assert_eq!(value(&m, "kvpick_replica_peer_refused_total", &[]), 0.0, "every leg applied on B");
     assert!(value(&m, "kvpick_replica_peer_events_applied_total", &[]) >= 4.0, "two reserves, two frees");
+    fleet.shutdown().await;
+}
+
+/// A replica sharing through NATS; its replica-sync port (which names it)
+/// is fixed, so a restart is the same replica's next incarnation.
+fn nats_replica(file: &std::path::Path, port: u16, nats: &NatsServer) -> Kvpick {
+    let (port, url) = (port.to_string(), nats.url());
+    let flags = [
+        "--replica-sync-port",
+        &port,
+        "--peer-transport",
+        "nats",
+        "--peer-nats-url",
+        &url,
+        "--peer-nats-pool",
+        "bin-test",
+        "--peer-grace-ms",
+        "600000",
+    ];
+    serve(file, &flags)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_processes_share_bookings_through_nats_across_a_restart() {
+    let Some(nats) = NatsServer::start() else { return };
+    let fleet = fleet(2).await;
+    let dir = TempDir::new("bin-replicas-nats");
+    let file = dir.path("workers.json");
+    write_workers(&file, &fleet, &[0, 1]);
+    let ports = [free_port(), free_port()];
+    let a = nats_replica(&file, ports[0], &nats);
+    let b = nats_replica(&file, ports[1], &nats);
+    let gateways = shared_load(&a, &b).await;
+
+    kill_and_restart_b(&a, b, &gateways[0], || nats_replica(&file, ports[1], &nats)).await;
     fleet.shutdown().await;
 }

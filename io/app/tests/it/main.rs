@@ -26,6 +26,7 @@ mod ext_proc_scale;
 mod ext_proc_subset;
 mod otlp_tracing;
 mod replicas;
+mod replicas_nats;
 mod replicas_partition;
 mod replicas_tls;
 mod replicas_warm;

@@ -44,7 +44,9 @@ pub(crate) async fn replica_with(workers: &Path, port: u16, peers: &str, extra: 
     values.set(var::SHARDS, "1");
     values.set(var::MODEL, "sim-model");
     values.set(var::REPLICA_SYNC_PORT, port.to_string());
-    values.set(var::PEERS, peers);
+    if !peers.is_empty() {
+        values.set(var::PEERS, peers);
+    }
     values.set(var::PEER_TOKEN, TOKEN);
     for (name, value) in extra {
         values.set(name, value.clone());
@@ -81,7 +83,7 @@ pub(crate) async fn pick(call: &mut Call, body: &str) -> String {
     destination
 }
 
-async fn loads(app: &App) -> Vec<LoadSnapshot> {
+pub(crate) async fn loads(app: &App) -> Vec<LoadSnapshot> {
     let producers = ThreadProducers::new(app.service().clone());
     app.service().loads(&producers).await
 }
@@ -203,7 +205,7 @@ async fn exchange(to: SocketAddr, token: Option<&str>, frames: Vec<Bytes>) -> Re
     Ok(())
 }
 
-fn booking(id: u64, worker: WorkerId) -> PeerBooking {
+pub(crate) fn booking(id: u64, worker: WorkerId) -> PeerBooking {
     PeerBooking {
         id: ReservationId(id),
         worker,
@@ -215,7 +217,7 @@ fn booking(id: u64, worker: WorkerId) -> PeerBooking {
     }
 }
 
-fn batch(origin: u64, first_seq: u64, events: Vec<PeerEvent>) -> Bytes {
+pub(crate) fn batch(origin: u64, first_seq: u64, events: Vec<PeerEvent>) -> Bytes {
     Bytes::from(encode(&Frame::Batch(Batch {
         sent_unix_micros: 0,
         origin: ReplicaId(origin),
@@ -225,7 +227,7 @@ fn batch(origin: u64, first_seq: u64, events: Vec<PeerEvent>) -> Bytes {
     })))
 }
 
-fn refused(app: &App, reason: &str) -> u64 {
+pub(crate) fn refused(app: &App, reason: &str) -> u64 {
     app.replicas().map_or(0, |r| r.transport.refusals().get(reason).copied().unwrap_or(0))
 }
 
