@@ -36,7 +36,7 @@ use tonic::{Code, Status, Streaming};
 
 use crate::codec::RawCodec;
 use crate::endpoint::{DirectConfig, Donor, IndexSource, REPLICA_HEADER, ServerShared, admit, dial, introduce};
-use crate::metrics::TransportMetrics;
+use crate::metrics::{LinkState, TransportMetrics};
 use crate::sync::{Answer, Inbound, LinkId, Sent, Transport};
 use crate::wire::{Frame, SnapshotParts, decode};
 
@@ -60,8 +60,23 @@ impl PeerService {
         metrics: Arc<TransportMetrics>,
         index: Arc<dyn IndexSource>,
     ) -> Self {
-        let index = Donor::new(index);
-        PeerService { inner: Arc::new(ServerShared { config, inbound, metrics, index }) }
+        Self::serving(ServerShared { config, inbound, metrics, index: Donor::new(index), exchange: true })
+    }
+
+    /// Serves only the KV index: bookings travel another way (the `nats`
+    /// transport), and a booking stream here would bypass its
+    /// authentication.
+    pub fn index_only(
+        config: DirectConfig,
+        inbound: mpsc::Sender<Inbound>,
+        metrics: Arc<TransportMetrics>,
+        index: Arc<dyn IndexSource>,
+    ) -> Self {
+        Self::serving(ServerShared { config, inbound, metrics, index: Donor::new(index), exchange: false })
+    }
+
+    fn serving(shared: ServerShared) -> Self {
+        PeerService { inner: Arc::new(shared) }
     }
 }
 
@@ -116,6 +131,10 @@ impl tonic::server::StreamingService<Bytes> for Exchange {
         Box::pin(async move {
             let peer = request.remote_addr();
             admit(&shared, request.metadata(), peer)?;
+            if !shared.exchange {
+                shared.metrics.refused("exchange_off");
+                return Err(Status::failed_precondition("this replica shares bookings through NATS, not here"));
+            }
             let (answers, answers_rx) = mpsc::channel::<Result<Bytes, Status>>(64);
             let us = shared.config.replica.0;
             tokio::spawn(read_stream(shared, peer, request.into_inner(), answers));
@@ -318,8 +337,20 @@ enum Ended {
 /// the backoff over. A peer that refuses at once keeps backing off.
 const HEALTHY_STREAM: Duration = Duration::from_secs(10);
 
+/// Removes a link's state when its task ends or is aborted (its address
+/// left the peer set), so nothing waits for it and `links_up` stays true.
+struct LinkStateGuard<'a>(&'a Link);
+
+impl Drop for LinkStateGuard<'_> {
+    fn drop(&mut self) {
+        self.0.metrics.set_link(self.0.id, None);
+    }
+}
+
 impl Link {
     async fn run(self, mut queue: mpsc::Receiver<Bytes>) {
+        let _state = LinkStateGuard(&self);
+        self.metrics.set_link(self.id, Some(LinkState::Dialing));
         let mut backoff = self.config.backoff;
         // The last failure logged at warn: the same one again (a peer
         // still down, a certificate still refused) goes to debug.
@@ -328,6 +359,7 @@ impl Link {
             let started = std::time::Instant::now();
             match self.connect_and_send(&mut queue).await {
                 Ok(Ended::Itself) => {
+                    self.metrics.set_link(self.id, Some(LinkState::Itself));
                     tracing::info!(peer = %self.addr, "replica sync: that peer address is this replica; not dialing it");
                     // Parked rather than ended, so the manager does not
                     // dial it again; aborted when the address leaves.
@@ -340,6 +372,7 @@ impl Link {
                 }
                 Ok(Ended::Retry) => failing = None,
                 Err(error) => {
+                    self.metrics.set_link(self.id, Some(LinkState::Failing));
                     let why = error_chain(&*error);
                     if failing.as_deref() == Some(why.as_str()) {
                         tracing::debug!(peer = %self.addr, error = %why, "replica sync: peer still not reachable");
@@ -376,19 +409,18 @@ impl Link {
             Ok(response) => response,
             Err(status) if status.code() == Code::AlreadyExists => return Ok(Ended::Itself),
             Err(status) => {
+                self.metrics.set_link(self.id, Some(LinkState::Failing));
                 tracing::warn!(peer = %self.addr, %status, "replica sync: peer refused the stream");
                 return Ok(Ended::Retry);
             }
         };
         let named = response.metadata().get(REPLICA_HEADER).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
         tracing::info!(peer = %self.addr, replica = ?named, "replica sync: streaming to a peer");
-        self.metrics.links_up.fetch_add(1, Ordering::Relaxed);
-        self.metrics.link_reached(self.id, named.map(ReplicaId));
+        self.metrics.set_link(self.id, Some(LinkState::Up(named.map(ReplicaId))));
         self.up.store(true, Ordering::Release);
         let ended = self.pump(queue, frames, response.into_inner()).await;
         self.up.store(false, Ordering::Release);
-        self.metrics.link_reached(self.id, None);
-        self.metrics.links_up.fetch_sub(1, Ordering::Relaxed);
+        self.metrics.set_link(self.id, Some(LinkState::Dialing));
         ended
     }
 

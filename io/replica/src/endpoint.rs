@@ -62,6 +62,9 @@ pub(crate) struct ServerShared {
     pub(crate) metrics: Arc<TransportMetrics>,
     /// Warm start: what `Peer/Index` serves.
     pub(crate) index: Donor,
+    /// Booking streams (`Peer/Exchange`) taken: not with the `nats`
+    /// transport.
+    pub(crate) exchange: bool,
 }
 
 /// A future this crate can hold across threads.

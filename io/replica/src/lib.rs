@@ -20,7 +20,7 @@ pub mod wire;
 
 pub use direct::{DirectLinks, PeerService};
 pub use endpoint::{DirectConfig, IndexSource, Pending};
-pub use metrics::TransportMetrics;
+pub use metrics::{LinkState, TransportMetrics};
 pub use nats::{NatsConfig, NatsError, NatsLink, NatsTransport};
 pub use sync::{Answer, Inbound, LinkId, OriginView, ReplicaSync, Sent, SyncConfig, SyncCounts, SyncStats, Transport};
 pub use tls::{PeerTls, PeerTlsError};

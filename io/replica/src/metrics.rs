@@ -31,9 +31,22 @@ pub struct TransportMetrics {
     pub warm_took_ms: AtomicU64,
     /// Frames and calls refused, by reason.
     refused: Mutex<BTreeMap<&'static str, u64>>,
-    /// The peer each streaming link reaches, by link, as the peer named
-    /// itself answering the call (a peer too old to name itself is absent).
-    reached: Mutex<BTreeMap<u64, ReplicaId>>,
+    /// Each dialed link's state, by link.
+    links_state: Mutex<BTreeMap<u64, LinkState>>,
+}
+
+/// Where a `direct` link stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkState {
+    /// Connecting, or about to (after a stream ended).
+    Dialing,
+    /// Streaming, to the peer that named itself answering the call (`None`:
+    /// a peer too old to name itself).
+    Up(Option<ReplicaId>),
+    /// The address is this replica's own: parked.
+    Itself,
+    /// Its last try failed; backing off.
+    Failing,
 }
 
 impl TransportMetrics {
@@ -45,17 +58,26 @@ impl TransportMetrics {
         self.refused.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// The peers this replica's links stream to now (warm start waits for
-    /// each one's live bookings).
-    pub fn reached(&self) -> Vec<ReplicaId> {
-        self.reached.lock().unwrap_or_else(PoisonError::into_inner).values().copied().collect()
+    /// Every dialed link's state now (warm start waits until none is
+    /// still dialing, and for the live bookings of each peer reached).
+    pub fn links_state(&self) -> Vec<LinkState> {
+        self.links_state.lock().unwrap_or_else(PoisonError::into_inner).values().copied().collect()
     }
 
-    pub(crate) fn link_reached(&self, link: u64, peer: Option<ReplicaId>) {
-        let mut reached = self.reached.lock().unwrap_or_else(PoisonError::into_inner);
-        match peer {
-            Some(peer) => reached.insert(link, peer),
-            None => reached.remove(&link),
+    /// Sets a link's state (`None`: the link is gone), keeping `links_up`
+    /// in step with it.
+    pub(crate) fn set_link(&self, link: u64, state: Option<LinkState>) {
+        let mut states = self.links_state.lock().unwrap_or_else(PoisonError::into_inner);
+        let was_up = matches!(states.get(&link), Some(LinkState::Up(_)));
+        let is_up = matches!(state, Some(LinkState::Up(_)));
+        match state {
+            Some(state) => states.insert(link, state),
+            None => states.remove(&link),
+        };
+        match (was_up, is_up) {
+            (false, true) => self.links_up.fetch_add(1, Ordering::Relaxed),
+            (true, false) => self.links_up.fetch_sub(1, Ordering::Relaxed),
+            _ => 0,
         };
     }
 

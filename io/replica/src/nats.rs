@@ -21,11 +21,15 @@
 //!   order with its batches.
 //! - **Start.** A replica starting asks every origin for a snapshot on
 //!   `kvpick.<pool>.hello` once its consumer is in place.
+//! - **Warm start.** A replica starting up takes a ready peer's KV index
+//!   through the pool's object store (`index`).
 //! - **Security.** NATS authenticates (a credentials file or the URL's user
-//!   and password) and its TLS encrypts; its subject permissions should let
-//!   each replica publish only on its own subject. Every frame is checked
-//!   besides: its size, its decoding, and that its origin is the replica
-//!   its subject names.
+//!   and password) and its TLS encrypts. Every frame is checked besides:
+//!   its size, its decoding, and that its origin is the replica its
+//!   subject names. Replicas share one NATS user (`deploy/README.md` lists
+//!   its rights), so that check catches mistakes, not a holder of the
+//!   credentials in bad faith. The peer port refuses booking streams in
+//!   this mode (they would bypass NATS's authentication).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -68,6 +72,9 @@ pub struct NatsConfig {
     pub max_age: Duration,
     /// The stream's size cap.
     pub max_bytes: i64,
+    /// Copies JetStream keeps of the stream and the index store (a NATS
+    /// cluster: 3; at most 5).
+    pub stream_replicas: usize,
 }
 
 impl NatsConfig {
@@ -80,6 +87,7 @@ impl NatsConfig {
             ca: None,
             max_age: Duration::from_secs(600),
             max_bytes: 256 << 20,
+            stream_replicas: 1,
         }
     }
 
@@ -104,7 +112,10 @@ pub enum NatsError {
     Subscribe { subject: String, reason: String },
 }
 
+mod index;
+
 /// A connection to NATS and the pool's stream, ready to carry bookings.
+#[derive(Clone)]
 pub struct NatsLink {
     config: NatsConfig,
     client: async_nats::Client,
@@ -137,29 +148,18 @@ impl NatsLink {
             .await
             .map_err(|_| connect_error("no answer within 10 s".into()))?
             .map_err(|e| connect_error(e.to_string()))?;
-        let js = jetstream::new(client.clone());
-        let name = config.stream_name();
-        let stream = js
-            .get_or_create_stream(stream::Config {
-                name: name.clone(),
-                subjects: vec![format!("kvpick.{}.bookings.*", config.pool)],
-                // On disk: the stream outlives a NATS restart, so readers
-                // pick up where they were.
-                storage: stream::StorageType::File,
-                retention: stream::RetentionPolicy::Limits,
-                discard: stream::DiscardPolicy::Old,
-                max_age: config.max_age,
-                max_bytes: config.max_bytes,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| NatsError::Stream { stream: name, reason: e.to_string() })?;
+        let stream = ensure_stream(&client, &config).await?;
         Ok(NatsLink { config, client, stream })
     }
 
-    /// The largest frame the server takes (its `max_payload`).
+    /// The largest frame the server and the stream take (`max_payload`,
+    /// and the stream's `max_msg_size` when it has one).
     pub fn max_payload(&self) -> usize {
-        self.client.server_info().max_payload
+        let payload = self.client.server_info().max_payload;
+        match usize::try_from(self.stream.cached_info().config.max_message_size) {
+            Ok(cap) if cap > 0 => payload.min(cap),
+            _ => payload,
+        }
     }
 
     /// The transport the sync publishes through (its publisher task
@@ -194,49 +194,100 @@ impl NatsLink {
         Ok(tokio::spawn(snapshot_requests(self.config.replica, resyncs, hellos, snapshots, metrics)))
     }
 
-    /// Reads every peer's frames into `inbound` until the sync stops.
-    /// Ready once the consumer is in place and every origin was asked for
-    /// a snapshot.
+    /// Reads every peer's frames into `inbound` until the sync stops:
+    /// from what is published once its consumer is in place, after which
+    /// every origin is asked for a snapshot (a hello).
     pub async fn consume(
         &self,
         inbound: mpsc::Sender<Inbound>,
         limits: Limits,
         metrics: Arc<TransportMetrics>,
     ) -> Result<JoinHandle<()>, NatsError> {
-        let subscribe_error = |reason: String| NatsError::Subscribe {
+        let mut reader = Reader { link: self.clone(), inbound, limits, metrics, parts: HashMap::new(), last: 0 };
+        let messages = reader.open().await.map_err(|reason| NatsError::Subscribe {
             subject: format!("kvpick.{}.bookings.*", self.config.pool),
             reason,
-        };
-        let consumer = self
-            .stream
-            .create_consumer(consumer::push::OrderedConfig {
-                deliver_subject: self.client.new_inbox(),
-                filter_subject: format!("kvpick.{}.bookings.*", self.config.pool),
-                deliver_policy: consumer::DeliverPolicy::New,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| subscribe_error(e.to_string()))?;
-        let messages = consumer.messages().await.map_err(|e| subscribe_error(e.to_string()))?;
-        let hello = format!("kvpick.{}.hello", self.config.pool);
-        self.client
-            .publish(hello, Bytes::from(self.config.replica.0.to_string()))
-            .await
-            .map_err(|e| subscribe_error(e.to_string()))?;
-        let reader = Reader {
-            config: self.config.clone(),
-            client: self.client.clone(),
-            inbound,
-            limits,
-            metrics,
-            parts: HashMap::new(),
-        };
+        })?;
         Ok(tokio::spawn(reader.run(messages)))
+    }
+
+    /// The other replicas that published on the pool's stream within
+    /// `within`: while it runs, each publishes a digest every second. A
+    /// replica starting up waits for their live bookings (answers to its
+    /// hello).
+    pub async fn live_origins(&self, within: Duration) -> Result<Vec<ReplicaId>, String> {
+        let prefix = format!("kvpick.{}.bookings.", self.config.pool);
+        let mut subjects = self.stream.info_with_subjects(format!("{prefix}*")).await.map_err(|e| e.to_string())?;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let mut live = Vec::new();
+        while let Some(next) = subjects.next().await {
+            let (subject, _) = next.map_err(|e| e.to_string())?;
+            let Some(id) = subject.strip_prefix(prefix.as_str()).and_then(|id| id.parse::<u64>().ok()) else {
+                continue;
+            };
+            if id == self.config.replica.0 {
+                continue;
+            }
+            let Ok(last) = self.stream.get_last_raw_message_by_subject(&subject).await else { continue };
+            let at = u128::try_from(last.time.unix_timestamp_nanos()).unwrap_or(0);
+            if now.saturating_sub(at) <= within.as_nanos() {
+                live.push(ReplicaId(id));
+            }
+        }
+        Ok(live)
+    }
+
+    async fn hello(&self) -> Result<(), String> {
+        let hello = format!("kvpick.{}.hello", self.config.pool);
+        self.client.publish(hello, Bytes::from(self.config.replica.0.to_string())).await.map_err(|e| e.to_string())
     }
 }
 
+/// The pool's stream, made if missing (a first replica, or a NATS that
+/// lost it); one made by someone else must carry the pool's subjects and
+/// keep frames by limits, or nothing would be stored; its age and size
+/// limits are brought to this replica's.
+async fn ensure_stream(client: &async_nats::Client, config: &NatsConfig) -> Result<stream::Stream, NatsError> {
+    let js = jetstream::new(client.clone());
+    let name = config.stream_name();
+    let wanted = stream::Config {
+        name: name.clone(),
+        subjects: vec![format!("kvpick.{}.bookings.*", config.pool)],
+        // On disk: the stream outlives a NATS restart, so readers pick up
+        // where they were.
+        storage: stream::StorageType::File,
+        retention: stream::RetentionPolicy::Limits,
+        discard: stream::DiscardPolicy::Old,
+        max_age: config.max_age,
+        max_bytes: config.max_bytes,
+        num_replicas: config.stream_replicas,
+        ..Default::default()
+    };
+    let error = |reason: String| NatsError::Stream { stream: name.clone(), reason };
+    let mut stream = js.get_or_create_stream(wanted.clone()).await.map_err(|e| error(e.to_string()))?;
+    let have = stream.cached_info().config.clone();
+    if have.subjects != wanted.subjects || have.retention != wanted.retention {
+        return Err(error(format!(
+            "it exists with subjects {:?} and {:?} retention; kvpick needs {:?} and limits (delete it, or name another pool)",
+            have.subjects, have.retention, wanted.subjects
+        )));
+    }
+    if have.max_age != wanted.max_age || have.max_bytes != wanted.max_bytes || have.num_replicas != wanted.num_replicas
+    {
+        let updated = stream::Config {
+            max_age: wanted.max_age,
+            max_bytes: wanted.max_bytes,
+            num_replicas: wanted.num_replicas,
+            ..have
+        };
+        js.update_stream(updated).await.map_err(|e| error(format!("cannot update its limits: {e}")))?;
+        stream = js.get_stream(&name).await.map_err(|e| error(e.to_string()))?;
+    }
+    Ok(stream)
+}
+
 /// The URL without a password, for messages.
-fn redact(url: &str) -> String {
+pub fn redact(url: &str) -> String {
     url.split(',')
         .map(|one| match (one.find("://"), one.rfind('@')) {
             (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &one[..scheme + 3], &one[at..]),
@@ -276,7 +327,9 @@ async fn publish(
 }
 
 /// Asks the sync for a snapshot whenever a peer asks for a resync or a
-/// replica starts.
+/// replica starts, at most once per [`SNAPSHOT_EVERY`]: every reader gets
+/// each snapshot, so one answers every request made meanwhile (many
+/// readers seeing the same gap ask together).
 async fn snapshot_requests(
     us: ReplicaId,
     mut resyncs: async_nats::Subscriber,
@@ -285,6 +338,8 @@ async fn snapshot_requests(
     metrics: Arc<TransportMetrics>,
 ) {
     let limits = Limits::default();
+    let mut quiet_until = tokio::time::Instant::now();
+    let mut owed = false;
     loop {
         let wanted = tokio::select! {
             Some(message) = resyncs.next() => match decode(&message.payload, &limits) {
@@ -302,85 +357,182 @@ async fn snapshot_requests(
                 let from = std::str::from_utf8(&message.payload).ok().and_then(|s| s.parse::<u64>().ok());
                 from.is_some_and(|from| from != us.0)
             }
+            () = tokio::time::sleep_until(quiet_until), if owed => {
+                owed = false;
+                true
+            }
             else => return,
         };
-        if wanted && snapshots.send(NATS_LINK).is_err() {
+        if !wanted {
+            continue;
+        }
+        if tokio::time::Instant::now() < quiet_until {
+            owed = true;
+            continue;
+        }
+        quiet_until = tokio::time::Instant::now() + SNAPSHOT_EVERY;
+        if snapshots.send(NATS_LINK).is_err() {
             return; // the sync stopped
         }
     }
 }
 
+/// See [`snapshot_requests`].
+const SNAPSHOT_EVERY: Duration = Duration::from_millis(250);
+
 /// Every peer's frames, from the stream.
 struct Reader {
-    config: NatsConfig,
-    client: async_nats::Client,
+    link: NatsLink,
     inbound: mpsc::Sender<Inbound>,
     limits: Limits,
     metrics: Arc<TransportMetrics>,
     /// Snapshot parts being gathered, per origin (their frames interleave).
     parts: HashMap<u64, SnapshotParts>,
+    /// The stream sequence of the last message read: a new consumer
+    /// starts after it.
+    last: u64,
 }
 
+/// Origins whose snapshot parts are gathered at once, at most (a peer
+/// publishing parts under many names cannot grow this without bound;
+/// a snapshot comes in parts only past a frame's worth of bookings).
+const MAX_GATHERING: usize = 64;
+
 impl Reader {
-    async fn run(mut self, mut messages: consumer::push::Ordered) {
-        let prefix = format!("kvpick.{}.bookings.", self.config.pool);
-        self.metrics.streams_in.store(1, Ordering::Relaxed);
-        while let Some(next) = messages.next().await {
-            let message = match next {
-                Ok(message) => message,
-                Err(error) => {
-                    // The ordered consumer makes itself again; only a
-                    // terminal error ends the stream.
-                    tracing::warn!(%error, "replica sync: reading the NATS stream");
-                    continue;
-                }
-            };
-            let Some(origin) = message.subject.strip_prefix(prefix.as_str()).and_then(|o| o.parse::<u64>().ok()) else {
-                self.metrics.refused("nats_subject");
-                continue;
-            };
-            if origin == self.config.replica.0 {
-                continue;
-            }
-            self.metrics.frames_in.fetch_add(1, Ordering::Relaxed);
-            self.metrics.bytes_in.fetch_add(message.payload.len() as u64, Ordering::Relaxed);
-            let parts = self.parts.entry(origin).or_default();
-            let frame = match decode(&message.payload, &self.limits).and_then(|frame| parts.take(frame)) {
-                Ok(Some(frame)) => frame,
-                Ok(None) => continue,
-                Err(error) => {
-                    self.metrics.refused(error.kind());
-                    tracing::warn!(origin, bytes = message.payload.len(), %error, "a peer's frame from NATS refused");
-                    continue;
-                }
-            };
-            let named = match &frame {
-                Frame::Batch(b) => b.origin,
-                Frame::Snapshot(s) => s.origin,
-                Frame::Digest(d) => d.origin,
-                Frame::Resync(_) | Frame::SnapshotPart(_) => {
-                    self.metrics.refused("unexpected_resync");
-                    continue;
-                }
-            };
-            if named.0 != origin {
-                // Published on another replica's subject: not trusted.
-                self.metrics.refused("origin_mismatch");
-                tracing::warn!(subject = %message.subject, origin = named.0, "a frame on another replica's NATS subject refused");
-                continue;
-            }
-            let answer = self.answer(named);
-            if self.inbound.send(Inbound { frame, answer }).await.is_err() {
-                break; // the sync stopped
-            }
+    /// A consumer from the message after `last`, or from now and a hello
+    /// when there is no `last` or the stream no longer holds what follows
+    /// it (made again, or past its limits): then only snapshots can tell.
+    async fn open(&mut self) -> Result<consumer::push::Ordered, String> {
+        let link = &self.link;
+        let mut stream = ensure_stream(&link.client, &link.config).await.map_err(|e| e.to_string())?;
+        let state = stream.info().await.map_err(|e| e.to_string())?.state.clone();
+        let replay = self.last > 0 && state.first_sequence <= self.last + 1 && state.last_sequence >= self.last;
+        let deliver_policy = if replay {
+            consumer::DeliverPolicy::ByStartSequence { start_sequence: self.last + 1 }
+        } else {
+            consumer::DeliverPolicy::New
+        };
+        let consumer = stream
+            .create_consumer(consumer::push::OrderedConfig {
+                deliver_subject: link.client.new_inbox(),
+                filter_subject: format!("kvpick.{}.bookings.*", link.config.pool),
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        let messages = consumer.messages().await.map_err(|e| e.to_string())?;
+        if !replay {
+            link.hello().await?;
         }
-        self.metrics.streams_in.store(0, Ordering::Relaxed);
+        Ok(messages)
     }
 
-    /// The way back to an origin: its resync subject.
+    /// Reads until the sync stops. Any error of the consumer (a missed
+    /// heartbeat, a consumer or stream lost, a failed recreation) makes
+    /// a new one here, after a pause, from where this one was.
+    async fn run(mut self, mut messages: consumer::push::Ordered) {
+        let mut pause = Duration::from_millis(250);
+        loop {
+            self.metrics.streams_in.store(1, Ordering::Relaxed);
+            let ended = loop {
+                match messages.next().await {
+                    Some(Ok(message)) => {
+                        pause = Duration::from_millis(250);
+                        if let Ok(info) = message.info() {
+                            self.last = info.stream_sequence;
+                        }
+                        if !self.read(&message).await {
+                            return; // the sync stopped
+                        }
+                    }
+                    Some(Err(error)) => break error.to_string(),
+                    None => break "the consumer ended".to_owned(),
+                }
+            };
+            self.metrics.streams_in.store(0, Ordering::Relaxed);
+            drop(messages);
+            tracing::warn!(error = %ended, after = self.last, "replica sync: reading the NATS stream; reading again");
+            messages = loop {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+                if self.inbound.is_closed() {
+                    return;
+                }
+                match self.open().await {
+                    Ok(messages) => break messages,
+                    Err(error) => tracing::debug!(%error, "replica sync: the NATS stream not read yet"),
+                }
+            };
+        }
+    }
+
+    /// One message; false once the sync has stopped.
+    async fn read(&mut self, message: &jetstream::Message) -> bool {
+        let prefix = format!("kvpick.{}.bookings.", self.link.config.pool);
+        let Some(origin) = message.subject.strip_prefix(prefix.as_str()).and_then(|o| o.parse::<u64>().ok()) else {
+            self.metrics.refused("nats_subject");
+            return true;
+        };
+        if origin == self.link.config.replica.0 {
+            return true;
+        }
+        self.metrics.frames_in.fetch_add(1, Ordering::Relaxed);
+        self.metrics.bytes_in.fetch_add(message.payload.len() as u64, Ordering::Relaxed);
+        let frame = match decode(&message.payload, &self.limits) {
+            Ok(frame) => frame,
+            Err(error) => {
+                self.metrics.refused(error.kind());
+                tracing::warn!(origin, bytes = message.payload.len(), %error, "a peer's frame from NATS refused");
+                return true;
+            }
+        };
+        let named = match &frame {
+            Frame::Batch(b) => b.origin,
+            Frame::Snapshot(s) => s.origin,
+            Frame::Digest(d) => d.origin,
+            Frame::SnapshotPart(p) => p.snapshot.origin,
+            Frame::Resync(_) => {
+                self.metrics.refused("unexpected_resync");
+                return true;
+            }
+        };
+        if named.0 != origin {
+            // Published on another replica's subject: not taken, not even
+            // as a part to gather.
+            self.metrics.refused("origin_mismatch");
+            tracing::warn!(subject = %message.subject, origin = named.0, "a frame on another replica's NATS subject refused");
+            return true;
+        }
+        if !self.parts.contains_key(&origin) && self.parts.len() >= MAX_GATHERING {
+            // Origins not gathering now hold nothing: they go first.
+            self.parts.retain(|_, parts| parts.gathering());
+            if self.parts.len() >= MAX_GATHERING {
+                self.metrics.refused("too_many_origins");
+                return true;
+            }
+        }
+        let frame = match self.parts.entry(origin).or_default().take(frame) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return true,
+            Err(error) => {
+                self.metrics.refused(error.kind());
+                tracing::warn!(origin, %error, "a peer's snapshot part from NATS refused");
+                return true;
+            }
+        };
+        let answer = self.answer(named);
+        self.inbound.send(Inbound { frame, answer }).await.is_ok()
+    }
+
+    /// The way back to an origin: its resync subject (nothing while NATS
+    /// is away: the sync asks again later).
     fn answer(&self, origin: ReplicaId) -> Answer {
-        let (client, subject) = (self.client.clone(), self.config.subject("resync", origin));
+        let (client, subject) = (self.link.client.clone(), self.link.config.subject("resync", origin));
         Answer::new(move |frame| {
+            if client.connection_state() != async_nats::connection::State::Connected {
+                return false;
+            }
             let (client, subject) = (client.clone(), subject.clone());
             tokio::spawn(async move { client.publish(subject, frame).await });
             true

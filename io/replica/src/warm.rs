@@ -27,7 +27,7 @@ use tonic::codegen::{BoxFuture, http};
 use tonic::{Code, Status};
 
 use crate::codec::RawCodec;
-use crate::endpoint::{DirectConfig, ServerShared, admit, dial, introduce};
+use crate::endpoint::{DirectConfig, IndexSource, ServerShared, admit, dial, introduce};
 use crate::wire::{
     FrameError, IndexLimits, IndexPiece, WorkerIndex, WorkerParts, decode_piece, encode_end, encode_worker,
 };
@@ -81,22 +81,12 @@ impl tonic::server::ServerStreamingService<Bytes> for IndexCall {
             let (frames, frames_rx) = mpsc::channel(4);
             tokio::spawn(async move {
                 let _serving = permit;
-                let serving = async {
-                    let limits = IndexLimits::default();
-                    let (mut workers, mut blocks) = (0u64, 0u64);
-                    for worker in donor.source.workers() {
-                        let Some(index) = donor.source.export(worker).await else { continue };
-                        workers += 1;
-                        blocks += index.snapshot.blocks.blocks.len() as u64;
-                        for frame in encode_worker(&index, &limits) {
-                            frames.send(Ok(Bytes::from(frame))).await.map_err(|_| "the asker left")?;
-                        }
-                    }
-                    frames.send(Ok(Bytes::from(encode_end(workers, blocks)))).await.map_err(|_| "the asker left")?;
-                    Ok::<_, &str>((workers, blocks))
-                };
+                let serving = export_frames(&*donor.source, |frame| {
+                    let frames = frames.clone();
+                    async move { frames.send(Ok(frame)).await.is_ok() }
+                });
                 match tokio::time::timeout(SERVE_AT_MOST, serving).await {
-                    Ok(Ok((workers, blocks))) => {
+                    Ok(Ok(IndexSummary { workers, blocks })) => {
                         shared.metrics.indexes_served.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(
                             asker,
@@ -165,8 +155,7 @@ pub async fn fetch_index(
         Ok(response) => response.into_inner(),
         Err(status) => return Err(WarmError::Refused { code: status.code(), message: status.message().to_owned() }),
     };
-    let mut parts = WorkerParts::default();
-    let mut got = IndexSummary::default();
+    let mut taker = IndexTaker::new(limits);
     loop {
         let next = tokio::time::timeout(idle, frames.message()).await.map_err(|_| WarmError::Idle(idle))?;
         let bytes = match next {
@@ -174,17 +163,73 @@ pub async fn fetch_index(
             Ok(None) => return Err(WarmError::Broken("ended without its end frame".into())),
             Err(status) => return Err(WarmError::Broken(status.to_string())),
         };
-        match parts.take(decode_piece(&bytes, &limits)?, &limits)? {
-            None => {}
-            Some(IndexPiece::Worker { index, .. }) => {
-                got.workers += 1;
-                got.blocks += index.snapshot.blocks.blocks.len() as u64;
-                out.send(index).await.map_err(|_| WarmError::Dropped)?;
-            }
-            Some(IndexPiece::End { workers, .. }) if workers != got.workers => {
-                return Err(WarmError::Incomplete { got: got.workers, said: workers });
-            }
-            Some(IndexPiece::End { .. }) => return Ok(got),
+        if let Some(whole) = taker.take(&bytes, &out).await? {
+            return Ok(whole);
         }
     }
+}
+
+/// Puts a peer's index back together frame by frame, whatever carried it
+/// (`Peer/Index`, or an object of the `nats` transport's store).
+pub(crate) struct IndexTaker {
+    limits: IndexLimits,
+    parts: WorkerParts,
+    got: IndexSummary,
+}
+
+impl IndexTaker {
+    pub(crate) fn new(limits: IndexLimits) -> Self {
+        IndexTaker { limits, parts: WorkerParts::default(), got: IndexSummary::default() }
+    }
+
+    pub(crate) fn limits(&self) -> &IndexLimits {
+        &self.limits
+    }
+
+    /// Takes one frame: a whole worker goes to `out`; the summary once the
+    /// end frame shows every worker came.
+    pub(crate) async fn take(
+        &mut self,
+        bytes: &[u8],
+        out: &mpsc::Sender<WorkerIndex>,
+    ) -> Result<Option<IndexSummary>, WarmError> {
+        match self.parts.take(decode_piece(bytes, &self.limits)?, &self.limits)? {
+            None => Ok(None),
+            Some(IndexPiece::Worker { index, .. }) => {
+                self.got.workers += 1;
+                self.got.blocks += index.snapshot.blocks.blocks.len() as u64;
+                out.send(index).await.map_err(|_| WarmError::Dropped)?;
+                Ok(None)
+            }
+            Some(IndexPiece::End { workers, .. }) if workers != self.got.workers => {
+                Err(WarmError::Incomplete { got: self.got.workers, said: workers })
+            }
+            Some(IndexPiece::End { .. }) => Ok(Some(self.got)),
+        }
+    }
+}
+
+/// Every frame of this replica's index, a worker at a time, then the end
+/// frame; `send` takes each (false: the taker left).
+pub(crate) async fn export_frames<F, Fut>(source: &dyn IndexSource, mut send: F) -> Result<IndexSummary, &'static str>
+where
+    F: FnMut(Bytes) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let limits = IndexLimits::default();
+    let mut got = IndexSummary::default();
+    for worker in source.workers() {
+        let Some(index) = source.export(worker).await else { continue };
+        got.workers += 1;
+        got.blocks += index.snapshot.blocks.blocks.len() as u64;
+        for frame in encode_worker(&index, &limits) {
+            if !send(Bytes::from(frame)).await {
+                return Err("the asker left");
+            }
+        }
+    }
+    if !send(Bytes::from(encode_end(got.workers, got.blocks))).await {
+        return Err("the asker left");
+    }
+    Ok(got)
 }

@@ -194,6 +194,11 @@ impl SnapshotParts {
     /// peer cannot make this replica buffer more.
     pub const MAX_BYTES: usize = 256 << 20;
 
+    /// A snapshot's first parts are held, waiting for the rest.
+    pub fn gathering(&self) -> bool {
+        self.gathering.is_some()
+    }
+
     /// Passes `frame` on, keeps a part, or gives the snapshot its last
     /// part completes.
     pub fn take(&mut self, frame: Frame) -> Result<Option<Frame>, FrameError> {

@@ -165,6 +165,7 @@ pub struct NatsSettings {
     pub pool: String,
     pub credentials: Option<PathBuf>,
     pub ca: Option<PathBuf>,
+    pub stream_replicas: usize,
 }
 
 fn nats(v: &Values, discovery: &DiscoveryMode) -> Result<Option<NatsSettings>, ConfigError> {
@@ -188,6 +189,7 @@ fn nats(v: &Values, discovery: &DiscoveryMode) -> Result<Option<NatsSettings>, C
         pool,
         credentials: v.get(var::PEER_NATS_CREDS).map(PathBuf::from),
         ca: v.get(var::PEER_NATS_CA).map(PathBuf::from),
+        stream_replicas: v.whole_in::<usize>(var::PEER_NATS_REPLICAS, 1, 5)?.unwrap_or(1),
     }))
 }
 

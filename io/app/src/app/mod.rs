@@ -261,15 +261,8 @@ impl App {
                 });
                 let replicas = Replicas::start(settings, selectors, clock.clone(), discovered_peers, index).await?;
                 if let Some(deadline) = warm_deadline {
-                    tasks.push(tokio::spawn(warm_start::run(
-                        ingest.clone(),
-                        health.readiness(),
-                        replicas.direct_config().clone(),
-                        replicas.peers(),
-                        deadline,
-                        replicas.transport.clone(),
-                        replicas.stats().clone(),
-                    )));
+                    let sources = replicas.warm_sources();
+                    tasks.push(tokio::spawn(warm_start::run(ingest.clone(), health.readiness(), sources, deadline)));
                 }
                 Some(replicas)
             }

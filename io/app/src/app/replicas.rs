@@ -27,8 +27,9 @@ pub struct Replicas {
     sync: ReplicaSync,
     server: ServerHandle,
     merge: Option<JoinHandle<()>>,
-    /// The `nats` transport's reader and snapshot-request tasks.
+    /// The `nats` transport's reader, snapshot-request and index tasks.
     nats_tasks: Vec<JoinHandle<()>>,
+    nats: Option<NatsLink>,
     pub transport: Arc<TransportMetrics>,
     /// What the links dial (warm start asks the same peers).
     peers: watch::Receiver<BTreeSet<SocketAddr>>,
@@ -69,7 +70,7 @@ impl Replicas {
         let mut sync_config = SyncConfig::new(id, incarnation);
         sync_config.peer_grace = settings.peer_grace;
         sync_config.batch_delay = settings.batch_delay;
-        let (sync, nats_tasks) = match &settings.nats {
+        let (sync, nats_tasks, nats_link) = match &settings.nats {
             None => {
                 let links = {
                     let (direct, metrics) = (direct.clone(), transport.clone());
@@ -77,12 +78,13 @@ impl Replicas {
                 };
                 let sync = ReplicaSync::spawn(sync_config, selectors, clock, links)
                     .map_err(|e| StartError::Replicas(e.into()))?;
-                (sync, Vec::new())
+                (sync, Vec::new(), None)
             }
             Some(nats) => {
                 let config = NatsConfig {
                     credentials: nats.credentials.clone(),
                     ca: nats.ca.clone(),
+                    stream_replicas: nats.stream_replicas,
                     ..NatsConfig::new(nats.url.clone(), nats.pool.clone(), id)
                 };
                 let link = NatsLink::connect(config).await.map_err(|e| StartError::Replicas(e.to_string()))?;
@@ -96,11 +98,16 @@ impl Replicas {
                 let requests =
                     link.serve_requests(sync.snapshot_requests(), transport.clone()).await.map_err(nats_error)?;
                 let reader = link.consume(sync.inbound(), limits, transport.clone()).await.map_err(nats_error)?;
-                tracing::info!(url = %nats.url, pool = %nats.pool, "replica sync: bookings through NATS JetStream");
-                (sync, vec![requests, reader])
+                let donor = link.serve_index(index.clone(), transport.clone());
+                let url = kvpick_replica::nats::redact(&nats.url);
+                tracing::info!(%url, pool = %nats.pool, "replica sync: bookings through NATS JetStream");
+                (sync, vec![requests, reader, donor], Some(link))
             }
         };
-        let service = PeerService::new(direct.clone(), sync.inbound(), transport.clone(), index);
+        let service = match &settings.nats {
+            None => PeerService::new(direct.clone(), sync.inbound(), transport.clone(), index),
+            Some(_) => PeerService::index_only(direct.clone(), sync.inbound(), transport.clone(), index),
+        };
         let mut builder = kvpick_grpc::server::builder(&Http2::default());
         if let Some(tls) = &tls {
             builder = builder.tls_config(tls.server()).map_err(|e| StartError::Replicas(format!("peer TLS: {e}")))?;
@@ -116,17 +123,18 @@ impl Replicas {
             mutual_tls = tls.is_some(),
             "replica sync: sharing bookings with peer replicas"
         );
-        Ok(Replicas { id, incarnation, sync, server, merge, nats_tasks, transport, peers, direct })
+        Ok(Replicas { id, incarnation, sync, server, merge, nats_tasks, nats: nats_link, transport, peers, direct })
     }
 
-    /// The peers dialed, as they change.
-    pub fn peers(&self) -> watch::Receiver<BTreeSet<SocketAddr>> {
-        self.peers.clone()
-    }
-
-    /// How this replica dials its peers (identity, token, TLS).
-    pub fn direct_config(&self) -> &DirectConfig {
-        &self.direct
+    /// What a warm start asks: the direct peers, or through NATS.
+    pub fn warm_sources(&self) -> super::warm_start::Sources {
+        super::warm_start::Sources {
+            config: self.direct.clone(),
+            peers: self.peers.clone(),
+            stats: self.transport.clone(),
+            sync: self.sync.stats().clone(),
+            nats: self.nats.clone(),
+        }
     }
 
     pub fn local_addr(&self) -> SocketAddr {

@@ -68,6 +68,7 @@ pub const PEER_NATS_URL: &str = "KVPICK_PEER_NATS_URL";
 pub const PEER_NATS_POOL: &str = "KVPICK_PEER_NATS_POOL";
 pub const PEER_NATS_CREDS: &str = "KVPICK_PEER_NATS_CREDS";
 pub const PEER_NATS_CA: &str = "KVPICK_PEER_NATS_CA";
+pub const PEER_NATS_REPLICAS: &str = "KVPICK_PEER_NATS_REPLICAS";
 pub const EXT_PROC_PORT: &str = "KVPICK_EXT_PROC_PORT";
 pub const TOKENIZER_URL: &str = "DYN_EPP_TOKENIZER_SERVICE_URL";
 pub const TOKENIZER_PROTOCOL: &str = "DYN_EPP_TOKENIZER_PROTOCOL";
@@ -282,6 +283,12 @@ pub const SETTINGS: &[Setting] = &[
         "peer-nats-ca",
         None,
         "A CA file the NATS servers' certificates are checked against (TLS then required)",
+    ),
+    s(
+        PEER_NATS_REPLICAS,
+        "peer-nats-replicas",
+        Some("1"),
+        "Copies JetStream keeps of the nats transport's stream and index store (1 to 5; 3 on a NATS cluster)",
     ),
     s(
         WARM_START_TIMEOUT_MS,

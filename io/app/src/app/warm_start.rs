@@ -3,7 +3,9 @@
 //! routing blind until the engines' caches are relearned.
 //!
 //! From the ingest's start its new streams are held; discovery subscribes
-//! them as usual. Then the peers are asked in turn (`Peer/Index`); each
+//! them as usual. Then a ready replica is asked through NATS (with the
+//! `nats` transport: `kvpick_replica::nats`), and the direct peers in turn
+//! (`Peer/Index`); each
 //! worker that arrives seeds its held stream (the import goes ahead of
 //! every later event, and the stream continues from the peer's cut). When
 //! a peer's whole index is in, when no peer can give one (none listed,
@@ -13,10 +15,13 @@
 //! The peers' live bookings come from the peers themselves: each dials
 //! this replica (its discovery lists replicas not yet ready: the peer
 //! Service publishes them) and opens its stream with a snapshot of them.
-//! Readiness also waits, within the same deadline, until as many peers
-//! have sent theirs as this replica's own links reach, so its first picks
-//! see the load the others booked. This replica serves its own index to
-//! others once it is ready.
+//! Readiness also waits, within the same deadline, until every link this
+//! replica dials has settled (up, failed once, or found itself) and every
+//! peer it reached has sent them, so its first picks see the load the
+//! others booked; through NATS, until every replica that
+//! published on the pool's stream in the last 5 s has answered its hello
+//! with its bookings. This replica serves its own index to others once it
+//! is ready.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -29,12 +34,15 @@ use kvpick_core::replica::ReplicaId;
 use kvpick_grpc::Readiness;
 use kvpick_kv_events::{KvEventIngest, SeedRefused, StreamCut, WorkerSeed};
 use kvpick_replica::{
-    DirectConfig, IndexLimits, IndexSource, Pending, SyncStats, TransportMetrics, WorkerIndex, fetch_index,
+    DirectConfig, IndexLimits, IndexSource, IndexSummary, LinkState, NatsLink, Pending, SyncStats, TransportMetrics,
+    WarmError, WorkerIndex, fetch_index,
 };
 use tokio::sync::{mpsc, watch};
 
 use crate::metrics::collect::WorkerNames;
 
+/// A replica that published on NATS this recently is running.
+const NATS_LIVE: Duration = Duration::from_secs(5);
 /// How long a peer may stay silent in the middle of its index.
 const IDLE: Duration = Duration::from_secs(5);
 /// How long to wait for a first peer to be known (Kubernetes discovery
@@ -69,16 +77,20 @@ impl IndexSource for AppIndex {
     }
 }
 
+/// Where a warm start's index and bookings come from: the replica sync's
+/// side of it (`Replicas::warm_sources`).
+pub struct Sources {
+    /// How to dial the direct peers, and which they are as they change.
+    pub config: DirectConfig,
+    pub peers: watch::Receiver<BTreeSet<SocketAddr>>,
+    pub stats: Arc<TransportMetrics>,
+    pub sync: Arc<SyncStats>,
+    pub nats: Option<NatsLink>,
+}
+
 /// Runs the warm start to its end (see the module docs).
-pub async fn run(
-    ingest: Arc<KvEventIngest>,
-    readiness: Readiness,
-    config: DirectConfig,
-    mut peers: watch::Receiver<BTreeSet<SocketAddr>>,
-    deadline: Instant,
-    stats: Arc<TransportMetrics>,
-    sync: Arc<SyncStats>,
-) {
+pub async fn run(ingest: Arc<KvEventIngest>, readiness: Readiness, sources: Sources, deadline: Instant) {
+    let Sources { config, mut peers, stats, sync, nats } = sources;
     // Readiness stops waiting however this ends, a panic included (the
     // ingest's holds end at their own deadline).
     let _warming = EndsWarming(readiness.clone());
@@ -89,10 +101,21 @@ pub async fn run(
         // streams the seeds continue.
         let _ = tokio::time::timeout(PEERS_WAIT, peers.wait_for(|set| !set.is_empty())).await;
         let _ = tokio::time::timeout(PEERS_WAIT, workers_known(&readiness)).await;
+        // Through NATS first when bookings go there (any ready replica of
+        // the pool answers), then each direct peer in turn.
+        if let Some(link) = &nats {
+            let within = deadline.saturating_duration_since(Instant::now());
+            let fetch = |out| link.fetch_index(IndexLimits::default(), within, out);
+            match take_index("NATS", &ingest, &stats, fetch).await {
+                Ok(()) => return Some("a peer through NATS".to_owned()),
+                Err(why) => tracing::info!(%why, "warm start: no index through NATS"),
+            }
+        }
         let candidates: Vec<SocketAddr> = peers.borrow().iter().copied().collect();
         for peer in candidates {
-            match from_peer(peer, &ingest, &config, &stats).await {
-                Ok(()) => return Some(peer),
+            let fetch = |out| fetch_index(peer, &config, IndexLimits::default(), IDLE, out);
+            match take_index(&peer.to_string(), &ingest, &stats, fetch).await {
+                Ok(()) => return Some(peer.to_string()),
                 Err(why) => tracing::info!(%peer, %why, "warm start: no index from this peer"),
             }
         }
@@ -108,13 +131,24 @@ pub async fn run(
     if let Err(error) = ingest.release_holds() {
         tracing::warn!(%error, "warm start: could not end the holds");
     }
-    let bookings = tokio::time::timeout_at(deadline.into(), peers_bookings(&stats, &sync)).await;
-    let missing = without_bookings(&stats, &sync);
+    // Through NATS, the replicas that published lately answer the hello
+    // with their live bookings.
+    let mut expected = Vec::new();
+    if let Some(link) = &nats {
+        match tokio::time::timeout_at(deadline.into(), link.live_origins(NATS_LIVE)).await {
+            Ok(Ok(live)) => expected = live,
+            Ok(Err(error)) => tracing::warn!(%error, "warm start: the replicas live on NATS not known"),
+            Err(_) => {}
+        }
+    }
+    let bookings = tokio::time::timeout_at(deadline.into(), peers_bookings(&stats, &sync, &expected)).await;
+    let (dialing, missing) = without_bookings(&stats, &sync, &expected);
     if bookings.is_err() {
         let missing: Vec<u64> = missing.iter().map(|r| r.0).collect();
         tracing::warn!(
+            dialing,
             ?missing,
-            "warm start: not every peer this replica reaches sent its live bookings by the deadline"
+            "warm start: not every peer this replica dials had sent its live bookings by the deadline"
         );
     }
     readiness.set_warming(false);
@@ -139,17 +173,31 @@ impl Drop for EndsWarming {
     }
 }
 
-/// The peers this replica's links reach now whose live bookings have not
-/// come yet (each opens its own stream to this replica with them).
-fn without_bookings(stats: &TransportMetrics, sync: &SyncStats) -> Vec<ReplicaId> {
+/// What readiness still waits for: the links still dialing (each will
+/// reach its peer, find it gone, or find itself), and the peers reached
+/// whose live bookings have not come yet (each opens its own stream to
+/// this replica with them).
+fn without_bookings(stats: &TransportMetrics, sync: &SyncStats, expected: &[ReplicaId]) -> (usize, Vec<ReplicaId>) {
     let origins = sync.snapshot().origins;
     let sent = |peer: &ReplicaId| origins.get(peer).is_some_and(|o| o.stats.resyncs > 0 && !o.forgotten);
-    stats.reached().into_iter().filter(|peer| !sent(peer)).collect()
+    let states = stats.links_state();
+    let dialing = states.iter().filter(|s| **s == LinkState::Dialing).count();
+    let reached = states.into_iter().filter_map(|s| match s {
+        LinkState::Up(Some(peer)) => Some(peer),
+        _ => None,
+    });
+    let missing = reached.chain(expected.iter().copied()).filter(|peer| !sent(peer)).collect();
+    (dialing, missing)
 }
 
-/// Until every peer this replica reaches has sent its live bookings.
-async fn peers_bookings(stats: &TransportMetrics, sync: &SyncStats) {
-    while !without_bookings(stats, sync).is_empty() {
+/// Until every link has settled and every peer reached (and `expected`)
+/// has sent its live bookings.
+async fn peers_bookings(stats: &TransportMetrics, sync: &SyncStats, expected: &[ReplicaId]) {
+    loop {
+        let (dialing, missing) = without_bookings(stats, sync, expected);
+        if dialing == 0 && missing.is_empty() {
+            return;
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -192,15 +240,19 @@ async fn seed(ingest: &KvEventIngest, index: WorkerIndex, stats: &TransportMetri
     None
 }
 
-/// One peer's whole index, each worker seeded as it arrives.
-async fn from_peer(
-    peer: SocketAddr,
+/// One peer's whole index (`fetch` passes each worker on as it arrives),
+/// each worker seeded as it arrives.
+async fn take_index<F>(
+    from: &str,
     ingest: &KvEventIngest,
-    config: &DirectConfig,
     stats: &TransportMetrics,
-) -> Result<(), String> {
+    fetch: impl FnOnce(mpsc::Sender<WorkerIndex>) -> F,
+) -> Result<(), String>
+where
+    F: std::future::Future<Output = Result<IndexSummary, WarmError>>,
+{
     let (out, mut arrived) = mpsc::channel::<WorkerIndex>(2);
-    let fetch = fetch_index(peer, config, IndexLimits::default(), IDLE, out);
+    let fetch = fetch(out);
     let seed_all = async {
         let mut later = Vec::new();
         while let Some(index) = arrived.recv().await {
@@ -219,7 +271,7 @@ async fn from_peer(
             unknown += usize::from(seed(ingest, index, stats).await.is_some());
         }
         if unknown > 0 {
-            tracing::info!(%peer, unknown, "warm start: workers of the peer's index not in this replica's pool");
+            tracing::info!(from, unknown, "warm start: workers of the peer's index not in this replica's pool");
         }
     }
     // A peer that started cold itself, with nothing learned yet: another
@@ -227,6 +279,6 @@ async fn from_peer(
     if stats.warm_workers_seeded.load(Ordering::Relaxed) == seeded_before {
         return Err(format!("its index had nothing for this replica's workers ({} workers)", summary.workers));
     }
-    tracing::info!(%peer, workers = summary.workers, blocks = summary.blocks, "warm start: a peer's index taken");
+    tracing::info!(from, workers = summary.workers, blocks = summary.blocks, "warm start: a peer's index taken");
     Ok(())
 }

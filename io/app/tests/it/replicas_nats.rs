@@ -15,7 +15,7 @@ use kvpick_core::replica::{PeerEvent, ReplicaId};
 use kvpick_test_support::nats_server::NatsServer;
 
 use crate::bin_support::{TempDir, fleet, write_workers};
-use crate::ext_proc_support::{finish_response, wait_for};
+use crate::ext_proc_support::{finish_response, wait_for, wait_within};
 use crate::replicas::{batch, body, booking, loads, open, pick, prefill_on, refused, replica_with, text};
 
 const POOL: &str = "nats-test";
@@ -60,9 +60,11 @@ async fn replicas_share_bookings_through_nats_and_survive_an_outage() {
     wait_for("B's booking held on A", || async { a.service().peer_bookings() == 1 }).await;
 
     // C starts later: the live bookings come to it as it starts (every
-    // origin answers its hello with a snapshot).
+    // origin answers its hello with a snapshot), before it reports ready.
     let c = nats_replica(&file, &nats, 13).await;
-    wait_for("A's and B's live bookings held on C", || async { c.service().peer_bookings() == 2 }).await;
+    let serving = kvpick_proto::health::health_check_response::ServingStatus::Serving;
+    wait_for("C ready", || async { crate::replicas_warm::readiness(c.health_addr()).await == serving }).await;
+    assert_eq!(c.service().peer_bookings(), 2, "C ready without A's and B's live bookings");
 
     // An outage: NATS goes away while A books and B frees, then comes
     // back (same port, same store). The clients reconnect, the readers
@@ -73,7 +75,9 @@ async fn replicas_share_bookings_through_nats_and_survive_an_outage() {
     let _ = pick(&mut on_a2, &body(&text("charlie"))).await;
     finish_response(&mut on_b).await;
     nats.restart();
-    wait_for("everyone holds A's two bookings and nothing of B's", || async {
+    // Within the clients' reconnect backoff and the readers' own.
+    let recovered = std::time::Duration::from_secs(60);
+    wait_within("everyone holds A's two bookings and nothing of B's", recovered, || async {
         converged(&[&a, &b, &c], 2).await && b.service().active_reservations() == 0
     })
     .await;
@@ -134,5 +138,92 @@ async fn a_nats_reader_refuses_garbage_impostors_and_lies_and_resyncs_a_gap() {
     let seven = stats.origins.get(&ReplicaId(7)).copied().unwrap_or_default();
     assert_eq!((seven.stats.unknown_worker, seven.stats.gaps), (1, 1), "{seven:?}");
     a.shutdown().await;
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_started_later_takes_the_index_through_nats() {
+    use std::sync::atomic::Ordering;
+
+    use crate::replicas_warm::{overlaps, prompts, transport, write_workers_without_replay};
+
+    let Some(nats) = NatsServer::start() else { return };
+    let fleet = fleet(2).await;
+    let dir = TempDir::new("replicas-nats-warm");
+    let file = dir.path("workers.json");
+    // No replay endpoints: what a replica did not hear, it cannot ask for.
+    write_workers_without_replay(&file, &fleet);
+    let a = nats_replica(&file, &nats, 31).await;
+    wait_for("A's warm start over (cold: nobody to ask)", || async {
+        transport(&a).warm_outcome.load(Ordering::Relaxed) == 2
+    })
+    .await;
+    wait_for("A subscribed to both engines", || async { a.ingest().metrics().workers().len() == 2 }).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let prompts = prompts();
+    for (i, tokens) in prompts.iter().enumerate() {
+        let engine = fleet.get(i % 2).unwrap_or_else(|| panic!("engine {i}"));
+        engine
+            .generate(kvpick_sim::RequestSpec { prompt: tokens.clone(), max_tokens: 2, seed: None })
+            .await
+            .unwrap_or_else(|e| panic!("generate: {e}"));
+    }
+    for tokens in &prompts {
+        wait_for("A learned the prompt's blocks", || async { overlaps(&a, tokens).await.iter().any(|(_, d)| *d >= 8) })
+            .await;
+    }
+
+    // B has no direct peer at all: its index comes through NATS's object
+    // store, from A.
+    let b = nats_replica(&file, &nats, 32).await;
+    wait_for("B's warm start over", || async { transport(&b).warm_outcome.load(Ordering::Relaxed) != 0 }).await;
+    assert_eq!(transport(&b).warm_outcome.load(Ordering::Relaxed), 1, "B started cold");
+    assert_eq!(transport(&b).warm_workers_seeded.load(Ordering::Relaxed), 2);
+    for tokens in &prompts {
+        assert_eq!(overlaps(&b, tokens).await, overlaps(&a, tokens).await, "B does not know what A knows");
+    }
+    let m = b.ingest().metrics().snapshot();
+    assert_eq!((m.streams_seeded, m.streams_released_cold, m.lost_batches), (2, 0, 0));
+    assert_eq!(transport(&a).indexes_served.load(Ordering::Relaxed), 1, "B took A's whole index");
+    for app in [a, b] {
+        app.shutdown().await;
+    }
+    fleet.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_deleted_under_the_replicas_is_made_again_and_they_resync() {
+    let Some(nats) = NatsServer::start() else { return };
+    let fleet = fleet(2).await;
+    let dir = TempDir::new("replicas-nats-deleted");
+    let file = dir.path("workers.json");
+    write_workers(&file, &fleet, &[0, 1]);
+    let a = nats_replica(&file, &nats, 41).await;
+    let b = nats_replica(&file, &nats, 42).await;
+    let (mut on_a, _client_a) = open(&a).await;
+    pick(&mut on_a, &body(&text("alpha"))).await;
+    wait_for("A's booking held on B", || async { b.service().peer_bookings() == 1 }).await;
+
+    // An operator deletes the pool's stream (and with it every consumer):
+    // the readers lose their consumers, make the stream again and start
+    // over from snapshots.
+    let client = async_nats::connect(nats.url()).await.unwrap_or_else(|e| panic!("connect: {e}"));
+    let js = async_nats::jetstream::new(client);
+    js.delete_stream(format!("KVPICK_{POOL}")).await.unwrap_or_else(|e| panic!("delete: {e}"));
+    let (mut on_b, _client_b) = open(&b).await;
+    pick(&mut on_b, &body(&text("bravo"))).await;
+    finish_response(&mut on_a).await;
+    let recovered = std::time::Duration::from_secs(60);
+    wait_within("B's booking held on A and A's free on B", recovered, || async {
+        a.service().peer_bookings() == 1 && b.service().peer_bookings() == 0
+    })
+    .await;
+    finish_response(&mut on_b).await;
+    wait_within("every booking freed on both", recovered, || async { converged(&[&a, &b], 0).await }).await;
+    let m = js.get_stream(format!("KVPICK_{POOL}")).await;
+    assert!(m.is_ok(), "the stream was made again");
+    for app in [a, b] {
+        app.shutdown().await;
+    }
     fleet.shutdown().await;
 }

@@ -29,25 +29,25 @@ use crate::ext_proc_support::wait_for;
 use crate::replicas::{body, free_port, open, pick, prefill_on, replica_with, text};
 
 /// The engines' workers file, without their replay endpoints.
-fn write_workers_without_replay(path: &Path, fleet: &Fleet) {
+pub(crate) fn write_workers_without_replay(path: &Path, fleet: &Fleet) {
     let entries: Vec<Entry> =
         fleet.engines().iter().map(|e| Entry::new(e.endpoints().http, e.endpoints().events.clone(), None)).collect();
     workers_file::write(path, &entries).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 
 /// Prompts of 8 blocks of 16 tokens, distinct.
-fn prompts() -> Vec<Vec<u32>> {
+pub(crate) fn prompts() -> Vec<Vec<u32>> {
     (0..6u32).map(|p| (0..128).map(|t| p * 10_000 + t + 1).collect()).collect()
 }
 
 /// The workers holding a prefix of `tokens`, and how deep, as `app` knows.
-async fn overlaps(app: &App, tokens: &[u32]) -> Vec<(WorkerId, u32)> {
+pub(crate) async fn overlaps(app: &App, tokens: &[u32]) -> Vec<(WorkerId, u32)> {
     let producers = ThreadProducers::new(app.service().clone());
     let prompt = Prompt::from_tokens(tokens, 16, HashSeed::default());
     app.service().overlap_scores(&producers, &prompt).await
 }
 
-fn transport(app: &App) -> &kvpick_replica::TransportMetrics {
+pub(crate) fn transport(app: &App) -> &kvpick_replica::TransportMetrics {
     &app.replicas().unwrap_or_else(|| panic!("replica sync is off")).transport
 }
 
@@ -129,7 +129,7 @@ async fn a_replica_started_later_knows_the_engines_caches_at_once() {
     fleet.shutdown().await;
 }
 
-async fn readiness(health: SocketAddr) -> ServingStatus {
+pub(crate) async fn readiness(health: SocketAddr) -> ServingStatus {
     let channel = tonic::transport::Channel::from_shared(format!("http://{health}"))
         .unwrap_or_else(|e| panic!("{e}"))
         .connect()

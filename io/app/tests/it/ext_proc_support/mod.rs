@@ -319,12 +319,22 @@ impl Harness {
 }
 
 /// Polls `condition` every 5 ms until it holds; panics after [`WAIT`].
-pub async fn wait_for<F, Fut>(what: &str, mut condition: F)
+pub async fn wait_for<F, Fut>(what: &str, condition: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = Instant::now() + WAIT;
+    wait_within(what, WAIT, condition).await;
+}
+
+/// [`wait_for`] with a bound of its own (recoveries that take reconnect
+/// backoffs).
+pub async fn wait_within<F, Fut>(what: &str, within: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
     while !condition().await {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
