@@ -91,13 +91,37 @@ impl NatsConfig {
         }
     }
 
+    /// `kvpick.<pool>.<kind>.<replica>`: a replica's bookings or resync
+    /// requests.
     fn subject(&self, kind: &str, replica: ReplicaId) -> String {
-        format!("kvpick.{}.{kind}.{}", self.pool, replica.0)
+        format!("{}{}", self.prefix(kind), replica.0)
+    }
+
+    /// `kvpick.<pool>.<kind>.`, what every replica's subject of a kind
+    /// starts with.
+    fn prefix(&self, kind: &str) -> String {
+        format!("kvpick.{}.{kind}.", self.pool)
+    }
+
+    /// Every replica's bookings: the stream's subjects.
+    fn all_bookings(&self) -> String {
+        format!("{}*", self.prefix("bookings"))
+    }
+
+    /// Where a replica starting up asks every origin for a snapshot.
+    fn hello_subject(&self) -> String {
+        format!("kvpick.{}.hello", self.pool)
     }
 
     fn stream_name(&self) -> String {
         format!("KVPICK_{}", self.pool)
     }
+}
+
+/// A pool name fit for subjects and stream names: letters, digits, `-`
+/// and `_`.
+pub fn pool_name_ok(pool: &str) -> bool {
+    !pool.is_empty() && pool.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -125,9 +149,7 @@ pub struct NatsLink {
 impl NatsLink {
     /// Connects and makes sure the pool's stream exists.
     pub async fn connect(config: NatsConfig) -> Result<NatsLink, NatsError> {
-        let pool_ok =
-            !config.pool.is_empty() && config.pool.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if !pool_ok {
+        if !pool_name_ok(&config.pool) {
             return Err(NatsError::Pool(config.pool.clone()));
         }
         let connect_error = |reason: String| NatsError::Connect { url: redact(&config.url), reason };
@@ -190,7 +212,7 @@ impl NatsLink {
             }
         };
         let resyncs = subscribe(self.config.subject("resync", self.config.replica)).await?;
-        let hellos = subscribe(format!("kvpick.{}.hello", self.config.pool)).await?;
+        let hellos = subscribe(self.config.hello_subject()).await?;
         Ok(tokio::spawn(snapshot_requests(self.config.replica, resyncs, hellos, snapshots, metrics)))
     }
 
@@ -203,11 +225,13 @@ impl NatsLink {
         limits: Limits,
         metrics: Arc<TransportMetrics>,
     ) -> Result<JoinHandle<()>, NatsError> {
-        let mut reader = Reader { link: self.clone(), inbound, limits, metrics, parts: HashMap::new(), last: 0 };
-        let messages = reader.open().await.map_err(|reason| NatsError::Subscribe {
-            subject: format!("kvpick.{}.bookings.*", self.config.pool),
-            reason,
-        })?;
+        let prefix = self.config.prefix("bookings");
+        let mut reader =
+            Reader { link: self.clone(), prefix, inbound, limits, metrics, parts: HashMap::new(), last: 0 };
+        let messages = reader
+            .open()
+            .await
+            .map_err(|reason| NatsError::Subscribe { subject: self.config.all_bookings(), reason })?;
         Ok(tokio::spawn(reader.run(messages)))
     }
 
@@ -216,8 +240,9 @@ impl NatsLink {
     /// replica starting up waits for their live bookings (answers to its
     /// hello).
     pub async fn live_origins(&self, within: Duration) -> Result<Vec<ReplicaId>, String> {
-        let prefix = format!("kvpick.{}.bookings.", self.config.pool);
-        let mut subjects = self.stream.info_with_subjects(format!("{prefix}*")).await.map_err(|e| e.to_string())?;
+        let prefix = self.config.prefix("bookings");
+        let mut subjects =
+            self.stream.info_with_subjects(self.config.all_bookings()).await.map_err(|e| e.to_string())?;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
         let mut live = Vec::new();
         while let Some(next) = subjects.next().await {
@@ -238,8 +263,10 @@ impl NatsLink {
     }
 
     async fn hello(&self) -> Result<(), String> {
-        let hello = format!("kvpick.{}.hello", self.config.pool);
-        self.client.publish(hello, Bytes::from(self.config.replica.0.to_string())).await.map_err(|e| e.to_string())
+        self.client
+            .publish(self.config.hello_subject(), Bytes::from(self.config.replica.0.to_string()))
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -252,7 +279,7 @@ async fn ensure_stream(client: &async_nats::Client, config: &NatsConfig) -> Resu
     let name = config.stream_name();
     let wanted = stream::Config {
         name: name.clone(),
-        subjects: vec![format!("kvpick.{}.bookings.*", config.pool)],
+        subjects: vec![config.all_bookings()],
         // On disk: the stream outlives a NATS restart, so readers pick up
         // where they were.
         storage: stream::StorageType::File,
@@ -383,6 +410,8 @@ const SNAPSHOT_EVERY: Duration = Duration::from_millis(250);
 /// Every peer's frames, from the stream.
 struct Reader {
     link: NatsLink,
+    /// What its subjects start with (`kvpick.<pool>.bookings.`).
+    prefix: String,
     inbound: mpsc::Sender<Inbound>,
     limits: Limits,
     metrics: Arc<TransportMetrics>,
@@ -404,8 +433,9 @@ impl Reader {
     /// it (made again, or past its limits): then only snapshots can tell.
     async fn open(&mut self) -> Result<consumer::push::Ordered, String> {
         let link = &self.link;
-        let mut stream = ensure_stream(&link.client, &link.config).await.map_err(|e| e.to_string())?;
-        let state = stream.info().await.map_err(|e| e.to_string())?.state.clone();
+        let stream = ensure_stream(&link.client, &link.config).await.map_err(|e| e.to_string())?;
+        // As `ensure_stream` just read it.
+        let state = &stream.cached_info().state;
         let replay = self.last > 0 && state.first_sequence <= self.last + 1 && state.last_sequence >= self.last;
         let deliver_policy = if replay {
             consumer::DeliverPolicy::ByStartSequence { start_sequence: self.last + 1 }
@@ -415,7 +445,7 @@ impl Reader {
         let consumer = stream
             .create_consumer(consumer::push::OrderedConfig {
                 deliver_subject: link.client.new_inbox(),
-                filter_subject: format!("kvpick.{}.bookings.*", link.config.pool),
+                filter_subject: link.config.all_bookings(),
                 deliver_policy,
                 ..Default::default()
             })
@@ -469,8 +499,8 @@ impl Reader {
 
     /// One message; false once the sync has stopped.
     async fn read(&mut self, message: &jetstream::Message) -> bool {
-        let prefix = format!("kvpick.{}.bookings.", self.link.config.pool);
-        let Some(origin) = message.subject.strip_prefix(prefix.as_str()).and_then(|o| o.parse::<u64>().ok()) else {
+        let Some(origin) = message.subject.strip_prefix(self.prefix.as_str()).and_then(|o| o.parse::<u64>().ok())
+        else {
             self.metrics.refused("nats_subject");
             return true;
         };
@@ -591,6 +621,9 @@ mod tests {
         let config = NatsConfig::new("nats://x", "my-pool_1", ReplicaId(7));
         assert_eq!(config.subject("bookings", ReplicaId(7)), "kvpick.my-pool_1.bookings.7");
         assert_eq!(config.subject("resync", ReplicaId(9)), "kvpick.my-pool_1.resync.9");
+        assert_eq!(config.all_bookings(), "kvpick.my-pool_1.bookings.*");
+        assert_eq!(config.hello_subject(), "kvpick.my-pool_1.hello");
         assert_eq!(config.stream_name(), "KVPICK_my-pool_1");
+        assert!(pool_name_ok("my-pool_1") && !pool_name_ok("") && !pool_name_ok("a.b") && !pool_name_ok("a*"));
     }
 }

@@ -181,7 +181,7 @@ fn nats(v: &Values, discovery: &DiscoveryMode) -> Result<Option<NatsSettings>, C
         (None, DiscoveryMode::Kubernetes(cfg)) => cfg.pool_name.clone(),
         (None, _) => "kvpick".to_owned(),
     };
-    if pool.is_empty() || !pool.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+    if !kvpick_replica::nats::pool_name_ok(&pool) {
         return Err(v.error(var::PEER_NATS_POOL, format!("letters, digits, '-' and '_' (got {pool:?})")).into());
     }
     Ok(Some(NatsSettings {

@@ -40,9 +40,13 @@ impl NatsLink {
         format!("kvpick.{}.index", self.config.pool)
     }
 
+    fn index_bucket(&self) -> String {
+        format!("{}_INDEX", self.config.stream_name())
+    }
+
     async fn index_store(&self) -> Result<object_store::ObjectStore, String> {
         let js = jetstream::new(self.client.clone());
-        let bucket = format!("KVPICK_{}_INDEX", self.config.pool);
+        let bucket = self.index_bucket();
         match js.get_object_store(&bucket).await {
             Ok(store) => Ok(store),
             Err(_) => js

@@ -9,7 +9,7 @@ use kvpick_perf::svg::{self, Axis};
 
 use super::WorkloadResult;
 use super::fleet::{Joined, Record, RunResult};
-use super::summary::percentile;
+use super::summary::{hit_rate, percentile, sorted_ttfts_ms};
 
 /// The table shows this many windows one by one, then the rest as one.
 const ROWS: usize = 15;
@@ -31,16 +31,7 @@ pub struct Side {
 impl Side {
     fn of<'a>(records: impl Iterator<Item = &'a Record>) -> Side {
         let done: Vec<&Record> = records.filter(|r| r.finished_ns.is_some()).collect();
-        let prompt: u64 = done.iter().map(|r| u64::from(r.prompt_tokens)).sum();
-        let cached: u64 = done.iter().map(|r| u64::from(r.cached_tokens)).sum();
-        let mut ttfts: Vec<f64> =
-            done.iter().filter_map(|r| r.first_token_ns.map(|t| (t - r.arrival_ns) as f64 / 1e6)).collect();
-        ttfts.sort_by(f64::total_cmp);
-        Side {
-            requests: done.len(),
-            hit_rate: cached as f64 / prompt.max(1) as f64,
-            ttft_p90_ms: percentile(&ttfts, 0.90),
-        }
+        Side { requests: done.len(), hit_rate: hit_rate(&done), ttft_p90_ms: percentile(&sorted_ttfts_ms(&done), 0.90) }
     }
 
     fn cell(&self) -> String {

@@ -2,7 +2,7 @@
 //! `prefix_cache_hits / prefix_cache_queries`), TTFT percentiles,
 //! throughput, goodput and load imbalance.
 
-use super::fleet::RunResult;
+use super::fleet::{Record, RunResult};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Summary {
@@ -31,17 +31,13 @@ pub struct Summary {
 
 pub fn summarise(run: &RunResult, ttft_slo_ms: f64) -> Summary {
     let done: Vec<_> = run.records.iter().filter(|r| r.finished_ns.is_some()).collect();
-    let mut ttfts_ms: Vec<f64> =
-        done.iter().filter_map(|r| r.first_token_ns.map(|t| (t - r.arrival_ns) as f64 / 1e6)).collect();
-    ttfts_ms.sort_by(f64::total_cmp);
+    let ttfts_ms = sorted_ttfts_ms(&done);
     let mut tpots_ms: Vec<f64> = done
         .iter()
         .filter(|r| r.output_tokens > 1)
         .filter_map(|r| Some((r.finished_ns? - r.first_token_ns?) as f64 / 1e6 / f64::from(r.output_tokens - 1)))
         .collect();
     tpots_ms.sort_by(f64::total_cmp);
-    let prompt: u64 = done.iter().map(|r| u64::from(r.prompt_tokens)).sum();
-    let cached: u64 = done.iter().map(|r| u64::from(r.cached_tokens)).sum();
     let output: u64 = done.iter().map(|r| u64::from(r.output_tokens)).sum();
     let start = run.records.iter().map(|r| r.arrival_ns).min().unwrap_or(0);
     let end = done.iter().filter_map(|r| r.finished_ns).max().unwrap_or(start);
@@ -51,7 +47,7 @@ pub fn summarise(run: &RunResult, ttft_slo_ms: f64) -> Summary {
     Summary {
         completed: done.len(),
         rejected: run.records.iter().filter(|r| r.rejected).count(),
-        hit_rate: cached as f64 / prompt.max(1) as f64,
+        hit_rate: hit_rate(&done),
         ttft_p50_ms: percentile(&ttfts_ms, 0.50),
         ttft_p90_ms: percentile(&ttfts_ms, 0.90),
         ttft_p99_ms: percentile(&ttfts_ms, 0.99),
@@ -66,6 +62,21 @@ pub fn summarise(run: &RunResult, ttft_slo_ms: f64) -> Summary {
         imbalance: if mean > 0.0 { max / mean } else { 1.0 },
         ttfts_ms,
     }
+}
+
+/// Cached prompt tokens over prompt tokens, of completed requests.
+pub fn hit_rate(done: &[&Record]) -> f64 {
+    let prompt: u64 = done.iter().map(|r| u64::from(r.prompt_tokens)).sum();
+    let cached: u64 = done.iter().map(|r| u64::from(r.cached_tokens)).sum();
+    cached as f64 / prompt.max(1) as f64
+}
+
+/// The TTFTs of completed requests, in ms, sorted.
+pub fn sorted_ttfts_ms(done: &[&Record]) -> Vec<f64> {
+    let mut ttfts: Vec<f64> =
+        done.iter().filter_map(|r| r.first_token_ns.map(|t| (t - r.arrival_ns) as f64 / 1e6)).collect();
+    ttfts.sort_by(f64::total_cmp);
+    ttfts
 }
 
 /// Nearest-rank percentile of sorted values (0 when empty).
