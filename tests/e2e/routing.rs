@@ -212,8 +212,12 @@ async fn a_slow_engine_is_learned_from_the_response_stream_and_avoided() {
     // Past the dead band (1.25): once it is, the engine is avoided while
     // the others are idle, so its fit stops growing towards the full 4×.
     assert!(factor(slow) > 1.25, "engine 0's speed factor {} (fits {fits:?}, served {served:?})", factor(slow));
+    // The fast engines are never taken for slow ones. One of them may be
+    // judged faster than the fleet (a factor below 1/1.25): their TTFTs are
+    // wall-clock measurements, and a loaded machine skews them either way.
     for i in 1..4 {
-        assert_eq!(factor(stack.worker(i)), 1.0, "engine {i} is as fast as the fleet: {fits:?}");
+        let f = factor(stack.worker(i));
+        assert!(f <= 1.0, "engine {i} is as fast as the fleet, yet its factor is {f}: {fits:?}");
     }
     assert!(fleet_scale.is_some_and(|s| s > 0.0), "{fleet_scale:?}");
     // Once learned, the slow engine is left out while the others are idle.
