@@ -1,6 +1,9 @@
 //! `/v1/chat/completions` and `/v1/completions`: JSON answers and SSE
 //! streams in vLLM's (OpenAI's) shapes, with `usage` including
-//! `prompt_tokens_details.cached_tokens`.
+//! `prompt_tokens_details.cached_tokens`; and vLLM's tokens-in/tokens-out
+//! `/inference/v1/generate` (a `GenerateRequest` in, a `GenerateResponse`
+//! or SSE chunks of it out). A P/D leg (see `pd`) runs behind the same
+//! answers, which then carry its params.
 //!
 //! Streams send nothing before the first token (vLLM's first chunk, the
 //! chat role, comes with it), then one chunk per token, a chunk with
@@ -8,7 +11,8 @@
 //! empty `choices` and the `usage`, and `data: [DONE]`. One prompt and one
 //! choice per request (`n` > 1 and several completion prompts are refused).
 //! A request aborted by a restart or a shutdown ends with 503 (JSON) or an
-//! `{"error": …}` chunk (SSE). A client that disconnects aborts its request.
+//! `{"error": …}` chunk (SSE); one failed by its KV transfer, with 500 or
+//! such a chunk. A client that disconnects aborts its request.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -25,12 +29,15 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::engine_loop::Progress;
 use super::http_server::{ApiError, HttpState, parse_body};
+use super::pd::legs::{self, PdReply};
 use super::scheduler::{Outcome, RequestSpec, check_request};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Api {
     Chat,
     Completion,
+    /// `/inference/v1/generate`: token ids in and out.
+    Tokens,
 }
 
 impl Api {
@@ -38,12 +45,14 @@ impl Api {
         match self {
             Api::Chat => "chatcmpl",
             Api::Completion => "cmpl",
+            Api::Tokens => "generate",
         }
     }
 }
 
 /// A validated request.
 struct Prepared {
+    body: Value,
     spec: RequestSpec,
     stream: bool,
     include_usage: bool,
@@ -55,6 +64,8 @@ struct Envelope {
     id: String,
     created: u64,
     model: String,
+    /// What a P/D leg adds to the answer.
+    pd: PdReply,
 }
 
 pub(crate) async fn chat(State(state): State<Arc<HttpState>>, headers: HeaderMap, bytes: Bytes) -> Response {
@@ -65,19 +76,34 @@ pub(crate) async fn completions(State(state): State<Arc<HttpState>>, headers: He
     generate(state, headers, bytes, Api::Completion).await
 }
 
+/// vLLM's `POST /inference/v1/generate`.
+pub(crate) async fn tokens_generate(State(state): State<Arc<HttpState>>, headers: HeaderMap, bytes: Bytes) -> Response {
+    generate(state, headers, bytes, Api::Tokens).await
+}
+
 async fn generate(state: Arc<HttpState>, headers: HeaderMap, bytes: Bytes, api: Api) -> Response {
     let engine_header = state.engine_header();
-    let prepared = match prepare(&state, &bytes, api) {
+    let mut prepared = match prepare(&state, &bytes, api) {
         Ok(prepared) => prepared,
+        Err(error) => return ([engine_header], error).into_response(),
+    };
+    // `GenerateRequest` names its id; the others take `X-Request-Id`.
+    let id = match prepared.body.get("request_id") {
+        Some(Value::String(id)) if api == Api::Tokens && !id.is_empty() => id.clone(),
+        _ => state.request_id(api.id_prefix(), &headers),
+    };
+    let (leg, pd) = match legs::plan(&state, &prepared.body, &id, &mut prepared.spec, prepared.stream) {
+        Ok(planned) => planned,
         Err(error) => return ([engine_header], error).into_response(),
     };
     let envelope = Envelope {
         api,
-        id: state.request_id(api.id_prefix(), &headers),
+        id,
         created: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         model: state.config.model.clone(),
+        pd,
     };
-    let rx = match state.engine.submit(prepared.spec) {
+    let rx = match legs::start(&state, prepared.spec, leg) {
         Ok(rx) => rx,
         Err(error) => {
             let error = ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: error.to_string() };
@@ -94,6 +120,7 @@ async fn generate(state: Arc<HttpState>, headers: HeaderMap, bytes: Bytes, api: 
 fn prepare(state: &HttpState, bytes: &[u8], api: Api) -> Result<Prepared, ApiError> {
     let body = parse_body(state, bytes)?;
     let prompt = match api {
+        Api::Tokens => return prepare_tokens(state, body),
         Api::Chat => state.chat_tokens(bytes, &body)?,
         Api::Completion => {
             let mut prompts = state.completion_tokens(bytes, &body)?;
@@ -131,7 +158,36 @@ fn prepare(state: &HttpState, bytes: &[u8], api: Api) -> Result<Prepared, ApiErr
     };
     let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
     check_request(&state.config, prompt.len(), max_tokens).map_err(ApiError::bad_request)?;
-    Ok(Prepared { spec: RequestSpec { prompt, max_tokens, seed }, stream, include_usage })
+    Ok(Prepared { body, spec: RequestSpec { prompt, max_tokens, seed }, stream, include_usage })
+}
+
+/// A `GenerateRequest`: `token_ids`, `sampling_params.{max_tokens, seed}`,
+/// `stream`, `stream_options.include_usage`.
+fn prepare_tokens(state: &HttpState, body: Value) -> Result<Prepared, ApiError> {
+    let prompt = match body.get("token_ids") {
+        Some(Value::Array(ids)) => ids
+            .iter()
+            .map(|id| id.as_u64().and_then(|n| u32::try_from(n).ok()))
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| ApiError::bad_request("token_ids must be a list of token ids"))?,
+        _ => return Err(ApiError::bad_request("token_ids is required")),
+    };
+    let max_tokens = match body.pointer("/sampling_params/max_tokens") {
+        None | Some(Value::Null) => state.config.default_max_tokens,
+        Some(v) => v
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(|| ApiError::bad_request(format!("max_tokens {v} is not a non-negative integer")))?,
+    };
+    let seed = body.pointer("/sampling_params/seed").and_then(|v| v.as_u64().or_else(|| v.as_i64().map(|s| s as u64)));
+    let stream = match body.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad_request("stream must be a boolean")),
+    };
+    let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    check_request(&state.config, prompt.len(), max_tokens).map_err(ApiError::bad_request)?;
+    Ok(Prepared { body, spec: RequestSpec { prompt, max_tokens, seed }, stream, include_usage })
 }
 
 fn usage(outcome: &Outcome) -> Value {
@@ -158,6 +214,7 @@ pub(crate) async fn run_to_end(mut rx: UnboundedReceiver<Progress>) -> Result<(S
             Some(Progress::Aborted(reason)) => {
                 return Err(ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: reason });
             }
+            Some(Progress::Failed(reason)) => return Err(ApiError::internal(reason)),
             None => return Err(ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: "engine stopped".into() }),
         }
     }
@@ -165,12 +222,16 @@ pub(crate) async fn run_to_end(mut rx: UnboundedReceiver<Progress>) -> Result<(S
 
 /// The whole JSON answer, once the request finished.
 async fn collect(envelope: Envelope, rx: UnboundedReceiver<Progress>) -> Response {
-    let (text, outcome) = match run_to_end(rx).await {
-        Ok((text, _, outcome)) => (text, outcome),
+    let (text, token_ids, outcome) = match run_to_end(rx).await {
+        Ok(done) => done,
         Err(error) => return error.into_response(),
     };
-    let Envelope { api, id, created, model } = envelope;
-    let answer = match api {
+    let Envelope { api, id, created, model, pd } = envelope;
+    let kv_transfer_params = match &pd {
+        PdReply::Nixl(params) => params.clone(),
+        PdReply::None | PdReply::Trtllm(_) => Value::Null,
+    };
+    let mut answer = match api {
         Api::Chat => json!({
             "id": id,
             "object": "chat.completion",
@@ -185,7 +246,7 @@ async fn collect(envelope: Envelope, rx: UnboundedReceiver<Progress>) -> Respons
             }],
             "usage": usage(&outcome),
             "prompt_logprobs": null,
-            "kv_transfer_params": null,
+            "kv_transfer_params": kv_transfer_params,
         }),
         Api::Completion => json!({
             "id": id,
@@ -201,9 +262,18 @@ async fn collect(envelope: Envelope, rx: UnboundedReceiver<Progress>) -> Respons
                 "prompt_logprobs": null,
             }],
             "usage": usage(&outcome),
-            "kv_transfer_params": null,
+            "kv_transfer_params": kv_transfer_params,
+        }),
+        Api::Tokens => json!({
+            "request_id": id,
+            "choices": [{"index": 0, "logprobs": null, "finish_reason": "length", "token_ids": token_ids}],
+            "prompt_logprobs": null,
+            "kv_transfer_params": kv_transfer_params,
         }),
     };
+    if let PdReply::Trtllm(reply) = &pd {
+        answer["choices"][0]["disaggregated_params"] = reply.params(outcome.id, token_ids.first().copied());
+    }
     axum::Json(answer).into_response()
 }
 
@@ -219,10 +289,13 @@ fn stream(envelope: Envelope, rx: UnboundedReceiver<Progress>, include_usage: bo
                 return None;
             }
             match s.rx.recv().await {
-                Some(Progress::Token { text, .. }) => s.token(&text),
+                Some(Progress::Token { token_id, text }) => s.token(token_id, &text),
                 Some(Progress::Finished(outcome)) => s.finish(&outcome),
-                Some(Progress::Rejected(reason) | Progress::Aborted(reason)) => s.fail(&reason),
-                None => s.fail("engine stopped"),
+                Some(Progress::Rejected(reason) | Progress::Aborted(reason)) => {
+                    s.fail(StatusCode::SERVICE_UNAVAILABLE, &reason)
+                }
+                Some(Progress::Failed(reason)) => s.fail(StatusCode::INTERNAL_SERVER_ERROR, &reason),
+                None => s.fail(StatusCode::SERVICE_UNAVAILABLE, "engine stopped"),
             }
         }
     });
@@ -244,17 +317,29 @@ impl ChunkStream {
         let object = match e.api {
             Api::Chat => "chat.completion.chunk",
             Api::Completion => "text_completion",
+            Api::Tokens => "",
         };
-        let mut chunk =
-            json!({"id": e.id, "object": object, "created": e.created, "model": e.model, "choices": choices});
+        let mut chunk = match e.api {
+            Api::Tokens => json!({"request_id": e.id, "choices": choices, "prompt_logprobs": null,
+                "kv_transfer_params": null}),
+            Api::Chat | Api::Completion => {
+                json!({"id": e.id, "object": object, "created": e.created, "model": e.model, "choices": choices})
+            }
+        };
         if let Some(usage) = usage {
             chunk["usage"] = usage;
         }
         self.pending.push_back(Event::default().data(chunk.to_string()));
     }
 
-    fn choice(&self, text: &str, finish_reason: Option<&str>) -> Value {
+    fn choice(&self, token_id: Option<u32>, text: &str, finish_reason: Option<&str>) -> Value {
         match self.envelope.api {
+            Api::Tokens => json!([{
+                "index": 0,
+                "logprobs": null,
+                "finish_reason": finish_reason,
+                "token_ids": token_id.into_iter().collect::<Vec<u32>>(),
+            }]),
             Api::Chat => {
                 let delta = if finish_reason.is_some() { json!({}) } else { json!({"content": text}) };
                 json!([{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}])
@@ -269,7 +354,7 @@ impl ChunkStream {
         }
     }
 
-    fn token(&mut self, text: &str) {
+    fn token(&mut self, token_id: u32, text: &str) {
         if !self.started && self.envelope.api == Api::Chat {
             let role = json!([{
                 "index": 0,
@@ -280,12 +365,12 @@ impl ChunkStream {
             self.chunk(role, None);
         }
         self.started = true;
-        let choice = self.choice(text, None);
+        let choice = self.choice(Some(token_id), text, None);
         self.chunk(choice, None);
     }
 
     fn finish(&mut self, outcome: &Outcome) {
-        let choice = self.choice("", Some("length"));
+        let choice = self.choice(None, "", Some("length"));
         self.chunk(choice, None);
         if self.include_usage {
             self.chunk(json!([]), Some(usage(outcome)));
@@ -294,8 +379,8 @@ impl ChunkStream {
         self.done = true;
     }
 
-    fn fail(&mut self, reason: &str) {
-        let error = ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: reason.to_owned() };
+    fn fail(&mut self, status: StatusCode, reason: &str) {
+        let error = ApiError { status, message: reason.to_owned() };
         self.pending.push_back(Event::default().data(error.body().to_string()));
         self.pending.push_back(Event::default().data("[DONE]"));
         self.done = true;

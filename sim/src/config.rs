@@ -76,6 +76,35 @@ impl Flavour {
     }
 }
 
+/// An engine's part in disaggregated prefill/decode (P/D).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PdRole {
+    /// Computes whole requests; P/D fields in requests are ignored.
+    #[default]
+    Aggregated,
+    /// Computes prompts and keeps their KV for a decode engine to pull
+    /// (vLLM `kv_producer`, SGLang `--disaggregation-mode prefill`,
+    /// TensorRT-LLM's context server); serves the transfer side channel.
+    Prefill,
+    /// Pulls a prompt's KV from a prefill engine, then decodes (vLLM
+    /// `kv_consumer`, SGLang `--disaggregation-mode decode`, TensorRT-LLM's
+    /// generation server).
+    Decode,
+}
+
+/// What a vLLM decode engine does when pulling the KV fails (vLLM's
+/// `kv_transfer_config.kv_load_failure_policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvLoadFailurePolicy {
+    /// The request fails (vLLM's default: `Literal["recompute", "fail"] =
+    /// "fail"` in `vllm/config/kv_transfer.py`): finish reason `error`,
+    /// HTTP 500 or an error chunk.
+    #[default]
+    Fail,
+    /// The request computes its whole prompt locally.
+    Recompute,
+}
+
 /// Fixed ports of one engine; `None` lets the OS pick one on 127.0.0.1.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ports {
@@ -134,6 +163,28 @@ pub struct EngineConfig {
     /// TensorRT-LLM's `event_buffer_max_size`: events kept until drained,
     /// the oldest discarded beyond it ([`Flavour::Trtllm`]).
     pub event_buffer_max_size: usize,
+    /// This engine's part in disaggregated prefill/decode.
+    pub pd_role: PdRole,
+    /// Virtual time a decode engine spends receiving one KV block, scaled
+    /// by `time.time_scale` like the step costs. 20 µs: a 16-token block of
+    /// an 8B model (~2 MiB of KV in bf16) over a ~100 GB/s RDMA link.
+    pub kv_transfer_ns_per_block: u64,
+    /// How long (wall clock) a prefill engine keeps a finished request's
+    /// blocks for a transfer before freeing them (vLLM's
+    /// `kv_lease_duration`, 30 s).
+    pub kv_lease_ms: u64,
+    /// Longest wait (wall clock) of an SGLang leg for its peer: the
+    /// decode's wait for the room to be ready and the prefill's wait for
+    /// the decode to pull it (SGLang waits up to 300 s by default; tests
+    /// want less).
+    pub kv_wait_ms: u64,
+    /// vLLM decode: what a failed pull does.
+    pub kv_load_failure_policy: KvLoadFailurePolicy,
+    /// Port of a prefill engine's transfer side channel (SGLang's
+    /// `--disaggregation-bootstrap-port`, vLLM's NIXL side channel port,
+    /// TensorRT-LLM's transfer endpoint); `None` lets the OS pick one. Not
+    /// in [`Ports`], whose fields other crates list in full.
+    pub bootstrap_port: Option<u16>,
     /// A Hugging Face model directory (`tokenizer.json`, chat template):
     /// prompts are tokenized with it, as a real engine serving that model
     /// would, instead of the built-in tokenizer. Loaded at start.
@@ -166,6 +217,12 @@ impl Default for EngineConfig {
             model_dir: None,
             flavour: Flavour::default(),
             event_buffer_max_size: 1024,
+            pd_role: PdRole::default(),
+            kv_transfer_ns_per_block: 20_000,
+            kv_lease_ms: 30_000,
+            kv_wait_ms: 30_000,
+            kv_load_failure_policy: KvLoadFailurePolicy::default(),
+            bootstrap_port: None,
         }
     }
 }
@@ -205,6 +262,9 @@ impl EngineConfig {
         }
         if !self.host.is_loopback() {
             return bad("host", "must be a loopback address (127.0.0.0/8): the simulator serves no one else");
+        }
+        if self.kv_lease_ms == 0 {
+            return bad("kv_lease_ms", "must be at least 1");
         }
         self.time.validate()
     }
@@ -276,6 +336,39 @@ impl FromStr for HashFormat {
             "bytes" => Ok(HashFormat::Bytes),
             "signed" => Ok(HashFormat::SignedInt),
             other => Err(format!("unknown hash format {other:?} (int, bytes, signed)")),
+        }
+    }
+}
+
+impl FromStr for PdRole {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "aggregated" => Ok(PdRole::Aggregated),
+            "prefill" => Ok(PdRole::Prefill),
+            "decode" => Ok(PdRole::Decode),
+            other => Err(format!("unknown P/D role {other:?} (aggregated, prefill, decode)")),
+        }
+    }
+}
+
+impl fmt::Display for PdRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PdRole::Aggregated => "aggregated",
+            PdRole::Prefill => "prefill",
+            PdRole::Decode => "decode",
+        })
+    }
+}
+
+impl FromStr for KvLoadFailurePolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fail" => Ok(KvLoadFailurePolicy::Fail),
+            "recompute" => Ok(KvLoadFailurePolicy::Recompute),
+            other => Err(format!("unknown kv load failure policy {other:?} (fail, recompute)")),
         }
     }
 }

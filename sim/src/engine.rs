@@ -17,13 +17,15 @@ use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::config::EngineConfig;
-use super::engine_loop::{self, Command, EngineStats, Progress};
+use super::config::{EngineConfig, PdRole};
+use super::engine_loop::{self, Command, EngineStats, HoldTake, LoopParts, Progress};
 use super::error::SimError;
 use super::http_server::{self, HttpState};
+use super::pd::side_channel::{self, SideChannel};
+use super::pd::{PdCounters, TransferHub};
 use super::prefix_cache::CacheSnapshot;
 use super::publisher::Publisher;
-use super::scheduler::{Outcome, RequestSpec, Scheduler};
+use super::scheduler::{Outcome, PdOptions, RequestId, RequestSpec, Scheduler};
 use super::time_model::Pacer;
 
 /// Where an engine listens, all on its host (127.0.0.1 unless configured).
@@ -36,6 +38,11 @@ pub struct EngineEndpoints {
     pub events: String,
     /// The replay ROUTER socket, `tcp://host:port`.
     pub replay: String,
+    /// A prefill engine's KV transfer side channel: SGLang's bootstrap
+    /// server (`bootstrap_host`/`bootstrap_port`), vLLM's NIXL side channel
+    /// (`remote_host`/`remote_port`), TensorRT-LLM's transfer endpoint.
+    /// `None` for the other roles.
+    pub bootstrap: Option<SocketAddr>,
 }
 
 impl EngineEndpoints {
@@ -44,9 +51,16 @@ impl EngineEndpoints {
         format!("http://{}", self.http)
     }
 
-    /// `{"name", "http", "events", "replay"}`, `http` as a base URL.
+    /// `{"name", "http", "events", "replay", "bootstrap"}`, `http` as a
+    /// base URL, `bootstrap` as `host:port` or null.
     pub fn to_json(&self) -> Value {
-        json!({"name": self.name, "http": self.base_url(), "events": self.events, "replay": self.replay})
+        json!({
+            "name": self.name,
+            "http": self.base_url(),
+            "events": self.events,
+            "replay": self.replay,
+            "bootstrap": self.bootstrap.map(|a| a.to_string()),
+        })
     }
 }
 
@@ -69,9 +83,28 @@ pub(crate) struct EngineClient {
 impl EngineClient {
     /// Queues a request; its progress arrives on the returned receiver.
     pub(crate) fn submit(&self, spec: RequestSpec) -> Result<UnboundedReceiver<Progress>, SimError> {
+        self.submit_pd(spec, PdOptions::default())
+    }
+
+    /// Queues one leg of a disaggregated request.
+    pub(crate) fn submit_pd(
+        &self,
+        spec: RequestSpec,
+        options: PdOptions,
+    ) -> Result<UnboundedReceiver<Progress>, SimError> {
         let (progress, rx) = mpsc::unbounded_channel();
-        self.send(Command::Submit { spec, progress })?;
+        self.send(Command::Submit { spec, options, progress })?;
         Ok(rx)
+    }
+
+    /// Releases request `id`'s held blocks to a pull, if still held.
+    pub(crate) async fn take_hold(&self, id: RequestId) -> Result<HoldTake, SimError> {
+        self.ask(|reply| Command::TakeHold { id, reply }).await
+    }
+
+    /// Frees request `id`'s held blocks, if any (callable from `Drop`).
+    pub(crate) fn release_hold(&self, id: RequestId) {
+        let _ = self.send(Command::ReleaseHold(id));
     }
 
     pub(crate) async fn stats(&self) -> Result<EngineStats, SimError> {
@@ -93,6 +126,7 @@ struct Tasks {
     engine_loop: JoinHandle<()>,
     http: JoinHandle<()>,
     http_stop: oneshot::Sender<()>,
+    side_channel: Option<SideChannel>,
 }
 
 /// A running simulated engine.
@@ -131,12 +165,30 @@ impl Engine {
         })?;
         let (commands, rx) = mpsc::unbounded_channel();
         let client = EngineClient { name: config.name.as_str().into(), commands };
+        let pd = Arc::new(PdCounters::default());
+        let hub = Arc::new(TransferHub::default());
+        let side_channel = match config.pd_role {
+            PdRole::Prefill => {
+                let addr = SocketAddr::from((config.host, config.bootstrap_port.unwrap_or(0)));
+                let listener = TcpListener::bind(addr).await.map_err(|source| SimError::Listen {
+                    what: "KV transfer side channel",
+                    addr: addr.to_string(),
+                    source,
+                })?;
+                Some(side_channel::serve(listener, Arc::clone(&hub), client.clone()))
+            }
+            PdRole::Aggregated | PdRole::Decode => None,
+        };
         let engine_loop = tokio::spawn(engine_loop::run(
-            config.name.clone(),
-            Scheduler::new(&config),
+            LoopParts {
+                name: config.name.clone(),
+                scheduler: Scheduler::new(&config),
+                publisher: Arc::clone(&publisher),
+                pacer: Pacer::new(config.time.time_scale),
+                lease: Duration::from_millis(config.kv_lease_ms),
+                pd: Arc::clone(&pd),
+            },
             rx,
-            Arc::clone(&publisher),
-            Pacer::new(config.time.time_scale),
         ));
         let (http_stop, stopped) = oneshot::channel::<()>();
         let tokenizer = match &config.model_dir {
@@ -147,7 +199,14 @@ impl Engine {
             }
         };
         let drain = publisher.drain().cloned();
-        let http_state = HttpState::new(client.clone(), Arc::clone(&config), tokenizer, drain);
+        let bootstrap = side_channel.as_ref().map(|s| s.addr);
+        let http_state = HttpState::new(
+            client.clone(),
+            Arc::clone(&config),
+            tokenizer,
+            drain,
+            http_server::PdParts { hub, pd, bootstrap },
+        );
         let app = http_server::router(Arc::clone(&http_state));
         let name = config.name.clone();
         let http_task = tokio::spawn(async move {
@@ -163,16 +222,18 @@ impl Engine {
             http,
             events: publisher.events_endpoint().to_owned(),
             replay: publisher.replay_endpoint().to_owned(),
+            bootstrap,
         };
         tracing::info!(engine = %config.name, http = %endpoints.http, events = %endpoints.events,
-            replay = %endpoints.replay, "simulated engine started");
+            replay = %endpoints.replay, role = %config.pd_role, bootstrap = ?endpoints.bootstrap,
+            "simulated engine started");
         Ok(Engine {
             config,
             endpoints,
             client,
             publisher,
             http_state,
-            tasks: Mutex::new(Some(Tasks { engine_loop, http: http_task, http_stop })),
+            tasks: Mutex::new(Some(Tasks { engine_loop, http: http_task, http_stop, side_channel })),
         })
     }
 
@@ -212,7 +273,7 @@ impl Engine {
                 }
                 Progress::Finished(outcome) => return Ok(Generation { token_ids, text, outcome }),
                 Progress::Rejected(reason) => return Err(SimError::Rejected(reason)),
-                Progress::Aborted(reason) => return Err(SimError::Aborted(reason)),
+                Progress::Aborted(reason) | Progress::Failed(reason) => return Err(SimError::Aborted(reason)),
             }
         }
         Err(SimError::Stopped(self.name().to_owned()))
@@ -221,6 +282,12 @@ impl Engine {
     /// Queue, load, cache and publisher numbers.
     pub async fn stats(&self) -> Result<EngineStats, SimError> {
         self.client.stats().await
+    }
+
+    /// Finished prefills holding blocks for a transfer (0 once every
+    /// transfer was pulled, expired or given up: nothing leaked).
+    pub async fn held_transfers(&self) -> Result<usize, SimError> {
+        Ok(self.client.stats().await?.held_transfers)
     }
 
     /// Every cached block, with its references.
@@ -292,6 +359,10 @@ impl Engine {
         let _ = self.client.send(Command::Shutdown);
         let _ = tasks.engine_loop.await;
         let _ = tasks.http_stop.send(());
+        if let Some(side_channel) = tasks.side_channel {
+            let _ = side_channel.stop.send(());
+            let _ = side_channel.task.await;
+        }
         let mut http = tasks.http;
         if tokio::time::timeout(Duration::from_secs(2), &mut http).await.is_err() {
             http.abort();
@@ -309,6 +380,9 @@ impl Drop for Engine {
         if let Some(tasks) = self.tasks.lock().ok().and_then(|mut t| t.take()) {
             let _ = self.client.send(Command::Shutdown);
             let _ = tasks.http_stop.send(());
+            if let Some(side_channel) = tasks.side_channel {
+                let _ = side_channel.stop.send(());
+            }
         }
     }
 }

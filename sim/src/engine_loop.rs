@@ -6,18 +6,25 @@
 //! A request whose caller went away (its progress receiver dropped: the
 //! HTTP client disconnected) is aborted and its blocks released, as vLLM
 //! aborts on disconnect.
+//!
+//! Blocks a finished prefill holds for a transfer are under a lease: the
+//! loop frees them when a decode engine takes them ([`Command::TakeHold`])
+//! or when the lease ends, whichever comes first, so a transfer nobody
+//! pulls never leaks blocks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::pd::PdCounters;
 use super::prefix_cache::CacheSnapshot;
 use super::publisher::{Publisher, PublisherStats};
-use super::scheduler::{Counters, Outcome, RequestId, RequestSpec, Scheduler, StepReport, Update};
+use super::scheduler::{Counters, Outcome, PdOptions, RequestId, RequestSpec, Scheduler, StepReport, Update};
 use super::time_model::Pacer;
 
 /// What a request's caller hears, in order: tokens, then one end.
@@ -32,6 +39,9 @@ pub enum Progress {
     Rejected(String),
     /// Dropped by a restart or shutdown.
     Aborted(String),
+    /// Failed by the engine: a KV transfer of a P/D leg that did not
+    /// happen (HTTP 500, or an error chunk).
+    Failed(String),
 }
 
 /// An engine's state at one instant.
@@ -48,15 +58,47 @@ pub struct EngineStats {
     /// Whether the scheduler is stalled (the knob).
     pub stalled: bool,
     pub publisher: PublisherStats,
+    /// Finished prefills holding blocks for a transfer (P/D).
+    pub held_transfers: usize,
+    /// Blocks those hold.
+    pub held_blocks: usize,
 }
 
+/// What became of a hold a decode engine asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum HoldTake {
+    /// Released to the taker: the transfer goes ahead.
+    Taken,
+    /// Its lease ended before the pull.
+    Expired,
+    /// Never held, already taken, or dropped by a restart.
+    Unknown,
+}
+
+/// Expired holds remembered, to tell "expired" from "unknown" to a late pull.
+const EXPIRED_KEPT: usize = 4096;
+
 pub(crate) enum Command {
-    Submit { spec: RequestSpec, progress: UnboundedSender<Progress> },
+    Submit {
+        spec: RequestSpec,
+        options: PdOptions,
+        progress: UnboundedSender<Progress>,
+    },
+    /// A decode engine pulls the blocks request `id` holds.
+    TakeHold {
+        id: RequestId,
+        reply: oneshot::Sender<HoldTake>,
+    },
+    /// The prefill side gives the hold up (its wait ended, its client left).
+    ReleaseHold(RequestId),
     Stats(oneshot::Sender<EngineStats>),
     Cache(oneshot::Sender<CacheSnapshot>),
     Outcomes(oneshot::Sender<Vec<Outcome>>),
     SetStalled(bool),
-    Restart { announce_clear: bool, done: oneshot::Sender<()> },
+    Restart {
+        announce_clear: bool,
+        done: oneshot::Sender<()>,
+    },
     Shutdown,
 }
 
@@ -67,19 +109,42 @@ struct EngineLoop {
     pacer: Pacer,
     replies: HashMap<RequestId, UnboundedSender<Progress>>,
     stalled: bool,
+    lease: Duration,
+    /// When each hold's lease ends (wall clock, like vLLM's
+    /// `kv_lease_duration`).
+    leases: HashMap<RequestId, Instant>,
+    expired: VecDeque<RequestId>,
+    pd: Arc<PdCounters>,
+}
+
+/// What the loop is made of.
+pub(crate) struct LoopParts {
+    pub(crate) name: String,
+    pub(crate) scheduler: Scheduler,
+    pub(crate) publisher: Arc<Publisher>,
+    pub(crate) pacer: Pacer,
+    pub(crate) lease: Duration,
+    pub(crate) pd: Arc<PdCounters>,
 }
 
 /// Runs until [`Command::Shutdown`] or until every command sender is gone.
-pub(crate) async fn run(
-    name: String,
-    scheduler: Scheduler,
-    mut commands: UnboundedReceiver<Command>,
-    publisher: Arc<Publisher>,
-    pacer: Pacer,
-) {
-    let mut engine = EngineLoop { name, scheduler, publisher, pacer, replies: HashMap::new(), stalled: false };
+pub(crate) async fn run(parts: LoopParts, mut commands: UnboundedReceiver<Command>) {
+    let LoopParts { name, scheduler, publisher, pacer, lease, pd } = parts;
+    let mut engine = EngineLoop {
+        name,
+        scheduler,
+        publisher,
+        pacer,
+        replies: HashMap::new(),
+        stalled: false,
+        lease,
+        leases: HashMap::new(),
+        expired: VecDeque::new(),
+        pd,
+    };
     let mut blocked = false;
     loop {
+        engine.expire_leases();
         loop {
             match commands.try_recv() {
                 Ok(Command::Shutdown) | Err(TryRecvError::Disconnected) => return engine.shutdown(),
@@ -89,7 +154,16 @@ pub(crate) async fn run(
         }
         engine.drop_abandoned();
         if blocked || engine.stalled || engine.scheduler.is_idle() {
-            let Some(command) = commands.recv().await else { return engine.shutdown() };
+            // Idle: wait for a command, or for the next lease to end.
+            let next_lease = engine.leases.values().min().copied();
+            let command = match next_lease {
+                Some(deadline) => match tokio::time::timeout_at(deadline, commands.recv()).await {
+                    Ok(command) => command,
+                    Err(_) => continue,
+                },
+                None => commands.recv().await,
+            };
+            let Some(command) = command else { return engine.shutdown() };
             // Idle or stalled until now: virtual time went on meanwhile.
             engine.catch_up();
             if matches!(command, Command::Shutdown) {
@@ -118,7 +192,7 @@ pub(crate) async fn run(
 impl EngineLoop {
     fn handle(&mut self, command: Command) {
         match command {
-            Command::Submit { spec, progress } => match self.scheduler.submit(spec) {
+            Command::Submit { spec, options, progress } => match self.scheduler.submit_pd(spec, options) {
                 Ok(id) => {
                     self.replies.insert(id, progress);
                 }
@@ -126,6 +200,24 @@ impl EngineLoop {
                     let _ = progress.send(Progress::Rejected(reason));
                 }
             },
+            Command::TakeHold { id, reply } => {
+                let taken = if self.scheduler.release_hold(id) {
+                    self.leases.remove(&id);
+                    self.pd.hold_released("pulled");
+                    HoldTake::Taken
+                } else if self.expired.contains(&id) {
+                    HoldTake::Expired
+                } else {
+                    HoldTake::Unknown
+                };
+                let _ = reply.send(taken);
+            }
+            Command::ReleaseHold(id) => {
+                if self.scheduler.release_hold(id) {
+                    self.leases.remove(&id);
+                    self.pd.hold_released("abandoned");
+                }
+            }
             Command::Stats(reply) => {
                 let _ = reply.send(self.stats());
             }
@@ -145,6 +237,8 @@ impl EngineLoop {
                         let _ = reply.send(Progress::Aborted("engine restarted".into()));
                     }
                 }
+                // The restart dropped the holds with the cache.
+                self.leases.clear();
                 self.publisher.restart(announce_clear);
                 tracing::info!(engine = %self.name, announce_clear, "engine restarted");
                 let _ = done.send(());
@@ -165,6 +259,28 @@ impl EngineLoop {
             virtual_now_ns: self.scheduler.now_ns(),
             stalled: self.stalled,
             publisher: self.publisher.stats(),
+            held_transfers: self.scheduler.held_transfers(),
+            held_blocks: self.scheduler.held_blocks(),
+        }
+    }
+
+    /// Frees the holds whose lease ended, remembering them as expired.
+    fn expire_leases(&mut self) {
+        if self.leases.is_empty() {
+            return;
+        }
+        let now = Instant::now();
+        let ended: Vec<RequestId> = self.leases.iter().filter(|(_, end)| **end <= now).map(|(id, _)| *id).collect();
+        for id in ended {
+            self.leases.remove(&id);
+            if self.scheduler.release_hold(id) {
+                self.pd.hold_released("expired");
+                tracing::debug!(engine = %self.name, id, "transfer lease ended: held blocks freed");
+            }
+            if self.expired.len() == EXPIRED_KEPT {
+                self.expired.pop_front();
+            }
+            self.expired.push_back(id);
         }
     }
 
@@ -201,8 +317,19 @@ impl EngineLoop {
                     }
                 }
                 Update::Finished(outcome) => {
-                    if let Some(reply) = self.replies.remove(&outcome.id) {
-                        let _ = reply.send(Progress::Finished(outcome));
+                    let id = outcome.id;
+                    let holds = self.scheduler.holds(id);
+                    if holds {
+                        self.leases.insert(id, Instant::now() + self.lease);
+                    }
+                    let delivered =
+                        self.replies.remove(&id).is_some_and(|r| r.send(Progress::Finished(outcome)).is_ok());
+                    // Its caller left before the end (the step that finished
+                    // it also sent its last token to nobody): an engine aborts
+                    // such a request, so nothing is held for a transfer.
+                    if holds && !delivered && self.scheduler.release_hold(id) {
+                        self.leases.remove(&id);
+                        self.pd.hold_released("abandoned");
                     }
                 }
             }

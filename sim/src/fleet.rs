@@ -18,7 +18,8 @@ pub struct Fleet {
 impl Fleet {
     /// Configurations of `n` engines made from `base`: engine `i` is named
     /// `engine-i`, gets its own seed (so its own block hashes, unless
-    /// `base.hash_seed` is set) and OS-picked ports. Edit them before
+    /// `base.hash_seed` is set) and OS-picked ports (the side channel's
+    /// too). Edit them before
     /// [`Fleet::start_with`] to differ further.
     pub fn configs(n: usize, base: &EngineConfig) -> Vec<EngineConfig> {
         (0..n)
@@ -26,6 +27,7 @@ impl Fleet {
                 name: format!("engine-{i}"),
                 seed: base.seed.wrapping_add((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
                 ports: Ports::default(),
+                bootstrap_port: None,
                 ..base.clone()
             })
             .collect()

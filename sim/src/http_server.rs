@@ -5,6 +5,7 @@
 //! `x-sim-engine: <engine name>`, so a test behind a gateway can tell which
 //! engine served it.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -21,6 +22,7 @@ use super::config::{EngineConfig, Flavour};
 use super::engine::EngineClient;
 use super::event_drain::EventDrain;
 use super::metrics;
+use super::pd::{self, PdCounters, TransferHub};
 use super::render::{self, RenderFault};
 use super::sglang_api;
 use super::tokenizer::{render_chat, render_completion};
@@ -38,6 +40,22 @@ pub(crate) struct HttpState {
     requests: AtomicU64,
     /// Faults of the render endpoints.
     pub(crate) render_fault: RenderFault,
+    /// A prefill engine's offers of held KV.
+    pub(crate) hub: Arc<TransferHub>,
+    pub(crate) pd: Arc<PdCounters>,
+    /// A prefill engine's side channel (see `EngineEndpoints::bootstrap`).
+    pub(crate) side_channel: Option<SocketAddr>,
+    /// vLLM's `remote_engine_id` of this engine.
+    pub(crate) engine_id: String,
+    /// Next block number handed to an offer.
+    pub(crate) next_block: AtomicU64,
+}
+
+/// The P/D state the engine shares with its HTTP server.
+pub(crate) struct PdParts {
+    pub(crate) hub: Arc<TransferHub>,
+    pub(crate) pd: Arc<PdCounters>,
+    pub(crate) bootstrap: Option<SocketAddr>,
 }
 
 impl HttpState {
@@ -46,7 +64,9 @@ impl HttpState {
         config: Arc<EngineConfig>,
         tokenizer: Option<LocalTokenizer>,
         drain: Option<Arc<EventDrain>>,
+        pd_parts: PdParts,
     ) -> Arc<Self> {
+        let engine_id = pd::engine_uuid(&config.name, config.seed);
         Arc::new(HttpState {
             engine,
             config,
@@ -54,6 +74,11 @@ impl HttpState {
             drain,
             requests: AtomicU64::new(0),
             render_fault: RenderFault::default(),
+            hub: pd_parts.hub,
+            pd: pd_parts.pd,
+            side_channel: pd_parts.bootstrap,
+            engine_id,
+            next_block: AtomicU64::new(0),
         })
     }
 
@@ -105,7 +130,8 @@ pub(crate) fn router(state: Arc<HttpState>) -> Router {
     let routes = match state.config.flavour {
         Flavour::Vllm => routes
             .route("/v1/chat/completions/render", post(render::chat))
-            .route("/v1/completions/render", post(render::completions)),
+            .route("/v1/completions/render", post(render::completions))
+            .route("/inference/v1/generate", post(completions::tokens_generate)),
         Flavour::Trtllm => routes.route("/kv_cache_events", post(kv_cache_events)),
         Flavour::Sglang => {
             routes.route("/tokenize", post(sglang_api::tokenize)).route("/generate", post(sglang_api::generate))
@@ -191,7 +217,7 @@ async fn metrics_text(State(state): State<Arc<HttpState>>) -> Response {
     match state.engine.stats().await {
         Ok(stats) => (
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-            metrics::render(&state.config, &stats),
+            metrics::render(&state.config, &stats, &state.pd),
         )
             .into_response(),
         Err(error) => ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: error.to_string() }.into_response(),

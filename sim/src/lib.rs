@@ -7,7 +7,8 @@
 //!   `prompt_tokens_details.cached_tokens`), `/v1/chat/completions/render`
 //!   and `/v1/completions/render` (`token_ids` from the built-in
 //!   [`tokenizer`], the one the engine caches with), `/health`,
-//!   `/v1/models`, `/metrics` (vLLM's names).
+//!   `/v1/models`, `/metrics` (vLLM's names), `/inference/v1/generate`
+//!   (token ids in and out).
 //! - **KV events**: a real ZMQ PUB socket, vLLM's three frames and msgpack
 //!   payload (map or array events, byte-compatible with msgspec), and a
 //!   replay ROUTER over a bounded buffer, on a thread of its own.
@@ -19,6 +20,14 @@
 //! [`time_model`] whose virtual time runs `time_scale` times faster than
 //! the wall clock. Same configuration and seed, same submissions in the
 //! same order: same tokens, hashes, events and virtual timings.
+//!
+//! Disaggregated prefill/decode: an engine plays a [`PdRole`]. A prefill
+//! engine keeps a finished prompt's blocks pinned under a lease and offers
+//! them on a side channel of its own; a decode engine pulls them (the
+//! sim's transfer: token ids over loopback TCP, the transfer time charged
+//! per block), caches them and computes only the rest. Each flavour speaks
+//! its engine's P/D wire: vLLM's NixlConnector `kv_transfer_params`,
+//! SGLang's bootstrap fields, TensorRT-LLM's `disaggregated_params`.
 //!
 //! Fault knobs, per engine: drop a fraction of event batches (healable by
 //! replay), send them out of order (swapped pairs), stall events or the
@@ -48,6 +57,7 @@ pub mod fleet;
 mod http_server;
 mod metrics;
 mod msgpack;
+mod pd;
 pub mod prefix_cache;
 mod publisher;
 mod render;
@@ -58,7 +68,7 @@ pub mod time_model;
 pub mod tokenizer;
 
 pub use block_hash::{BlockDigest, EngineHasher};
-pub use config::{EngineConfig, EventEncoding, Flavour, HashFormat, Ports, ReplayLayout};
+pub use config::{EngineConfig, EventEncoding, Flavour, HashFormat, KvLoadFailurePolicy, PdRole, Ports, ReplayLayout};
 pub use engine::{Engine, EngineEndpoints, Generation};
 pub use engine_loop::{EngineStats, Progress};
 pub use error::SimError;
@@ -67,5 +77,5 @@ pub use fleet::Fleet;
 pub use http_server::ENGINE_HEADER;
 pub use prefix_cache::{CacheSnapshot, CachedBlockInfo, PrefixCache};
 pub use publisher::{END_SEQ, PublisherStats};
-pub use scheduler::{Counters, Outcome, RequestSpec, Scheduler, StepReport, Update};
+pub use scheduler::{Counters, Outcome, PdOptions, RequestSpec, Scheduler, StepReport, Update};
 pub use time_model::TimeModel;

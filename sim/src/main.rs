@@ -4,12 +4,12 @@
 //! Once every engine listens, stdout gets one line per engine (name, HTTP
 //! base URL, KV-event PUB endpoint, replay ROUTER endpoint), or with
 //! `--json` a single JSON line `{"engines": [{"name", "http", "events",
-//! "replay"}, …]}` for tools. Logs go to stderr.
+//! "replay", "bootstrap"}, …]}` for tools. Logs go to stderr.
 
 use std::io::Write;
 use std::process::ExitCode;
 
-use kvpick_sim::{EngineConfig, Fleet};
+use kvpick_sim::{EngineConfig, Fleet, PdRole};
 use tracing::Level;
 
 struct Options {
@@ -17,6 +17,9 @@ struct Options {
     http_ports: Option<Vec<u16>>,
     event_ports: Option<Vec<u16>>,
     replay_ports: Option<Vec<u16>>,
+    bootstrap_ports: Option<Vec<u16>>,
+    /// One role for every engine, or one per engine.
+    pd_roles: Vec<PdRole>,
     drop_fraction: f64,
     json: bool,
     log_level: Level,
@@ -29,6 +32,12 @@ fn usage() -> &'static str {
      \n  --http-ports P,P,...      fixed HTTP ports, one per engine (default: picked by the OS)\
      \n  --event-ports P,P,...     fixed KV-event PUB ports\
      \n  --replay-ports P,P,...    fixed replay ROUTER ports\
+     \n  --bootstrap-ports P,P,... fixed KV transfer side-channel ports (prefill engines; SGLang's bootstrap port)\
+     \n  --pd-role R[,R,...]       aggregated|prefill|decode, for every engine or one per engine (aggregated)\
+     \n  --kv-transfer-ns-per-block N  virtual time a decode engine takes to receive a KV block (20000)\
+     \n  --kv-lease-ms N           how long a prefill engine holds blocks nobody pulls (30000)\
+     \n  --kv-wait-ms N            SGLang legs' longest wait for their peer (30000)\
+     \n  --kv-load-failure-policy fail|recompute  vLLM decode: a failed pull fails the request or recomputes (fail)\
      \n  --model NAME              served model name (sim-model)\
      \n  --block-size N            tokens per KV block (16)\
      \n  --num-blocks N            KV blocks per engine (4096)\
@@ -63,6 +72,8 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, Stri
         http_ports: None,
         event_ports: None,
         replay_ports: None,
+        bootstrap_ports: None,
+        pd_roles: Vec::new(),
         drop_fraction: 0.0,
         json: false,
         log_level: Level::INFO,
@@ -83,6 +94,14 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, Stri
             "--http-ports" => o.http_ports = Some(ports(&name, &value()?)?),
             "--event-ports" => o.event_ports = Some(ports(&name, &value()?)?),
             "--replay-ports" => o.replay_ports = Some(ports(&name, &value()?)?),
+            "--bootstrap-ports" => o.bootstrap_ports = Some(ports(&name, &value()?)?),
+            "--pd-role" => {
+                o.pd_roles = value()?.split(',').map(|r| r.trim().parse()).collect::<Result<_, String>>()?;
+            }
+            "--kv-transfer-ns-per-block" => b.kv_transfer_ns_per_block = num(&name, &value()?)?,
+            "--kv-lease-ms" => b.kv_lease_ms = num(&name, &value()?)?,
+            "--kv-wait-ms" => b.kv_wait_ms = num(&name, &value()?)?,
+            "--kv-load-failure-policy" => b.kv_load_failure_policy = value()?.parse()?,
             "--model" => b.model = value()?,
             "--block-size" => b.block_size = num(&name, &value()?)?,
             "--num-blocks" => b.num_blocks = num(&name, &value()?)?,
@@ -119,9 +138,15 @@ fn parse(args: impl IntoIterator<Item = String>) -> Result<Option<Options>, Stri
     if o.engines == 0 {
         return Err("--engines must be at least 1".into());
     }
-    for (flag, list) in
-        [("--http-ports", &o.http_ports), ("--event-ports", &o.event_ports), ("--replay-ports", &o.replay_ports)]
-    {
+    if o.pd_roles.len() > 1 && o.pd_roles.len() != o.engines {
+        return Err(format!("--pd-role: {} roles for {} engines", o.pd_roles.len(), o.engines));
+    }
+    for (flag, list) in [
+        ("--http-ports", &o.http_ports),
+        ("--event-ports", &o.event_ports),
+        ("--replay-ports", &o.replay_ports),
+        ("--bootstrap-ports", &o.bootstrap_ports),
+    ] {
         if let Some(list) = list
             && list.len() != o.engines
         {
@@ -169,6 +194,12 @@ async fn run(o: Options) -> ExitCode {
         config.ports.http = o.http_ports.as_ref().map(|p| p[i]);
         config.ports.events = o.event_ports.as_ref().map(|p| p[i]);
         config.ports.replay = o.replay_ports.as_ref().map(|p| p[i]);
+        config.bootstrap_port = o.bootstrap_ports.as_ref().map(|p| p[i]);
+        config.pd_role = match o.pd_roles.as_slice() {
+            [] => PdRole::Aggregated,
+            [role] => *role,
+            roles => roles[i],
+        };
     }
     let fleet = match Fleet::start_with(configs).await {
         Ok(fleet) => fleet,
@@ -185,7 +216,11 @@ async fn run(o: Options) -> ExitCode {
         writeln!(out, "{}", fleet.endpoints_json())
     } else {
         fleet.endpoints().iter().try_for_each(|e| {
-            writeln!(out, "{}  http={}  events={}  replay={}", e.name, e.base_url(), e.events, e.replay)
+            write!(out, "{}  http={}  events={}  replay={}", e.name, e.base_url(), e.events, e.replay)?;
+            match e.bootstrap {
+                Some(addr) => writeln!(out, "  bootstrap={addr}"),
+                None => writeln!(out),
+            }
         })
     };
     if printed.and_then(|()| out.flush()).is_err() {

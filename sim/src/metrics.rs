@@ -9,9 +9,10 @@ use std::fmt::Write;
 
 use super::config::EngineConfig;
 use super::engine_loop::EngineStats;
+use super::pd::PdCounters;
 
 /// The whole `/metrics` page.
-pub fn render(cfg: &EngineConfig, stats: &EngineStats) -> String {
+pub(crate) fn render(cfg: &EngineConfig, stats: &EngineStats, pd: &PdCounters) -> String {
     let labels = format!("engine=\"{}\",model_name=\"{}\"", cfg.dp_rank, escape(&cfg.model));
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, value: f64| {
@@ -34,6 +35,27 @@ pub fn render(cfg: &EngineConfig, stats: &EngineStats) -> String {
     counter("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens);
     counter("vllm:generation_tokens", "Number of generation tokens processed.", c.generation_tokens);
     counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.", c.preemptions);
+    // The sim's own P/D numbers, for leak checks (no engine exports these
+    // names): holds and their blocks now, pulls by result, holds ended by
+    // reason.
+    let _ = writeln!(
+        out,
+        "# HELP sim:kv_transfers_held Finished prefills holding KV blocks for a transfer.\n\
+         # TYPE sim:kv_transfers_held gauge\nsim:kv_transfers_held{{{labels}}} {:?}\n\
+         # HELP sim:kv_blocks_held_for_transfer KV blocks held for transfers.\n\
+         # TYPE sim:kv_blocks_held_for_transfer gauge\nsim:kv_blocks_held_for_transfer{{{labels}}} {:?}",
+        stats.held_transfers as f64, stats.held_blocks as f64
+    );
+    let _ = writeln!(out, "# HELP sim:kv_transfers KV pulls of this (decode) engine, by result.");
+    let _ = writeln!(out, "# TYPE sim:kv_transfers counter");
+    for (result, n) in pd.transfers() {
+        let _ = writeln!(out, "sim:kv_transfers_total{{{labels},result=\"{result}\"}} {:?}", n as f64);
+    }
+    let _ = writeln!(out, "# HELP sim:kv_holds_released Holds of this (prefill) engine ended, by reason.");
+    let _ = writeln!(out, "# TYPE sim:kv_holds_released counter");
+    for (reason, n) in pd.releases() {
+        let _ = writeln!(out, "sim:kv_holds_released_total{{{labels},reason=\"{reason}\"}} {:?}", n as f64);
+    }
     let _ = writeln!(
         out,
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\

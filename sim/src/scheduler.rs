@@ -21,10 +21,18 @@
 //! after exactly `max_tokens` tokens (no EOS is sampled) and releases its
 //! blocks. The step lasts [`TimeModel::step_ns`] of virtual time.
 //!
+//! Disaggregated prefill/decode ([`PdOptions`]): a prefill request may
+//! **hold** its prompt's blocks when it finishes (pinned, as a running
+//! request's, until [`Scheduler::release_hold`]), for a decode engine to
+//! pull; a decode request may arrive with its leading prompt tokens'
+//! KV already transferred, written into its blocks at admission (full
+//! blocks cached and announced like computed ones) so that only the rest
+//! of the prompt is computed.
+//!
 //! Determinism: given the same submissions in the same order, the same
 //! configuration gives the same tokens, hashes, events and virtual times.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -50,6 +58,26 @@ pub struct RequestSpec {
     pub max_tokens: u32,
     /// Sampling seed; `None`: derived from the engine seed and arrival order.
     pub seed: Option<u64>,
+}
+
+/// How one leg of a disaggregated (P/D) request enters the scheduler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PdOptions {
+    /// Leading prompt tokens whose KV a prefill engine computed and this
+    /// engine received (0: none; at most the prompt's length). Written at
+    /// admission; a request preempted later recomputes them.
+    pub transferred_tokens: usize,
+    /// On finishing, keep the prompt's blocks (full ones cached, the
+    /// trailing partial one anonymous) pinned for a decode engine to pull,
+    /// until [`Scheduler::release_hold`].
+    pub hold_blocks: bool,
+}
+
+/// Blocks a finished prefill keeps for a transfer.
+#[derive(Debug)]
+struct Hold {
+    cached: Vec<BlockDigest>,
+    anonymous: usize,
 }
 
 /// A finished request's numbers; times in virtual nanoseconds.
@@ -133,9 +161,11 @@ struct Sequence {
     /// This step's work: prompt tokens, or 1 decode token.
     chunk: usize,
     decode: bool,
-    /// Disaggregated decode: the prompt's KV blocks come from a prefill
-    /// engine (written into its blocks at admission), none is computed.
-    remote: bool,
+    /// Disaggregated decode: prompt tokens whose KV came from a prefill
+    /// engine (written into its blocks at admission, then 0).
+    transferred: usize,
+    /// Disaggregated prefill: keep the prompt's blocks when finished.
+    hold_blocks: bool,
 }
 
 impl Sequence {
@@ -179,6 +209,8 @@ pub struct Scheduler {
     next_id: RequestId,
     counters: Counters,
     outcomes: VecDeque<Outcome>,
+    /// Finished prefills' blocks kept for a transfer, by request.
+    holds: HashMap<RequestId, Hold>,
 }
 
 impl Scheduler {
@@ -193,12 +225,13 @@ impl Scheduler {
             next_id: 0,
             counters: Counters::default(),
             outcomes: VecDeque::new(),
+            holds: HashMap::new(),
         }
     }
 
     /// Queues a request, arriving now; returns its id.
     pub fn submit(&mut self, spec: RequestSpec) -> Result<RequestId, String> {
-        self.queue(spec, false)
+        self.submit_pd(spec, PdOptions::default())
     }
 
     /// Queues the decode half of a disaggregated request: a prefill engine
@@ -208,11 +241,20 @@ impl Scheduler {
     /// as vLLM's decode side does with a KV connector. A request preempted
     /// later recomputes its prompt here, as vLLM does.
     pub fn submit_prefilled(&mut self, spec: RequestSpec) -> Result<RequestId, String> {
-        self.queue(spec, true)
+        let transferred_tokens = spec.prompt.len();
+        self.submit_pd(spec, PdOptions { transferred_tokens, hold_blocks: false })
     }
 
-    fn queue(&mut self, spec: RequestSpec, remote: bool) -> Result<RequestId, String> {
+    /// Queues one leg of a disaggregated request (see [`PdOptions`]).
+    pub fn submit_pd(&mut self, spec: RequestSpec, options: PdOptions) -> Result<RequestId, String> {
         check_request(&self.cfg, spec.prompt.len(), spec.max_tokens)?;
+        if options.transferred_tokens > spec.prompt.len() {
+            return Err(format!(
+                "{} transferred tokens for a prompt of {}",
+                options.transferred_tokens,
+                spec.prompt.len()
+            ));
+        }
         let id = self.next_id;
         self.next_id += 1;
         let seed = spec.seed.unwrap_or_else(|| xxh3_64_with_seed(&id.to_le_bytes(), self.cfg.seed));
@@ -231,7 +273,8 @@ impl Scheduler {
             first_token_ns: 0,
             chunk: 0,
             decode: false,
-            remote,
+            transferred: options.transferred_tokens,
+            hold_blocks: options.hold_blocks,
         });
         Ok(id)
     }
@@ -257,8 +300,32 @@ impl Scheduler {
         self.counters.aborted += ids.len() as u64;
         self.running.clear();
         self.waiting.clear();
+        self.holds.clear();
         self.cache.clear(false);
         ids
+    }
+
+    /// Unpins the blocks a finished prefill held for a transfer (pulled, or
+    /// its lease over); `false` if it held none.
+    pub fn release_hold(&mut self, id: RequestId) -> bool {
+        let Some(hold) = self.holds.remove(&id) else { return false };
+        self.cache.release(&hold.cached, hold.anonymous);
+        true
+    }
+
+    /// Whether the finished request `id` holds blocks for a transfer.
+    pub fn holds(&self, id: RequestId) -> bool {
+        self.holds.contains_key(&id)
+    }
+
+    /// Finished prefills holding blocks for a transfer.
+    pub fn held_transfers(&self) -> usize {
+        self.holds.len()
+    }
+
+    /// Blocks (cached and anonymous) held for transfers.
+    pub fn held_blocks(&self) -> usize {
+        self.holds.values().map(|h| h.cached.len() + h.anonymous).sum()
     }
 
     pub fn is_idle(&self) -> bool {
@@ -410,16 +477,17 @@ impl Scheduler {
         seq.held = seq.chain[..hits].to_vec();
         seq.anonymous = new_blocks;
         seq.computed = hits * bs;
-        if std::mem::take(&mut seq.remote) {
-            // The transferred blocks: written, so cached like computed ones.
-            // The prompt cost this engine nothing: all of it counts as cached.
-            let full = seq.chain.len();
+        let transferred = std::mem::take(&mut seq.transferred);
+        if transferred > seq.computed {
+            // The transferred blocks: written, so cached like computed ones,
+            // and not computed here: they count as cached tokens.
+            let full = (transferred / bs).min(seq.chain.len());
             if full > hits {
                 self.cache.store(&seq.chain, &seq.prompt, hits..full);
                 seq.held.extend_from_slice(&seq.chain[hits..full]);
                 seq.anonymous -= full - hits;
             }
-            seq.computed = seq.prompt.len();
+            seq.computed = transferred;
         }
         seq.cached_tokens = seq.computed as u32;
         self.counters.prefix_cache_queries += seq.prompt.len() as u64;
@@ -465,7 +533,16 @@ impl Scheduler {
                 continue;
             }
             let seq = self.running.remove(i);
-            self.cache.release(&seq.held, seq.anonymous);
+            if seq.hold_blocks {
+                // The prompt's blocks stay pinned for the transfer: its full
+                // blocks and the partial last one (vLLM sends every block of
+                // the prompt); the completion's blocks go.
+                let partial = usize::from(seq.prompt.len() % bs != 0).min(seq.anonymous);
+                self.cache.release(&[], seq.anonymous - partial);
+                self.holds.insert(seq.id, Hold { cached: seq.held, anonymous: partial });
+            } else {
+                self.cache.release(&seq.held, seq.anonymous);
+            }
             let outcome = Outcome {
                 id: seq.id,
                 prompt_tokens: seq.prompt.len() as u32,

@@ -9,7 +9,8 @@
 //!   {"max_new_tokens"}, "rid"?}` → `{"text", "output_ids", "meta_info":
 //!   {"id", "finish_reason": {"type": "length", "length"}, "prompt_tokens",
 //!   "completion_tokens", "cached_tokens"}}`, whole answers only (`stream`
-//!   is refused: not simulated).
+//!   is refused: not simulated). With a P/D role, the bootstrap fields
+//!   make it a prefill or decode leg (`pd::bootstrap`).
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use serde_json::{Value, json};
 
 use super::completions::run_to_end;
 use super::http_server::{ApiError, HttpState, parse_body};
+use super::pd::legs;
 use super::scheduler::{RequestSpec, check_request};
 
 pub(crate) async fn tokenize(State(state): State<Arc<HttpState>>, bytes: Bytes) -> Response {
@@ -49,12 +51,19 @@ pub(crate) async fn tokenize(State(state): State<Arc<HttpState>>, bytes: Bytes) 
 
 pub(crate) async fn generate(State(state): State<Arc<HttpState>>, headers: HeaderMap, bytes: Bytes) -> Response {
     let engine_header = state.engine_header();
-    let spec = match generate_spec(&state, &bytes) {
-        Ok(spec) => spec,
+    let (body, mut spec) = match generate_spec(&state, &bytes) {
+        Ok(parsed) => parsed,
         Err(error) => return ([engine_header], error).into_response(),
     };
-    let id = state.request_id("generate", &headers);
-    let rx = match state.engine.submit(spec) {
+    let id = match body.get("rid") {
+        Some(Value::String(rid)) if !rid.is_empty() => rid.clone(),
+        _ => state.request_id("generate", &headers),
+    };
+    let leg = match legs::plan(&state, &body, &id, &mut spec, false) {
+        Ok((leg, _)) => leg,
+        Err(error) => return ([engine_header], error).into_response(),
+    };
+    let rx = match legs::start(&state, spec, leg) {
         Ok(rx) => rx,
         Err(error) => {
             let error = ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: error.to_string() };
@@ -86,7 +95,7 @@ fn text_tokens(state: &HttpState, text: &Value, add_special_tokens: bool) -> Res
     prompts.pop().ok_or_else(|| ApiError::bad_request("an empty prompt"))
 }
 
-fn generate_spec(state: &HttpState, bytes: &[u8]) -> Result<RequestSpec, ApiError> {
+fn generate_spec(state: &HttpState, bytes: &[u8]) -> Result<(Value, RequestSpec), ApiError> {
     let body = parse_body(state, bytes)?;
     if body.get("stream").and_then(Value::as_bool).unwrap_or(false) {
         return Err(ApiError::bad_request("kvpick-sim: streaming /generate is not simulated"));
@@ -108,5 +117,5 @@ fn generate_spec(state: &HttpState, bytes: &[u8]) -> Result<RequestSpec, ApiErro
             .ok_or_else(|| ApiError::bad_request("max_new_tokens must be a non-negative integer"))?,
     };
     check_request(&state.config, prompt.len(), max_tokens).map_err(ApiError::bad_request)?;
-    Ok(RequestSpec { prompt, max_tokens, seed: None })
+    Ok((body, RequestSpec { prompt, max_tokens, seed: None }))
 }

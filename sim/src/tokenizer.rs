@@ -210,3 +210,9 @@ fn token_ids(items: &[Value]) -> Result<Vec<u32>, RenderError> {
         })
         .collect()
 }
+
+/// The streamed text of an output token (empty for a token the simulated
+/// model never writes, e.g. one named by a client).
+pub fn token_text(token_id: u32) -> String {
+    (0..OUTPUT_WORDS.len()).map(output_word).find(|(id, _)| *id == token_id).map(|(_, text)| text).unwrap_or_default()
+}

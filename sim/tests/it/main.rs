@@ -7,4 +7,5 @@ mod support;
 mod events;
 mod http;
 mod model;
+mod pd;
 mod wire;

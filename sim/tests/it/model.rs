@@ -6,8 +6,8 @@ use kvpick_sim::tokenizer::{
     BOS, IM_END, IM_START, NEWLINE, OUTPUT_WORDS, encode_text, output_word, piece_id, render_chat, render_completion,
 };
 use kvpick_sim::{
-    BlockDigest, CacheEvent, EngineConfig, EngineHasher, Outcome, PrefixCache, RequestSpec, Scheduler, StepReport,
-    TimeModel, Update,
+    BlockDigest, CacheEvent, EngineConfig, EngineHasher, Outcome, PdOptions, PrefixCache, RequestSpec, Scheduler,
+    StepReport, TimeModel, Update,
 };
 use serde_json::json;
 
@@ -289,6 +289,36 @@ fn a_prefilled_request_decodes_at_once_and_its_blocks_are_cached_and_announced()
     // The same prompt again, whole: served from the transferred blocks.
     s.submit(spec(prompt(1, 2048), 4)).expect("accepted");
     assert_eq!(run(&mut s).1[0].cached_tokens, 2048 - 16);
+}
+
+#[test]
+fn a_held_prefill_pins_its_prompt_until_released() {
+    let cfg = config(16, 8192);
+    let mut s = Scheduler::new(&cfg);
+    let id =
+        s.submit_pd(spec(prompt(1, 100), 1), PdOptions { transferred_tokens: 0, hold_blocks: true }).expect("accepted");
+    run(&mut s);
+    assert!(s.holds(id));
+    assert_eq!(s.held_transfers(), 1);
+    assert_eq!(s.held_blocks(), 100usize.div_ceil(16), "the full blocks and the partial one");
+    assert_eq!(s.cache().evictable(), 0, "held blocks are not evictable");
+    assert_eq!(s.cache().used(), 7);
+    assert!(s.release_hold(id));
+    assert!(!s.release_hold(id), "released once");
+    assert_eq!(s.cache().evictable(), 6, "the full blocks stay cached, now evictable");
+    assert_eq!(s.cache().used(), 6);
+}
+
+#[test]
+fn transferred_tokens_are_not_computed_again() {
+    let cfg = config(16, 8192);
+    let mut s = Scheduler::new(&cfg);
+    s.submit_pd(spec(prompt(1, 100), 2), PdOptions { transferred_tokens: 99, hold_blocks: false }).expect("accepted");
+    let (reports, outcomes) = run(&mut s);
+    assert_eq!(reports[0].prefill_tokens, 1, "only the last prompt token");
+    assert_eq!(outcomes[0].cached_tokens, 99);
+    assert_eq!(s.counters().prefix_cache_hits, 0);
+    assert!(s.submit_pd(spec(prompt(1, 10), 2), PdOptions { transferred_tokens: 11, hold_blocks: false }).is_err());
 }
 
 #[test]

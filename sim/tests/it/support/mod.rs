@@ -87,6 +87,25 @@ impl Http {
         self.request(Method::POST, url, Some(body)).await
     }
 
+    /// A POST with extra headers (e.g. `x-request-id`, as P/D proxies send).
+    pub async fn post_with(&self, url: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
+        let mut request = Request::builder().method(Method::POST).uri(url).header("content-type", "application/json");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Full::new(Bytes::from(body.to_string()))).expect("valid request");
+        let call = async {
+            let response = self.client.request(request).await.expect("HTTP request");
+            let status = response.status();
+            let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let engine = header("x-sim-engine");
+            let content_type = header("content-type").unwrap_or_default();
+            let body = response.into_body().collect().await.expect("HTTP body").to_bytes().to_vec();
+            Answer { status, engine, content_type, body }
+        };
+        tokio::time::timeout(DEADLINE, call).await.expect("HTTP answer in time")
+    }
+
     pub async fn post_raw(&self, url: &str, body: &'static str) -> Answer {
         let request = Request::post(url).body(Full::new(Bytes::from_static(body.as_bytes()))).expect("valid request");
         let response =
@@ -181,5 +200,41 @@ fn replay_blocking(endpoint: &str, start: u64) -> Vec<Vec<Vec<u8>>> {
         if is_end {
             return replies;
         }
+    }
+}
+
+/// Sends a JSON POST on a raw connection and returns the open socket: the
+/// test drops it to play a client that goes away before the answer.
+pub async fn post_and_hold(addr: std::net::SocketAddr, path: &str, body: &Value) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let body = body.to_string();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("send head");
+    stream.write_all(body.as_bytes()).await.expect("send body");
+    stream
+}
+
+/// The value of the sample of `metric` whose labels contain `label` (e.g.
+/// `result="ok"`) in a `/metrics` page.
+pub fn metric(page: &str, metric: &str, label: &str) -> Option<f64> {
+    page.lines()
+        .filter(|l| l.starts_with(metric) && l[metric.len()..].starts_with('{') && l.contains(label))
+        .find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// Polls `check` every 20 ms until it holds, failing after [`DEADLINE`].
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + DEADLINE;
+    while !check().await {
+        assert!(Instant::now() < end, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
