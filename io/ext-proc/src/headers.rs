@@ -18,6 +18,16 @@ pub const DESTINATION_SERVED: &str = "x-gateway-destination-endpoint-served";
 /// The prefill endpoint (`ip:port`) of a disaggregated pick, for the
 /// decode pod's sidecar: the form llm-d's sidecar and Dynamo's EPP use.
 pub const PREFILLER: &str = "x-prefiller-host-port";
+/// The decode sidecar's hand-off (`kvpick sidecar`), on a split request's
+/// answer headers: `disaggregated` when the prefill leg is over (its
+/// engine has handed the KV over, so the EPP releases the prefill booking
+/// then, not at the first token), `aggregated` when the request ran whole
+/// on the decode engine.
+pub const PD_HANDOFF: &str = "x-kvpick-pd";
+/// Why a request the EPP split ran whole (`prefill_failed`, …).
+pub const PD_REASON: &str = "x-kvpick-pd-reason";
+/// How long the prefill leg took at the sidecar, in milliseconds.
+pub const PREFILL_MS: &str = "x-kvpick-prefill-ms";
 /// GAIE conformance: the endpoints a test allows (`ip[:port],…`).
 pub const CONFORMANCE_SELECTION: &str = "test-epp-endpoint-selection";
 /// GAIE conformance: echoed on the response with the served endpoint.
@@ -141,6 +151,17 @@ pub struct ResponseHeaders {
     pub status: Option<u16>,
     /// `content-type: text/event-stream`: usage comes in SSE `data:` lines.
     pub event_stream: bool,
+    /// What the decode sidecar's hand-off header says, when there is one.
+    pub pd: Option<PdRan>,
+}
+
+/// How the decode sidecar ran a request (`x-kvpick-pd`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PdRan {
+    /// Prefilled on the prefill engine, which has handed over.
+    Disaggregated,
+    /// Run whole on the decode engine, or failed: no prefill leg left.
+    Whole,
 }
 
 impl ResponseHeaders {
@@ -148,7 +169,10 @@ impl ResponseHeaders {
         let status = find(map, ":status").and_then(|v| std::str::from_utf8(v).ok()).and_then(|s| s.trim().parse().ok());
         let event_stream = find(map, "content-type")
             .is_some_and(|v| v.len() >= 17 && v[..17].eq_ignore_ascii_case(b"text/event-stream"));
-        ResponseHeaders { status, event_stream }
+        let pd = find(map, PD_HANDOFF).map(|v| {
+            if v.trim_ascii().eq_ignore_ascii_case(b"disaggregated") { PdRan::Disaggregated } else { PdRan::Whole }
+        });
+        ResponseHeaders { status, event_stream, pd }
     }
 }
 
@@ -212,6 +236,23 @@ mod tests {
     #[test]
     fn event_stream_content_type() {
         let m = map(&[(":status", "200", false), ("content-type", "text/event-stream; charset=utf-8", true)]);
-        assert_eq!(ResponseHeaders::read(Some(&m)), ResponseHeaders { status: Some(200), event_stream: true });
+        assert_eq!(
+            ResponseHeaders::read(Some(&m)),
+            ResponseHeaders { status: Some(200), event_stream: true, pd: None }
+        );
+    }
+
+    #[test]
+    fn the_sidecars_hand_off_is_read() {
+        for (value, pd) in [
+            ("disaggregated", PdRan::Disaggregated),
+            (" Disaggregated ", PdRan::Disaggregated),
+            ("aggregated", PdRan::Whole),
+            ("failed", PdRan::Whole),
+        ] {
+            let m = map(&[(":status", "200", false), (PD_HANDOFF, value, true)]);
+            assert_eq!(ResponseHeaders::read(Some(&m)).pd, Some(pd), "{value}");
+        }
+        assert_eq!(ResponseHeaders::read(Some(&map(&[(":status", "200", false)]))).pd, None);
     }
 }

@@ -87,6 +87,17 @@ pub trait Booking: Send + 'static {
     /// request (a fallback, a retry, or a pick it ignored): the load is
     /// there now. Called at most once, with the response headers.
     fn served_by(&mut self, endpoint: SocketAddr);
+
+    /// The decode sidecar's hand-off header (`x-kvpick-pd`) came with the
+    /// response headers: the prefill leg is over, so a split request's
+    /// prefill booking can go now rather than at the first token.
+    /// `timed`: the request was split and its answer streams, so the
+    /// headers came as the prefill leg ended and the time since the pick
+    /// is the prefill worker's time to first token. Bookings with no
+    /// prefill leg ignore it.
+    fn prefill_handed_off(&mut self, timed: bool) {
+        let _ = timed;
+    }
 }
 
 /// Picks the endpoint for one request.

@@ -14,8 +14,10 @@
 //!
 //! Lifecycle: the decode booking stops counting prefill the moment the
 //! plan commits (its worker receives the KV blocks instead of computing
-//! them); the prefill booking is released at hand-off, the first response
-//! chunk (the decode side has the KV blocks by then); the decode booking
+//! them); the prefill booking is released at hand-off: the decode
+//! sidecar's `x-kvpick-pd` response header when the decode pod runs
+//! `kvpick sidecar` (it comes as the prefill leg ends), else the first
+//! response chunk (the decode side has the KV blocks by then); the decode booking
 //! lives to completion, cancel or error, renewed while the answer streams.
 
 use std::net::SocketAddr;
@@ -159,6 +161,16 @@ impl<R: Release> Booking for PlanBooking<R> {
         }
     }
 
+    /// The decode sidecar's hand-off: the prefill leg is over (or never
+    /// ran), so its booking goes now. Timed, the time since the pick is
+    /// the prefill worker's own time to first token, without the transfer
+    /// and the decode worker's first step that the first chunk would add.
+    fn prefill_handed_off(&mut self, timed: bool) {
+        if let Some(mut prefill) = self.prefill.take() {
+            prefill.prefill_complete(timed);
+        }
+    }
+
     fn response_finished(&mut self, output_tokens: u64) {
         self.decode.response_finished(output_tokens);
     }
@@ -281,6 +293,30 @@ mod tests {
             "the prefill worker gets the first token's time and is freed at once; the decode worker its decode \
              time; the decode booking is freed once, at the end"
         );
+    }
+
+    #[test]
+    fn the_sidecars_hand_off_releases_prefill_before_the_first_token() {
+        for (timed, event) in [(true, "prefill_complete+ttft"), (false, "prefill_complete")] {
+            let events = Arc::new(Mutex::new(Vec::new()));
+            let (decode, prefill) = (Log(events.clone(), "decode"), Log(events.clone(), "prefill"));
+            let mut plan = PlanBooking::disaggregated(booked(&decode), booked(&prefill));
+            plan.prefill_handed_off(timed);
+            assert!(!plan.holds_prefill());
+            assert_eq!(events.lock().unwrap()[1..], [("prefill", event), ("prefill", "free")]);
+            // The first token then times the decode only; nothing is released twice.
+            plan.prefill_complete(true);
+            plan.prefill_handed_off(true);
+            plan.response_finished(8);
+            drop(plan);
+            assert_eq!(events.lock().unwrap()[3..], [("decode", "decode_observed"), ("decode", "free")]);
+        }
+        // Without a prefill leg, a hand-off changes nothing.
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let mut plan = PlanBooking::aggregated(booked(&Log(events.clone(), "decode")));
+        plan.prefill_handed_off(true);
+        assert!(events.lock().unwrap().is_empty());
+        drop(plan);
     }
 
     #[test]

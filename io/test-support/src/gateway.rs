@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 use tonic::Streaming;
 use tonic::transport::Channel;
 
-use kvpick_ext_proc::headers::{DESTINATION, DESTINATION_SERVED, PREFILLER};
+use kvpick_ext_proc::headers::{DESTINATION, DESTINATION_SERVED, PD_HANDOFF, PREFILL_MS, PREFILLER};
 use kvpick_ext_proc::metadata::LB_NAMESPACE;
 
 /// Longest the gateway waits for any one answer.
@@ -47,7 +47,7 @@ pub enum GatewayError {
 }
 
 /// What the client saw.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Exchange {
     /// The endpoint kvpick picked (`None` when it refused).
     pub endpoint: Option<SocketAddr>,
@@ -62,6 +62,11 @@ pub struct Exchange {
     pub body: Vec<u8>,
     /// The engine's `x-sim-engine` header, when it sent one.
     pub engine: Option<String>,
+    /// The decode sidecar's hand-off header (`x-kvpick-pd`), when the
+    /// endpoint is a `kvpick sidecar`.
+    pub handoff: Option<String>,
+    /// The sidecar's prefill leg time (`x-kvpick-prefill-ms`), when split.
+    pub prefill_ms: Option<f64>,
     /// From the request's first message to the pick.
     pub pick_time: Duration,
 }
@@ -173,7 +178,17 @@ impl Gateway {
             .unwrap_or("application/json")
             .to_owned();
         let engine = response.headers().get("x-sim-engine").and_then(|v| v.to_str().ok()).map(str::to_owned);
-        send(response_headers(status, &content_type, endpoint))?;
+        let handoff = response.headers().get(PD_HANDOFF).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let prefill_ms =
+            response.headers().get(PREFILL_MS).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<f64>().ok());
+        // Envoy hands kvpick the upstream's response headers as they came.
+        let upstream_headers: Vec<(String, String)> = response
+            .headers()
+            .iter()
+            .filter(|(name, _)| *name != "content-type")
+            .filter_map(|(name, value)| Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned())))
+            .collect();
+        send(response_headers(status, &content_type, &upstream_headers, endpoint))?;
         let answer = next(&mut answers).await?;
         if !matches!(answer.response, Some(Response::ResponseHeaders(_))) {
             return Err(GatewayError::Protocol(format!("expected the response headers answer, got {answer:?}")));
@@ -211,6 +226,8 @@ impl Gateway {
             refused: None,
             body: client_body,
             engine,
+            handoff,
+            prefill_ms,
             pick_time,
         })
     }
@@ -261,13 +278,20 @@ fn body_message(request: bool, chunk: &[u8], end_of_stream: bool) -> ProcessingR
     ProcessingRequest { request: Some(request), ..Default::default() }
 }
 
-fn response_headers(status: u16, content_type: &str, served: SocketAddr) -> ProcessingRequest {
+fn response_headers(
+    status: u16,
+    content_type: &str,
+    upstream: &[(String, String)],
+    served: SocketAddr,
+) -> ProcessingRequest {
     let status = status.to_string();
+    let mut pairs = vec![(":status", status.as_str()), ("content-type", content_type)];
+    pairs.extend(upstream.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     let served = Value { kind: Some(Kind::StringValue(served.to_string())) };
     let fields = Struct { fields: [(DESTINATION_SERVED.to_owned(), served)].into_iter().collect() };
     ProcessingRequest {
         request: Some(Request::ResponseHeaders(HttpHeaders {
-            headers: Some(header_map(&[(":status", &status), ("content-type", content_type)])),
+            headers: Some(header_map(&pairs)),
             end_of_stream: false,
             ..Default::default()
         })),

@@ -73,6 +73,41 @@ async fn a_long_uncached_prompt_is_split_and_each_leg_released_at_its_moment() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_decode_sidecars_hand_off_header_releases_the_prefill_leg_before_any_chunk() {
+    let h = Harness::start(disaggregated(2)).await;
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    let answer = send(&mut call, &chat(&words("handoff", 40)), &[]).await;
+    assert!(prefiller(&answer).is_some(), "split");
+    assert_eq!((h.requests_booked().await, h.prefill_requests_booked().await), (1, 1));
+    // `kvpick sidecar` answers with its hand-off header once the prefill
+    // leg is over; no body chunk has come yet.
+    let mut headers = response_headers("200", "text/event-stream", None, false);
+    if let Some(kvpick_proto::ext_proc::processing_request::Request::ResponseHeaders(h)) = headers.request.as_mut() {
+        if let Some(map) = h.headers.as_mut() {
+            map.headers.extend(
+                kvpick_test_support::gateway::header_map(&[
+                    ("x-kvpick-pd", "disaggregated"),
+                    ("x-kvpick-prefill-ms", "12.5"),
+                ])
+                .headers,
+            );
+        }
+    }
+    call.send(headers);
+    assert_eq!(kind(&call.recv().await), "response_headers");
+    wait_for("the prefill leg released at the hand-off", || async { h.prefill_requests_booked().await == 0 }).await;
+    assert_eq!(h.requests_booked().await, 1, "the decode leg lives on");
+    call.send(response_body(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", false));
+    call.recv().await;
+    call.send(response_body(b"data: [DONE]\n\n", true));
+    call.recv().await;
+    h.wait_all_freed().await;
+    drop((call, client));
+    h.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_decider_keeps_short_or_cached_prompts_whole_on_the_decode_worker() {
     let h = Harness::start(disaggregated(1)).await;
     let mut client = h.client().await;
