@@ -14,6 +14,7 @@ mod bin_local_tokenizer;
 mod bin_replicas;
 mod bin_serve;
 mod bin_sglang;
+mod bin_sidecar;
 mod bin_trtllm;
 mod deploy;
 mod ext_proc_disagg;

@@ -13,6 +13,10 @@
 //! (`usage.prompt_tokens_details.cached_tokens`) and simulated time to
 //! first token.
 //!
+//! `--disagg` runs disaggregated prefill/decode instead (`demo_disagg.rs`):
+//! a prefill engine, decode engines behind `kvpick sidecar`, and the
+//! per-leg timeline next to an aggregated run.
+//!
 //! `--engine trtllm` plays `trtllm-serve` instead (KV events drained from
 //! `/kv_cache_events`, no render endpoint: kvpick tokenizes in-process with
 //! the model directory `demo_model` writes, which the engines use too);
@@ -151,7 +155,22 @@ pub fn run(m: &ArgMatches) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(demo(&options)) {
+    let disagg = m.get_flag("disagg");
+    if disagg && options.engine != DemoEngine::Vllm {
+        eprintln!("kvpick demo: --disagg runs simulated vLLM engines; leave --engine out");
+        return ExitCode::from(2);
+    }
+    let ran = if disagg {
+        runtime.block_on(crate::demo_disagg::demo(
+            options.conversations,
+            options.concurrency,
+            options.seed,
+            options.quiet,
+        ))
+    } else {
+        runtime.block_on(demo(&options))
+    };
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kvpick demo: {e}");

@@ -7,6 +7,8 @@
 //!   of it and a multi-turn chat workload through the real ext_proc server,
 //!   compared with round-robin and an approximate-prefix picker. Needs
 //!   nothing installed.
+//! - `kvpick sidecar`: the decode pod's prefill/decode sidecar (vLLM,
+//!   SGLang and TensorRT-LLM protocols), `KVPICK_SIDECAR_*` settings.
 //! - `kvpick inspect URL`: a running `kvpick serve`'s debug view (with
 //!   `--debug-endpoints`) as tables: its workers, or `--explain FILE`.
 //!
@@ -18,11 +20,14 @@ mod approx_prefix;
 #[cfg(feature = "demo")]
 mod demo;
 #[cfg(feature = "demo")]
+mod demo_disagg;
+#[cfg(feature = "demo")]
 mod demo_model;
 
 mod inspect;
 mod logging;
 mod profile;
+mod sidecar;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -77,7 +82,13 @@ fn command() -> Command {
                 .default_value("7")
                 .help("Seed of the workload and the engines"),
         )
-        .arg(Arg::new("quiet").long("quiet").action(ArgAction::SetTrue).help("Only the final comparison"));
+        .arg(Arg::new("quiet").long("quiet").action(ArgAction::SetTrue).help("Only the final comparison"))
+        .arg(
+            Arg::new("disagg")
+                .long("disagg")
+                .action(ArgAction::SetTrue)
+                .help("Disaggregated prefill/decode: a prefill engine, decode engines behind kvpick sidecar, long prompts (--conversations of them), the per-leg timeline next to an aggregated run"),
+        );
     Command::new("kvpick")
         .version(env!("CARGO_PKG_VERSION"))
         .about("A KV-cache-aware, load-aware Endpoint Picker for the Gateway API Inference Extension")
@@ -85,6 +96,7 @@ fn command() -> Command {
         .arg_required_else_help(true)
         .subcommand(serve)
         .subcommand(demo)
+        .subcommand(sidecar::command())
         .subcommand(
             Command::new("inspect")
                 .about("Show a running kvpick's workers, or how it would pick for a request body (needs kvpick serve --debug-endpoints)")
@@ -106,6 +118,7 @@ fn main() -> ExitCode {
     match matches.subcommand() {
         Some(("serve", m)) => serve(&Values::from_matches(m)),
         Some(("inspect", m)) => inspect::run(m),
+        Some(("sidecar", m)) => sidecar::run(m),
         #[cfg(feature = "demo")]
         Some(("demo", m)) => demo::run(m),
         #[cfg(not(feature = "demo"))]

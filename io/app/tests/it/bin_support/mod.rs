@@ -129,9 +129,9 @@ pub fn serve(workers_file: &Path, extra: &[&str]) -> Kvpick {
 }
 
 impl Kvpick {
-    /// Starts `command` (a `kvpick serve` with JSON logs on a piped stderr)
-    /// and waits for its `listening` line.
-    pub fn spawn(mut command: Command) -> Kvpick {
+    /// Starts `command` (any `kvpick` subcommand with JSON logs on a piped
+    /// stderr); its ports are left unset.
+    pub fn spawn_unwaited(mut command: Command) -> Kvpick {
         let mut child = command.spawn().unwrap_or_else(|e| panic!("spawn kvpick: {e}"));
         let stderr = child.stderr.take().unwrap_or_else(|| panic!("no stderr"));
         let (tx, lines) = mpsc::channel();
@@ -142,7 +142,13 @@ impl Kvpick {
                 }
             }
         });
-        let mut kvpick = Kvpick { child, ext_proc: addr0(), health: addr0(), metrics: addr0(), lines, log: Vec::new() };
+        Kvpick { child, ext_proc: addr0(), health: addr0(), metrics: addr0(), lines, log: Vec::new() }
+    }
+
+    /// Starts `command` (a `kvpick serve` with JSON logs on a piped stderr)
+    /// and waits for its `listening` line.
+    pub fn spawn(command: Command) -> Kvpick {
+        let mut kvpick = Kvpick::spawn_unwaited(command);
         let listening = kvpick.wait_log(|v| v["message"] == "listening");
         let field = |name: &str| -> SocketAddr {
             listening[name].as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("no {name} in {listening}"))

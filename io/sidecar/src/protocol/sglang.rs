@@ -1,0 +1,85 @@
+//! SGLang's bootstrap protocol (engines.md §4, after its `mini_lb` and the
+//! gateway's PD mode): the same body goes to both engines at once, with
+//! the prefill's bootstrap address and a random room that pairs the two
+//! requests; only the decode engine's answer is returned.
+
+use std::net::IpAddr;
+
+use serde_json::{Map, Value, json};
+
+use super::Route;
+
+/// A room is a random non-negative i64 (`random.randint(0, 2**63-1)`).
+pub fn room() -> u64 {
+    fastrand::u64(..=i64::MAX as u64)
+}
+
+/// How many prompts a native `/generate` body holds: `text` as a list, or
+/// `input_ids` as a list of lists, is a batch. `None` for a single prompt.
+fn batch_size(body: &Map<String, Value>) -> Option<usize> {
+    if let Some(Value::Array(texts)) = body.get("text") {
+        return Some(texts.len());
+    }
+    match body.get("input_ids") {
+        Some(Value::Array(ids)) if ids.first().is_some_and(Value::is_array) => Some(ids.len()),
+        _ => None,
+    }
+}
+
+/// The body both legs get. A batch gets one room per prompt and the
+/// host and port repeated, as lists.
+pub fn with_bootstrap(original: &Map<String, Value>, route: Route, host: IpAddr, port: u16) -> Map<String, Value> {
+    let mut body = original.clone();
+    let batch = if route == Route::SglangGenerate { batch_size(original) } else { None };
+    match batch {
+        None => {
+            body.insert("bootstrap_host".into(), json!(host.to_string()));
+            body.insert("bootstrap_port".into(), json!(port));
+            body.insert("bootstrap_room".into(), json!(room()));
+        }
+        Some(n) => {
+            body.insert("bootstrap_host".into(), json!(vec![host.to_string(); n]));
+            body.insert("bootstrap_port".into(), json!(vec![port; n]));
+            body.insert("bootstrap_room".into(), json!((0..n).map(|_| room()).collect::<Vec<_>>()));
+        }
+    }
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::object;
+
+    #[test]
+    fn one_prompt_gets_one_room_and_the_prefills_bootstrap_address() {
+        let original = object(json!({"model": "m", "messages": [], "stream": true, "max_tokens": 9}));
+        let host: IpAddr = "10.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let body = with_bootstrap(&original, Route::Chat, host, 8998);
+        assert_eq!(body.get("bootstrap_host"), Some(&json!("10.0.0.1")));
+        assert_eq!(body.get("bootstrap_port"), Some(&json!(8998)));
+        let room = body.get("bootstrap_room").and_then(Value::as_u64).unwrap_or(u64::MAX);
+        assert!(room <= i64::MAX as u64);
+        // Everything the client sent is kept as it was.
+        for key in ["model", "messages", "stream", "max_tokens"] {
+            assert_eq!(body.get(key), original.get(key), "{key}");
+        }
+        let v6 = with_bootstrap(&original, Route::Chat, "fd00::1".parse().unwrap_or_else(|e| panic!("{e}")), 1);
+        assert_eq!(v6.get("bootstrap_host"), Some(&json!("fd00::1")));
+    }
+
+    #[test]
+    fn a_native_batch_gets_a_room_per_prompt() {
+        let host: IpAddr = "10.0.0.1".parse().unwrap_or_else(|e| panic!("{e}"));
+        for original in [json!({"text": ["a", "b", "c"]}), json!({"input_ids": [[1], [2], [3]]})] {
+            let body = with_bootstrap(&object(original), Route::SglangGenerate, host, 8998);
+            assert_eq!(body.get("bootstrap_host"), Some(&json!(["10.0.0.1", "10.0.0.1", "10.0.0.1"])));
+            assert_eq!(body.get("bootstrap_port"), Some(&json!([8998, 8998, 8998])));
+            let rooms = body.get("bootstrap_room").and_then(Value::as_array).map_or(0, Vec::len);
+            assert_eq!(rooms, 3);
+        }
+        // A flat input_ids list is one prompt.
+        let single = with_bootstrap(&object(json!({"input_ids": [1, 2]})), Route::SglangGenerate, host, 8998);
+        assert!(single.get("bootstrap_room").is_some_and(Value::is_u64));
+    }
+}
