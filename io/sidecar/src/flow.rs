@@ -409,15 +409,17 @@ fn unusable(target: SocketAddr, e: Unusable) -> LegError {
 /// The protocols' own body fields: the sidecar's to set. A client's copy
 /// could point an engine at any address (a decode engine pulls KV from
 /// wherever `kv_transfer_params` says), so it never reaches one.
-const OWN_FIELDS: [&str; 5] =
+pub const OWN_FIELDS: [&str; 5] =
     ["kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room", "disaggregated_params"];
 
 /// The body without [`OWN_FIELDS`], and its parsed form when it had to be
 /// parsed for that. Most bodies name none of them: those are passed on
 /// as they came, unparsed (a whole run never needs the JSON).
-fn own_fields_removed(bytes: Bytes) -> (Bytes, Option<Map<String, Value>>) {
+pub fn own_fields_removed(bytes: Bytes) -> (Bytes, Option<Map<String, Value>>) {
     let mentions = |field: &str| memchr::memmem::find(&bytes, field.as_bytes()).is_some();
-    if !["kv_transfer_params", "bootstrap_", "disaggregated_params"].iter().any(|f| mentions(f)) {
+    // A key may also be spelled with `\u` escapes, which the engines'
+    // JSON decoders read as the same name: such a body is always parsed.
+    if !["kv_transfer_params", "bootstrap_", "disaggregated_params", "\\u"].iter().any(|f| mentions(f)) {
         return (bytes, None);
     }
     let Ok(Value::Object(mut body)) = serde_json::from_slice::<Value>(&bytes) else {
@@ -445,6 +447,10 @@ mod tests {
         let (bytes, body) = own_fields_removed(lying);
         assert_eq!(serde_json::from_slice::<Value>(&bytes).ok(), Some(serde_json::json!({"model": "m"})));
         assert_eq!(body.map(Value::Object), Some(serde_json::json!({"model": "m"})));
+        // The same key with an escape is the same key to every JSON reader.
+        let escaped = Bytes::from_static(br#"{"model":"m","kv_transfer\u005fparams":{"remote_host":"10.9.9.9"}}"#);
+        let (bytes, _) = own_fields_removed(escaped);
+        assert_eq!(serde_json::from_slice::<Value>(&bytes).ok(), Some(serde_json::json!({"model": "m"})));
         let not_json = Bytes::from_static(b"{kv_transfer_params");
         assert_eq!(own_fields_removed(not_json.clone()).0, not_json);
     }

@@ -38,18 +38,22 @@ use tokio::net::TcpListener;
 struct Args {
     requests: usize,
     tokens: usize,
+    /// The sidecar's own runtime, as `kvpick sidecar --io-threads`: 1 is a
+    /// current-thread runtime, more a multi-thread one.
+    sidecar_threads: usize,
 }
 
 fn args() -> Args {
-    let mut args = Args { requests: 4000, tokens: 32 };
+    let mut args = Args { requests: 4000, tokens: 32, sidecar_threads: 1 };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().and_then(|v| v.parse().ok());
         match (flag.as_str(), value) {
             ("--requests", Some(v)) => args.requests = v,
             ("--tokens", Some(v)) => args.tokens = v,
+            ("--sidecar-threads", Some(v)) if v > 0 => args.sidecar_threads = v,
             _ => {
-                eprintln!("usage: kvpick-bench-sidecar [--requests N] [--tokens N]");
+                eprintln!("usage: kvpick-bench-sidecar [--requests N] [--tokens N] [--sidecar-threads N]");
                 std::process::exit(2);
             }
         }
@@ -192,14 +196,13 @@ fn main() {
 async fn run(args: Args) {
     let decode = instant_engine(false, args.tokens).await;
     let prefill = instant_engine(true, args.tokens).await;
-    let sidecar = Sidecar::start(SidecarConfig {
+    let config = SidecarConfig {
         listen: "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
         decode,
         metrics_listen: None,
         ..SidecarConfig::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("sidecar: {e}"));
+    };
+    let (front, metrics) = sidecar_on_its_own_runtime(config, args.sidecar_threads);
     let prompt = "Summarise the history of the printing press in three paragraphs. ".repeat(40);
     let body = json!({"model": "m", "stream": true, "max_tokens": args.tokens,
         "messages": [{"role": "user", "content": prompt}]});
@@ -207,7 +210,7 @@ async fn run(args: Args) {
         client: Client::builder(TokioExecutor::new()).build_http(),
         decode,
         prefill,
-        sidecar: sidecar.local_addr(),
+        sidecar: front,
         body: Bytes::from(body.to_string()),
     };
     // Warm every connection pool and code path.
@@ -243,9 +246,10 @@ async fn run(args: Args) {
         first.iter().zip(&end).map(|(f, e)| (f.summary(), e.summary())).collect();
     let mut table = Table::new(
         format!(
-            "Decode sidecar overhead, {} streamed answers of {} tokens per way ({})",
+            "Decode sidecar overhead, {} streamed answers of {} tokens per way, sidecar on {} thread(s) of its own ({})",
             args.requests,
             args.tokens,
+            args.sidecar_threads,
             utc_date()
         ),
         &["way", "first byte p50", "p99", "end p50", "p99", "CPU / request (whole process)"],
@@ -276,10 +280,32 @@ async fn run(args: Args) {
     table.note("target: at most 100 µs added at p50 for a streamed answer");
     table.note(format!("{}; load average {}", cpu(), load_average()));
     println!("{table}");
-    let snapshot = sidecar.metrics().snapshot();
+    let snapshot = metrics.snapshot();
     println!(
         "sidecar counted: {} split, {} whole, {} failed",
         snapshot.disaggregated, snapshot.aggregated, snapshot.failed
     );
-    sidecar.shutdown().await;
+}
+
+/// The sidecar as it runs in its pod: a runtime of its own (on threads of
+/// its own), not the client's and the engines'. Runs until the process ends.
+fn sidecar_on_its_own_runtime(
+    config: SidecarConfig,
+    threads: usize,
+) -> (SocketAddr, std::sync::Arc<kvpick_sidecar::SidecarMetrics>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = if threads == 1 {
+            tokio::runtime::Builder::new_current_thread().enable_all().build()
+        } else {
+            tokio::runtime::Builder::new_multi_thread().worker_threads(threads).enable_all().build()
+        }
+        .unwrap_or_else(|e| panic!("sidecar runtime: {e}"));
+        runtime.block_on(async move {
+            let sidecar = Sidecar::start(config).await.unwrap_or_else(|e| panic!("sidecar: {e}"));
+            let _ = tx.send((sidecar.local_addr(), sidecar.metrics().clone()));
+            sidecar.wait().await;
+        });
+    });
+    rx.recv().unwrap_or_else(|e| panic!("the sidecar did not start: {e}"))
 }

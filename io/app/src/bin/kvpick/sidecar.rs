@@ -118,12 +118,19 @@ pub fn run(m: &ArgMatches) -> ExitCode {
         eprintln!("kvpick sidecar: {error}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .thread_name("kvpick-sidecar")
-        .enable_all()
-        .build()
-    {
+    // One thread: a current-thread runtime, so a request's tasks (the
+    // front's connection, the engines' connections, the answer's relay)
+    // wake each other without crossing threads.
+    let built = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread().thread_name("kvpick-sidecar").enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("kvpick-sidecar")
+            .enable_all()
+            .build()
+    };
+    let runtime = match built {
         Ok(rt) => rt,
         Err(error) => {
             tracing::error!(%error, "could not start the runtime");

@@ -1,0 +1,77 @@
+//! What the decode sidecar reads from a request and a prefill engine's
+//! answer: `x-prefiller-host-port` values, a client's body (its own P/D
+//! fields removed) and the rewrites of each engine's protocol, fed any
+//! bytes.
+//!
+//! Invariants: no panic; an endpoint taken is a usable one (port not 0,
+//! allowed); a body that passed the cleaning names none of the sidecar's
+//! own fields at its top level; every prefill leg asks for what its
+//! protocol needs (vLLM: remote decode, one token, unstreamed; TensorRT-LLM:
+//! context only, unstreamed; SGLang: a room); a synthesized event stream
+//! always ends with `[DONE]`.
+
+#![no_main]
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use hyper::HeaderMap;
+use hyper::header::HeaderValue;
+use kvpick_sidecar::PrefillAllow;
+use kvpick_sidecar::flow::{OWN_FIELDS, own_fields_removed};
+use kvpick_sidecar::prefiller::Prefiller;
+use kvpick_sidecar::protocol::{Route, sglang, trtllm, vllm};
+use libfuzzer_sys::fuzz_target;
+use serde_json::{Value, json};
+
+fuzz_target!(|data: &[u8]| {
+    // The first line is the header's value(s), split on '\n' into repeats;
+    // the rest is the body (and, parsed, a prefill's answer).
+    let split = data.iter().position(|b| *b == 0).unwrap_or(data.len());
+    let (header, body) = (&data[..split], data.get(split + 1..).unwrap_or_default());
+    let mut headers = HeaderMap::new();
+    for value in header.split(|b| *b == b'\n') {
+        if let Ok(value) = HeaderValue::from_bytes(value) {
+            headers.append("x-prefiller-host-port", value);
+        }
+    }
+    let allow: PrefillAllow = "10.0.0.1,127.0.0.1:8000".parse().unwrap_or_default();
+    let local = [SocketAddr::from(([10, 0, 0, 9], 8000))];
+    for allow in [PrefillAllow::Any, allow] {
+        if let Prefiller::At(endpoint) = Prefiller::read(&headers, &allow, &local) {
+            assert_ne!(endpoint.port(), 0);
+            assert!(allow.allows(endpoint));
+            assert!(!local.contains(&endpoint));
+        }
+    }
+
+    let (cleaned, parsed) = own_fields_removed(Bytes::copy_from_slice(body));
+    if let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&cleaned) {
+        assert!(!OWN_FIELDS.iter().any(|f| map.contains_key(*f)), "{map:?}");
+    }
+    let Some(body) = parsed.or_else(|| match serde_json::from_slice::<Value>(&cleaned) {
+        Ok(Value::Object(map)) => Some(map),
+        _ => None,
+    }) else {
+        return;
+    };
+    for route in [Route::Chat, Route::Completions, Route::VllmGenerate, Route::SglangGenerate] {
+        let prefill = vllm::prefill_body(&body, route);
+        assert_eq!(prefill.get("stream"), Some(&json!(false)));
+        assert_eq!(prefill.get("kv_transfer_params").and_then(|p| p.get("do_remote_decode")), Some(&json!(true)));
+        let both = sglang::with_bootstrap(&body, route, [10, 0, 0, 1].into(), 8998);
+        assert!(both.contains_key("bootstrap_room"));
+        let answer = Value::Object(body.clone());
+        if let Ok(params) = vllm::transfer_params(&answer) {
+            assert!(params.is_object());
+        }
+        if let Ok(trtllm::AfterContext::Generate(params)) = trtllm::after_context(&answer) {
+            assert_eq!(params.get("request_type"), Some(&json!("generation_only")));
+        }
+        let stream = trtllm::as_event_stream(&answer, route, true);
+        assert!(stream.ends_with(b"data: [DONE]\n\n"));
+    }
+    let context = trtllm::context_body(&body, true);
+    assert_eq!(context.get("stream"), Some(&json!(false)));
+    assert_eq!(context.get("max_tokens"), Some(&json!(1)));
+});
