@@ -38,20 +38,21 @@ use tokio::net::TcpListener;
 struct Args {
     requests: usize,
     tokens: usize,
-    /// The sidecar's own runtime, as `kvpick sidecar --io-threads`: 1 is a
-    /// current-thread runtime, more a multi-thread one.
+    /// 0: the sidecar shares the client's and engines' runtime (two
+    /// threads); else a runtime of its own, as `kvpick sidecar
+    /// --io-threads`: 1 is a current-thread runtime, more a multi-thread one.
     sidecar_threads: usize,
 }
 
 fn args() -> Args {
-    let mut args = Args { requests: 4000, tokens: 32, sidecar_threads: 1 };
+    let mut args = Args { requests: 4000, tokens: 32, sidecar_threads: 0 };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().and_then(|v| v.parse().ok());
         match (flag.as_str(), value) {
             ("--requests", Some(v)) => args.requests = v,
             ("--tokens", Some(v)) => args.tokens = v,
-            ("--sidecar-threads", Some(v)) if v > 0 => args.sidecar_threads = v,
+            ("--sidecar-threads", Some(v)) => args.sidecar_threads = v,
             _ => {
                 eprintln!("usage: kvpick-bench-sidecar [--requests N] [--tokens N] [--sidecar-threads N]");
                 std::process::exit(2);
@@ -202,7 +203,15 @@ async fn run(args: Args) {
         metrics_listen: None,
         ..SidecarConfig::default()
     };
-    let (front, metrics) = sidecar_on_its_own_runtime(config, args.sidecar_threads);
+    let (front, metrics) = if args.sidecar_threads == 0 {
+        let sidecar = Sidecar::start(config).await.unwrap_or_else(|e| panic!("sidecar: {e}"));
+        let started = (sidecar.local_addr(), sidecar.metrics().clone());
+        // Serves on this runtime until the process ends.
+        tokio::spawn(sidecar.wait());
+        started
+    } else {
+        sidecar_on_its_own_runtime(config, args.sidecar_threads)
+    };
     let prompt = "Summarise the history of the printing press in three paragraphs. ".repeat(40);
     let body = json!({"model": "m", "stream": true, "max_tokens": args.tokens,
         "messages": [{"role": "user", "content": prompt}]});
@@ -246,10 +255,13 @@ async fn run(args: Args) {
         first.iter().zip(&end).map(|(f, e)| (f.summary(), e.summary())).collect();
     let mut table = Table::new(
         format!(
-            "Decode sidecar overhead, {} streamed answers of {} tokens per way, sidecar on {} thread(s) of its own ({})",
+            "Decode sidecar overhead, {} streamed answers of {} tokens per way, {} ({})",
             args.requests,
             args.tokens,
-            args.sidecar_threads,
+            match args.sidecar_threads {
+                0 => "the sidecar on the client's and engines' runtime".to_owned(),
+                n => format!("the sidecar on {n} thread(s) of its own"),
+            },
             utc_date()
         ),
         &["way", "first byte p50", "p99", "end p50", "p99", "CPU / request (whole process)"],
