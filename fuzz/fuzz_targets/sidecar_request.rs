@@ -45,7 +45,8 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 
-    let (cleaned, parsed) = own_fields_removed(Bytes::copy_from_slice(body));
+    // A body that may name the fields but cannot be read is refused.
+    let Ok((cleaned, parsed)) = own_fields_removed(Bytes::copy_from_slice(body)) else { return };
     if let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&cleaned) {
         assert!(!OWN_FIELDS.iter().any(|f| map.contains_key(*f)), "{map:?}");
     }

@@ -34,7 +34,13 @@ pub struct Answer {
 impl Answer {
     pub fn new(inner: Boxed, metrics: Arc<SidecarMetrics>, arrived: Instant, decode_sent: Option<Instant>) -> Self {
         metrics.enter();
-        Answer { inner, metrics, arrived, decode_sent, done: false }
+        let mut answer = Answer { inner, metrics, arrived, decode_sent, done: false };
+        // An empty body (a 204, a HEAD's answer) is never polled: it is
+        // over already, not cancelled when dropped.
+        if answer.inner.is_end_stream() {
+            answer.finish();
+        }
+        answer
     }
 
     fn finish(&mut self) {
@@ -95,5 +101,36 @@ impl Drop for Answer {
             self.metrics.cancelled(Stage::Decode);
         }
         self.metrics.leave();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::StreamExt;
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    fn answer(metrics: &Arc<SidecarMetrics>, body: Boxed) -> Answer {
+        Answer::new(body, metrics.clone(), Instant::now(), Some(Instant::now()))
+    }
+
+    #[tokio::test]
+    async fn an_answer_is_completed_or_cancelled_once_and_leaves_the_count() {
+        let metrics = Arc::new(SidecarMetrics::default());
+        // Read to its end: completed, bytes counted.
+        let whole = answer(&metrics, full("data: x\n\n"));
+        let bytes = whole.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        assert_eq!(bytes.len(), 9);
+        // Empty: never polled, still completed.
+        drop(answer(&metrics, full(Bytes::new())));
+        // Dropped before its end: cancelled.
+        let first: Result<Frame<Bytes>, hyper::Error> = Ok(Frame::data(Bytes::from_static(b"data: 1\n\n")));
+        let open_ended = futures_util::stream::iter([first]).chain(futures_util::stream::pending());
+        let mut cut = answer(&metrics, Boxed::new(http_body_util::StreamBody::new(open_ended)));
+        assert!(cut.frame().await.is_some());
+        drop(cut);
+        let s = metrics.snapshot();
+        assert_eq!((s.completed, s.cancelled_decode, s.inflight, s.response_bytes), (2, 1, 0, 18));
     }
 }

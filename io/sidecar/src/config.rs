@@ -153,9 +153,10 @@ impl Default for SidecarConfig {
             on_prefill_failure: OnPrefillFailure::default(),
             prefill_allow: PrefillAllow::default(),
             trtllm_context_max_tokens_1: false,
-            // vLLM's own default cap on a request is far above any prompt a
-            // model takes; 64 MiB holds a 1M-token prompt as JSON text.
-            max_request_bytes: 64 << 20,
+            // The EPP's own cap (KVPICK_MAX_REQUEST_BODY_BYTES): the gateway
+            // never sends it more. A body is held parsed, and twice as
+            // JSON values for a split, so the cap bounds memory too.
+            max_request_bytes: 16 << 20,
             max_prefill_answer_bytes: 4 << 20,
             metrics_listen: Some(SocketAddr::from(([0, 0, 0, 0], 9091))),
         }

@@ -54,16 +54,16 @@ impl Engines {
         path_and_query: &str,
         headers: &HeaderMap,
         body: Boxed,
-    ) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+    ) -> Result<Response<Incoming>, String> {
         let mut request = Request::new(body);
         *request.method_mut() = method;
-        // Always a valid URI: the address prints as ip:port and the path
-        // came from a parsed request.
+        // An asterisk-form (`OPTIONS *`) or otherwise odd target makes no
+        // URI with the engine's address: refused, never sent elsewhere.
         *request.uri_mut() = format!("http://{to}{path_and_query}")
             .parse()
-            .unwrap_or_else(|_| hyper::Uri::from_static("http://127.0.0.1/"));
+            .map_err(|_| format!("{path_and_query:?} is not a path an engine can be asked for"))?;
         *request.headers_mut() = headers.clone();
-        self.client.request(request).await
+        self.client.request(request).await.map_err(|e| format!("{to}: {e}"))
     }
 
     /// A JSON POST whose whole answer is read, at most `limit` bytes, all

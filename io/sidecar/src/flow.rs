@@ -141,7 +141,14 @@ impl Split {
                 };
             }
         };
-        let (bytes, body) = own_fields_removed(bytes);
+        let (bytes, body) = match own_fields_removed(bytes) {
+            Ok(cleaned) => cleaned,
+            Err(why) => {
+                tracing::warn!(request_id = ?id, why, "request body refused");
+                self.shared.metrics.ran(Mode::Failed);
+                return openai_error(StatusCode::BAD_REQUEST, "invalid_request_error", why);
+            }
+        };
         let target = match prefiller {
             Prefiller::At(target) => target,
             Prefiller::Absent => return self.whole(&path, headers, bytes, Aggregated::NoPrefiller).await,
@@ -197,6 +204,11 @@ impl Split {
         let decode = self.shared.config.decode;
         let sent = Instant::now();
         match self.shared.engines.send(decode, Method::POST, path, &headers, full(bytes)).await {
+            Ok(answer) if mode == Mode::Disaggregated && !answer.status().is_success() => {
+                // The prefill handed over but the decode engine refused
+                // (a KV pull that failed, say): its error is the answer.
+                self.decode_refused(answer, sent)
+            }
             Ok(answer) => {
                 self.shared.metrics.ran(mode);
                 stream_back(&self.shared, answer, self.arrived, Some(sent), extra)
@@ -205,7 +217,18 @@ impl Split {
         }
     }
 
-    fn decode_unreachable(&self, error: hyper_util::client::legacy::Error) -> Response<Boxed> {
+    /// A decode leg's error answer after the prefill leg, passed on as the
+    /// engine wrote it, marked failed for the EPP.
+    fn decode_refused(&self, answer: Response<Incoming>, sent: Instant) -> Response<Boxed> {
+        self.shared.metrics.ran(Mode::Failed);
+        let status = answer.status();
+        tracing::warn!(%status, decode = %self.shared.config.decode, "the decode engine refused a split request's decode leg");
+        let extra =
+            [(PD_HANDOFF, HeaderValue::from_static("failed")), (PD_REASON, HeaderValue::from_static("decode_status"))];
+        stream_back(&self.shared, answer, self.arrived, Some(sent), &extra)
+    }
+
+    fn decode_unreachable(&self, error: String) -> Response<Boxed> {
         self.shared.metrics.decode_unreachable();
         self.shared.metrics.ran(Mode::Failed);
         tracing::warn!(%error, decode = %self.shared.config.decode, "decode engine unreachable");
@@ -242,7 +265,10 @@ impl Split {
                 } else {
                     StatusCode::BAD_GATEWAY
                 };
-                pd_failure(status, error.why.label(), &error.detail)
+                // The details (the engine's address and answer) stay in the
+                // log: the client may be anyone who reaches the pod.
+                let message = format!("the prefill leg failed ({})", error.why.label());
+                pd_failure(status, error.why.label(), &message)
             }
         }
     }
@@ -377,9 +403,11 @@ impl Split {
                         if failed { break; }
                     }
                     done = &mut decode, if answer.is_none() => {
-                        let failed = done.is_err();
+                        // Unreachable, or refused (a 400, a 503): the prefill
+                        // cannot pair with it, so waiting for it is pointless.
+                        let over = done.as_ref().map_or(true, |a| !a.status().is_success());
                         answer = Some(done);
-                        if failed { break; }
+                        if over { break; }
                     }
                 }
             }
@@ -387,6 +415,7 @@ impl Split {
         };
         match (prefilled, answer) {
             (_, Some(Err(error))) => self.decode_unreachable(error),
+            (_, Some(Ok(answer))) if !answer.status().is_success() => self.decode_refused(answer, decode_sent),
             (Some(Err(error)), _) => {
                 // Dropping the decode leg (sent or answering) aborts it.
                 self.prefill_failed(parsed, target, error).await
@@ -406,6 +435,9 @@ fn unusable(target: SocketAddr, e: Unusable) -> LegError {
     LegError::new(PrefillFailure::Unusable, format!("the prefill engine {target}: {e}"))
 }
 
+/// A body as it goes on, and its parsed form when it was parsed.
+pub type Cleaned = (Bytes, Option<Map<String, Value>>);
+
 /// The protocols' own body fields: the sidecar's to set. A client's copy
 /// could point an engine at any address (a decode engine pulls KV from
 /// wherever `kv_transfer_params` says), so it never reaches one.
@@ -414,23 +446,32 @@ pub const OWN_FIELDS: [&str; 5] =
 
 /// The body without [`OWN_FIELDS`], and its parsed form when it had to be
 /// parsed for that. Most bodies name none of them: those are passed on
-/// as they came, unparsed (a whole run never needs the JSON).
-pub fn own_fields_removed(bytes: Bytes) -> (Bytes, Option<Map<String, Value>>) {
+/// as they came, unparsed (a whole run never needs the JSON). A body that
+/// may name one but cannot be read is refused (why): the engines' JSON
+/// readers accept more than serde_json (UTF-16, `NaN`), so passing it on
+/// unread could let a client's own fields through.
+pub fn own_fields_removed(bytes: Bytes) -> Result<Cleaned, &'static str> {
+    if std::str::from_utf8(&bytes).is_err() {
+        return Err("the request body is not UTF-8 JSON");
+    }
     let mentions = |field: &str| memchr::memmem::find(&bytes, field.as_bytes()).is_some();
     // A key may also be spelled with `\u` escapes, which the engines'
     // JSON decoders read as the same name: such a body is always parsed.
     if !["kv_transfer_params", "bootstrap_", "disaggregated_params", "\\u"].iter().any(|f| mentions(f)) {
-        return (bytes, None);
+        return Ok((bytes, None));
     }
-    let Ok(Value::Object(mut body)) = serde_json::from_slice::<Value>(&bytes) else {
-        return (bytes, None);
+    let mut body = match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(body)) => body,
+        // Not an object: no engine takes it, and it has no fields to strip.
+        Ok(_) => return Ok((bytes, None)),
+        Err(_) => return Err("the request body names P/D fields and is not JSON the sidecar can read"),
     };
     let removed = OWN_FIELDS.iter().filter(|f| body.remove(**f).is_some()).count();
     if removed == 0 {
-        return (bytes, Some(body));
+        return Ok((bytes, Some(body)));
     }
     tracing::debug!(removed, "the client's own P/D fields removed from its body");
-    (Bytes::from(serde_json::to_vec(&body).unwrap_or_default()), Some(body))
+    Ok((Bytes::from(serde_json::to_vec(&body).unwrap_or_default()), Some(body)))
 }
 
 #[cfg(test)]
@@ -440,18 +481,24 @@ mod tests {
     #[test]
     fn a_clients_own_protocol_fields_are_removed_and_other_bodies_untouched() {
         let plain = Bytes::from_static(br#"{"model":"m",  "prompt":"bootstrap is a word"}"#);
-        let (bytes, body) = own_fields_removed(plain.clone());
+        let clean = |b: Bytes| own_fields_removed(b).unwrap_or_else(|e| panic!("{e}"));
+        let (bytes, body) = clean(plain.clone());
         assert_eq!((bytes, body), (plain, None), "not even parsed");
         let lying =
             Bytes::from_static(br#"{"model":"m","kv_transfer_params":{"remote_host":"10.9.9.9"},"bootstrap_room":1}"#);
-        let (bytes, body) = own_fields_removed(lying);
+        let (bytes, body) = clean(lying);
         assert_eq!(serde_json::from_slice::<Value>(&bytes).ok(), Some(serde_json::json!({"model": "m"})));
         assert_eq!(body.map(Value::Object), Some(serde_json::json!({"model": "m"})));
         // The same key with an escape is the same key to every JSON reader.
         let escaped = Bytes::from_static(br#"{"model":"m","kv_transfer\u005fparams":{"remote_host":"10.9.9.9"}}"#);
-        let (bytes, _) = own_fields_removed(escaped);
+        let (bytes, _) = clean(escaped);
         assert_eq!(serde_json::from_slice::<Value>(&bytes).ok(), Some(serde_json::json!({"model": "m"})));
-        let not_json = Bytes::from_static(b"{kv_transfer_params");
-        assert_eq!(own_fields_removed(not_json.clone()).0, not_json);
+        // Naming one and unreadable (Python reads `NaN`; serde_json does
+        // not), or not UTF-8 at all (Python reads UTF-16): refused.
+        for refused in [&br#"{"kv_transfer_params":{},"temperature":NaN}"#[..], b"{\xff}", b"{kv_transfer_params"] {
+            assert!(own_fields_removed(Bytes::from_static(refused)).is_err());
+        }
+        let not_json = Bytes::from_static(b"{model");
+        assert_eq!(clean(not_json.clone()).0, not_json, "passed on: the engine answers it");
     }
 }

@@ -80,8 +80,18 @@ fn unroutable(endpoint: SocketAddr) -> Option<&'static str> {
         Some("an unspecified address")
     } else if ip.is_multicast() || ip == std::net::Ipv4Addr::BROADCAST {
         Some("a multicast or broadcast address")
+    } else if link_local(ip) {
+        // Cloud metadata services live there (169.254.169.254); no pod does.
+        Some("a link-local address")
     } else {
         None
+    }
+}
+
+fn link_local(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_link_local(),
+        std::net::IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
     }
 }
 
@@ -120,6 +130,8 @@ mod tests {
             (b"10.0.0.1:0", "port 0"),
             (b"0.0.0.0:8000", "an unspecified address"),
             (b"224.0.0.1:8000", "a multicast or broadcast address"),
+            (b"169.254.169.254:80", "a link-local address"),
+            (b"[fe80::1]:8000", "a link-local address"),
             (b"10.0.0.1:8000,", "an empty endpoint"),
             (b"10.0.0.1:8000\xff", "not ASCII"),
             (b"http://10.0.0.1:8000/", "not ip:port"),

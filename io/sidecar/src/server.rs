@@ -7,7 +7,7 @@ use std::sync::Arc;
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::service::service_fn;
 use hyper::{Method, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -47,8 +47,7 @@ impl Sidecar {
             }
             None => None,
         };
-        // A prefiller naming the decode engine, or this front, is this pod.
-        let local = vec![config.decode, front_addr];
+        let local = local_addresses(&config, front_addr);
         let shared =
             Arc::new(Shared { engines: Engines::new(config.connect_timeout), config, metrics: metrics.clone(), local });
         tasks.spawn(serve_front(front, shared));
@@ -79,6 +78,26 @@ impl Sidecar {
     }
 }
 
+/// The addresses a prefiller naming this pod could use: the decode engine,
+/// and the front on its bound address, on loopback when it listens on all
+/// addresses, and on the pod's IP (`POD_IP`, the downward API's).
+fn local_addresses(config: &SidecarConfig, front: SocketAddr) -> Vec<SocketAddr> {
+    let mut local = vec![config.decode, front];
+    if front.ip().is_unspecified() {
+        let port = front.port();
+        local.push(SocketAddr::from(([127, 0, 0, 1], port)));
+        local.push(SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)));
+        if let Some(ip) = std::env::var("POD_IP").ok().and_then(|v| v.parse::<std::net::IpAddr>().ok()) {
+            local.push(SocketAddr::new(ip, port));
+        }
+    }
+    local
+}
+
+/// How long a client may take to send a request's headers (slow-loris
+/// connections are dropped after it).
+const HEADER_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn serve_front(listener: TcpListener, shared: Arc<Shared>) {
     // Connections live in this set: dropping the front drops them all.
     let mut connections = JoinSet::new();
@@ -96,7 +115,9 @@ async fn serve_front(listener: TcpListener, shared: Arc<Shared>) {
         let shared = shared.clone();
         connections.spawn(async move {
             let service = service_fn(move |request| handle(shared.clone(), request));
-            let builder = auto::Builder::new(TokioExecutor::new());
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            // hyper enforces its header-read timeout only with a timer.
+            builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
             if let Err(error) = builder.serve_connection(TokioIo::new(stream), service).await {
                 tracing::debug!(%peer, %error, "sidecar front: connection ended with an error");
             }

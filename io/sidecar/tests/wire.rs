@@ -33,6 +33,11 @@ impl Seen {
 
 /// An HTTP/1.1 server that records each request and answers `answer`.
 async fn capture(answer: &'static str) -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
+    capture_with("200 OK", answer).await
+}
+
+/// [`capture`] with another status line.
+async fn capture_with(status: &'static str, answer: &'static str) -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("{e}"));
     let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -70,7 +75,7 @@ async fn capture(answer: &'static str) -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
                     log.lock().unwrap_or_else(|e| e.into_inner()).push(Seen { head, body });
                     buf.drain(..end + 4 + length);
                     let response = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
+                        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
                         answer.len()
                     );
                     if stream.write_all(response.as_bytes()).await.is_err() {
@@ -246,5 +251,68 @@ async fn a_body_past_the_cap_is_refused_before_any_engine_sees_it() {
     assert_eq!(error.pointer("/error/code"), Some(&json!(413)), "{error}");
     assert!(decode_seen.lock().unwrap_or_else(|e| e.into_inner()).is_empty());
     assert_eq!(sidecar.metrics().snapshot().failed, 1);
+    sidecar.shutdown().await;
+}
+
+/// A server that takes connections and never answers.
+async fn silent() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    addr
+}
+
+async fn post_to(front: SocketAddr, path: &str, prefiller: SocketAddr) -> (u16, Option<String>) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let request = Request::post(format!("http://{front}{path}"))
+        .header("content-type", "application/json")
+        .header("x-prefiller-host-port", prefiller.to_string())
+        .body(Full::new(Bytes::from(client_body().to_string())))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let response = client.request(request).await.unwrap_or_else(|e| panic!("{e}"));
+    let handoff = response.headers().get("x-kvpick-pd").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let status = response.status().as_u16();
+    let _ = response.into_body().collect().await;
+    (status, handoff)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_engines_refusal_is_the_answer_marked_failed() {
+    // vLLM: the prefill handed over, the decode engine refused (a failed pull).
+    let (prefill, _) = capture(NIXL_ANSWER).await;
+    let (decode, _) = capture_with("500 Internal Server Error", r#"{"error":{"message":"KV load failed"}}"#).await;
+    let vllm = sidecar(decode, EngineKind::Vllm).await;
+    assert_eq!(post_to(vllm.local_addr(), "/v1/chat/completions", prefill).await, (500, Some("failed".into())));
+    assert_eq!(vllm.metrics().snapshot().failed, 1);
+    vllm.shutdown().await;
+    // SGLang: the decode engine refuses at once while the prefill would wait
+    // for it forever: its refusal comes back now, not a timeout later.
+    let (decode, _) = capture_with("400 Bad Request", r#"{"error":{"message":"no room"}}"#).await;
+    let sglang = sidecar(decode, EngineKind::Sglang).await;
+    let answered = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        post_to(sglang.local_addr(), "/v1/chat/completions", silent().await),
+    )
+    .await;
+    assert_eq!(answered.ok(), Some((400, Some("failed".into()))));
+    sglang.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_escaped_path_is_the_route_the_engine_would_serve() {
+    let (prefill, prefill_seen) = capture(NIXL_ANSWER).await;
+    let (decode, decode_seen) = capture(r#"{"choices":[]}"#).await;
+    let sidecar = sidecar(decode, EngineKind::Vllm).await;
+    assert_eq!(
+        post_to(sidecar.local_addr(), "/v1/chat/%63ompletions", prefill).await,
+        (200, Some("disaggregated".into()))
+    );
+    assert_eq!(prefill_seen.lock().unwrap_or_else(|e| e.into_inner()).len(), 1, "split like the plain path");
+    assert!(decode_seen.lock().unwrap_or_else(|e| e.into_inner())[0].body.get("kv_transfer_params").is_some());
     sidecar.shutdown().await;
 }

@@ -145,7 +145,7 @@ async fn each_engine_is_split_by_kvpick_and_run_by_the_sidecar_with_both_booking
             (true, EngineKind::Sglang) => {
                 assert_eq!(exchange.status, 502, "{body}");
                 assert_eq!(exchange.handoff.as_deref(), Some("failed"));
-                assert!(body.contains("could not send to the prefill engine"), "{body}");
+                assert!(body.contains("the prefill leg failed (connect)"), "{body}");
             }
             (true, _) => {
                 assert_eq!(exchange.status, 200, "{kind:?}: {body}");

@@ -25,7 +25,18 @@ pub enum Route {
 }
 
 impl Route {
+    /// The route of a path as the engine's server routes it: percent
+    /// escapes decoded first (uvicorn decodes them before routing, so
+    /// `/v1/chat/%63ompletions` is chat to the engine and must be to the
+    /// sidecar too).
     pub fn of(path: &str, engine: EngineKind) -> Option<Route> {
+        let decoded;
+        let path = if path.contains('%') {
+            decoded = percent_decoded(path)?;
+            decoded.as_str()
+        } else {
+            path
+        };
         match (path, engine) {
             ("/v1/chat/completions", _) => Some(Route::Chat),
             ("/v1/completions", _) => Some(Route::Completions),
@@ -34,6 +45,28 @@ impl Route {
             _ => None,
         }
     }
+}
+
+/// `%XX` escapes decoded; `None` when they do not make UTF-8 (the engine
+/// answers such a path itself).
+fn percent_decoded(path: &str) -> Option<String> {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(hi), Some(lo)) => {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Whether the client asked for a streamed answer.
@@ -64,5 +97,10 @@ mod tests {
         assert_eq!(Route::of("/generate", EngineKind::Sglang), Some(Route::SglangGenerate));
         assert_eq!(Route::of("/v1/models", EngineKind::Vllm), None);
         assert_eq!(Route::of("/v1/chat/completions/render", EngineKind::Vllm), None);
+        // Escapes are the engine's server's business first: decoded alike.
+        assert_eq!(Route::of("/v1/chat/%63ompletions", EngineKind::Vllm), Some(Route::Chat));
+        assert_eq!(Route::of("/v1/%63ompletions", EngineKind::Vllm), Some(Route::Completions));
+        assert_eq!(Route::of("/v1/models%", EngineKind::Vllm), None);
+        assert_eq!(Route::of("/v1/%ff", EngineKind::Vllm), None);
     }
 }

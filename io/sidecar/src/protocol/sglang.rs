@@ -14,14 +14,25 @@ pub fn room() -> u64 {
     fastrand::u64(..=i64::MAX as u64)
 }
 
-/// How many prompts a native `/generate` body holds: `text` as a list, or
-/// `input_ids` as a list of lists, is a batch. `None` for a single prompt.
-fn batch_size(body: &Map<String, Value>) -> Option<usize> {
-    if let Some(Value::Array(texts)) = body.get("text") {
-        return Some(texts.len());
-    }
-    match body.get("input_ids") {
-        Some(Value::Array(ids)) if ids.first().is_some_and(Value::is_array) => Some(ids.len()),
+/// How many prompts a body holds: on `/generate`, `text` as a list or
+/// `input_ids` as a list of lists; on `/v1/completions`, `prompt` as a list
+/// of strings or of token lists (a flat list of ids is one prompt). `None`
+/// for a single prompt.
+fn batch_size(body: &Map<String, Value>, route: Route) -> Option<usize> {
+    let list = |key: &str| match body.get(key) {
+        Some(Value::Array(items)) => Some(items),
+        _ => None,
+    };
+    match route {
+        Route::SglangGenerate => {
+            if let Some(texts) = list("text") {
+                return Some(texts.len());
+            }
+            list("input_ids").filter(|ids| ids.first().is_some_and(Value::is_array)).map(Vec::len)
+        }
+        Route::Completions => {
+            list("prompt").filter(|p| p.first().is_some_and(|f| f.is_string() || f.is_array())).map(Vec::len)
+        }
         _ => None,
     }
 }
@@ -30,7 +41,7 @@ fn batch_size(body: &Map<String, Value>) -> Option<usize> {
 /// host and port repeated, as lists.
 pub fn with_bootstrap(original: &Map<String, Value>, route: Route, host: IpAddr, port: u16) -> Map<String, Value> {
     let mut body = original.clone();
-    let batch = if route == Route::SglangGenerate { batch_size(original) } else { None };
+    let batch = batch_size(original, route);
     match batch {
         None => {
             body.insert("bootstrap_host".into(), json!(host.to_string()));
@@ -78,6 +89,11 @@ mod tests {
             let rooms = body.get("bootstrap_room").and_then(Value::as_array).map_or(0, Vec::len);
             assert_eq!(rooms, 3);
         }
+        // An OpenAI completions batch, as SGLang's router sends it: a room each.
+        let prompts = with_bootstrap(&object(json!({"prompt": ["a", "b"]})), Route::Completions, host, 8998);
+        assert_eq!(prompts.get("bootstrap_room").and_then(Value::as_array).map_or(0, Vec::len), 2);
+        let ids = with_bootstrap(&object(json!({"prompt": [1, 2, 3]})), Route::Completions, host, 8998);
+        assert!(ids.get("bootstrap_room").is_some_and(Value::is_u64), "a flat id list is one prompt");
         // A flat input_ids list is one prompt.
         let single = with_bootstrap(&object(json!({"input_ids": [1, 2]})), Route::SglangGenerate, host, 8998);
         assert!(single.get("bootstrap_room").is_some_and(Value::is_u64));

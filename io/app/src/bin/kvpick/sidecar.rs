@@ -37,7 +37,7 @@ const SETTINGS: &[(&str, &str, &str, &str)] = &[
         "*",
         "Prefill endpoints a request may name: * or a list of ip, ip:port, [ipv6]:port",
     ),
-    ("max-request-bytes", "KVPICK_SIDECAR_MAX_REQUEST_BYTES", "67108864", "Largest request body on a P/D route"),
+    ("max-request-bytes", "KVPICK_SIDECAR_MAX_REQUEST_BYTES", "16777216", "Largest request body on a P/D route"),
     ("metrics-listen", "KVPICK_SIDECAR_METRICS_LISTEN", "0.0.0.0:9091", "Prometheus /metrics (none: off)"),
     ("io-threads", "KVPICK_SIDECAR_IO_THREADS", "2", "Threads of the sidecar's runtime"),
     ("log", "KVPICK_LOG", "info", "Log filter: a level or target=level list"),
