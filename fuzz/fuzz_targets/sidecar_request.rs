@@ -20,7 +20,7 @@ use hyper::header::HeaderValue;
 use kvpick_sidecar::PrefillAllow;
 use kvpick_sidecar::flow::{OWN_FIELDS, own_fields_removed};
 use kvpick_sidecar::prefiller::Prefiller;
-use kvpick_sidecar::protocol::{Route, sglang, trtllm, vllm};
+use kvpick_sidecar::protocol::{Body, Route, sglang, trtllm, vllm};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 
@@ -50,19 +50,16 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&cleaned) {
         assert!(!OWN_FIELDS.iter().any(|f| map.contains_key(*f)), "{map:?}");
     }
-    let Some(body) = parsed.or_else(|| match serde_json::from_slice::<Value>(&cleaned) {
-        Ok(Value::Object(map)) => Some(map),
-        _ => None,
-    }) else {
+    let Some(body) = parsed.or_else(|| Body::parse(&cleaned).ok()) else {
         return;
     };
     for route in [Route::Chat, Route::Completions, Route::VllmGenerate, Route::SglangGenerate] {
         let prefill = vllm::prefill_body(&body, route);
-        assert_eq!(prefill.get("stream"), Some(&json!(false)));
-        assert_eq!(prefill.get("kv_transfer_params").and_then(|p| p.get("do_remote_decode")), Some(&json!(true)));
+        assert_eq!(prefill.get("stream"), Some(json!(false)));
+        assert_eq!(prefill.get("kv_transfer_params").and_then(|p| p.get("do_remote_decode").cloned()), Some(json!(true)));
         let both = sglang::with_bootstrap(&body, route, [10, 0, 0, 1].into(), 8998);
         assert!(both.contains_key("bootstrap_room"));
-        let answer = Value::Object(body.clone());
+        let answer = body.to_value();
         if let Ok(params) = vllm::transfer_params(&answer) {
             assert!(params.is_object());
         }
@@ -73,6 +70,9 @@ fuzz_target!(|data: &[u8]| {
         assert!(stream.ends_with(b"data: [DONE]\n\n"));
     }
     let context = trtllm::context_body(&body, true);
-    assert_eq!(context.get("stream"), Some(&json!(false)));
-    assert_eq!(context.get("max_tokens"), Some(&json!(1)));
+    assert_eq!(context.get("stream"), Some(json!(false)));
+    assert_eq!(context.get("max_tokens"), Some(json!(1)));
+    // What a leg sends is JSON, and the client's nested values are as written.
+    let sent: Value = serde_json::from_slice(&context.to_vec()).unwrap_or(Value::Null);
+    assert!(sent.is_object());
 });

@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Request, Response, StatusCode};
 use kvpick_ext_proc::headers::{PD_HANDOFF, PD_REASON, PREFILL_MS};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::body::{Answer, Boxed, full};
 use crate::config::{EngineKind, OnPrefillFailure, SidecarConfig};
@@ -23,7 +23,7 @@ use crate::error::{openai_error, pd_failure};
 use crate::headers::{REQUEST_ID, request_id, strip_for_engine, strip_from_engine};
 use crate::metrics::{Aggregated, Mode, PrefillFailure, SidecarMetrics, Stage};
 use crate::prefiller::Prefiller;
-use crate::protocol::{Route, Unusable, sglang, streamed, trtllm, vllm};
+use crate::protocol::{Body, Route, Unusable, sglang, streamed, trtllm, vllm};
 
 /// What every request's handling shares.
 pub struct Shared {
@@ -100,7 +100,7 @@ struct Parsed {
     route: Route,
     path: String,
     headers: HeaderMap,
-    body: Map<String, Value>,
+    body: Body,
 }
 
 impl Split {
@@ -164,9 +164,9 @@ impl Split {
         };
         let body = match body {
             Some(body) => body,
-            None => match serde_json::from_slice::<Value>(&bytes) {
-                Ok(Value::Object(body)) => body,
-                _ => return self.whole(&path, headers, bytes, Aggregated::BodyNotJson).await,
+            None => match Body::parse(&bytes) {
+                Ok(body) => body,
+                Err(_) => return self.whole(&path, headers, bytes, Aggregated::BodyNotJson).await,
             },
         };
         let parsed = Parsed { route, path, headers, body };
@@ -253,7 +253,7 @@ impl Split {
                 self.shared.metrics.aggregated(Aggregated::PrefillFailed);
                 let reason =
                     HeaderValue::from_str(&reason).unwrap_or_else(|_| HeaderValue::from_static("prefill_failed"));
-                let bytes = Bytes::from(serde_json::to_vec(&parsed.body).unwrap_or_default());
+                let bytes = Bytes::from(parsed.body.to_vec());
                 let extra = [(PD_HANDOFF, HeaderValue::from_static("aggregated")), (PD_REASON, reason)];
                 self.decode(Mode::Aggregated, &parsed.path, parsed.headers, bytes, &extra).await
             }
@@ -285,14 +285,9 @@ impl Split {
     }
 
     /// The prefill leg of vLLM and TensorRT-LLM: one whole JSON answer.
-    async fn prefill_json(
-        &self,
-        parsed: &Parsed,
-        target: SocketAddr,
-        body: Map<String, Value>,
-    ) -> Result<Value, LegError> {
+    async fn prefill_json(&self, parsed: &Parsed, target: SocketAddr, body: Body) -> Result<Value, LegError> {
         let config = &self.shared.config;
-        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        let bytes = body.to_vec();
         let answer = self
             .shared
             .engines
@@ -321,7 +316,7 @@ impl Split {
             Ok(params) => {
                 let extra = self.handed_off(started);
                 let body = vllm::decode_body(&parsed.body, params);
-                let bytes = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+                let bytes = Bytes::from(body.to_vec());
                 self.decode(Mode::Disaggregated, &parsed.path, parsed.headers, bytes, &extra).await
             }
             Err(error) => self.prefill_failed(parsed, target, error).await,
@@ -339,16 +334,16 @@ impl Split {
             Ok(trtllm::AfterContext::Generate(params)) => {
                 let extra = self.handed_off(started);
                 let body = trtllm::generation_body(&parsed.body, params);
-                let bytes = Bytes::from(serde_json::to_vec(&body).unwrap_or_default());
+                let bytes = Bytes::from(body.to_vec());
                 self.decode(Mode::Disaggregated, &parsed.path, parsed.headers, bytes, &extra).await
             }
             Ok(trtllm::AfterContext::Finished) => {
                 // The first token ended the answer: it is the answer.
                 let extra = self.handed_off(started);
                 self.shared.metrics.ran(Mode::Disaggregated);
-                let (bytes, content_type) = if streamed(&Value::Object(parsed.body.clone())) {
+                let (bytes, content_type) = if streamed(&parsed.body) {
                     let usage =
-                        parsed.body.get("stream_options").and_then(|o| o.get("include_usage")).and_then(Value::as_bool);
+                        parsed.body.get("stream_options").and_then(|o| o.get("include_usage").and_then(Value::as_bool));
                     (trtllm::as_event_stream(&answer, parsed.route, usage.unwrap_or(false)), "text/event-stream")
                 } else {
                     (serde_json::to_vec(&answer).unwrap_or_default(), "application/json")
@@ -376,7 +371,7 @@ impl Split {
         let config = &self.shared.config;
         let started = Instant::now();
         let body = sglang::with_bootstrap(&parsed.body, parsed.route, target.ip(), config.bootstrap_port);
-        let bytes = serde_json::to_vec(&body).unwrap_or_default();
+        let bytes = body.to_vec();
         let mut headers = parsed.headers.clone();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         let engines = &self.shared.engines;
@@ -436,7 +431,7 @@ fn unusable(target: SocketAddr, e: Unusable) -> LegError {
 }
 
 /// A body as it goes on, and its parsed form when it was parsed.
-pub type Cleaned = (Bytes, Option<Map<String, Value>>);
+pub type Cleaned = (Bytes, Option<Body>);
 
 /// The protocols' own body fields: the sidecar's to set. A client's copy
 /// could point an engine at any address (a decode engine pulls KV from
@@ -460,18 +455,16 @@ pub fn own_fields_removed(bytes: Bytes) -> Result<Cleaned, &'static str> {
     if !["kv_transfer_params", "bootstrap_", "disaggregated_params", "\\u"].iter().any(|f| mentions(f)) {
         return Ok((bytes, None));
     }
-    let mut body = match serde_json::from_slice::<Value>(&bytes) {
-        Ok(Value::Object(body)) => body,
-        // Not an object: no engine takes it, and it has no fields to strip.
-        Ok(_) => return Ok((bytes, None)),
-        Err(_) => return Err("the request body names P/D fields and is not JSON the sidecar can read"),
+    // Not a JSON object the sidecar reads (no engine takes anything else).
+    let Ok(mut body) = Body::parse(&bytes) else {
+        return Err("the request body names P/D fields and is not a JSON object the sidecar can read");
     };
-    let removed = OWN_FIELDS.iter().filter(|f| body.remove(**f).is_some()).count();
+    let removed = OWN_FIELDS.iter().filter(|f| body.remove(f)).count();
     if removed == 0 {
         return Ok((bytes, Some(body)));
     }
     tracing::debug!(removed, "the client's own P/D fields removed from its body");
-    Ok((Bytes::from(serde_json::to_vec(&body).unwrap_or_default()), Some(body)))
+    Ok((Bytes::from(body.to_vec()), Some(body)))
 }
 
 #[cfg(test)]
@@ -483,12 +476,13 @@ mod tests {
         let plain = Bytes::from_static(br#"{"model":"m",  "prompt":"bootstrap is a word"}"#);
         let clean = |b: Bytes| own_fields_removed(b).unwrap_or_else(|e| panic!("{e}"));
         let (bytes, body) = clean(plain.clone());
-        assert_eq!((bytes, body), (plain, None), "not even parsed");
+        assert_eq!(bytes, plain);
+        assert!(body.is_none(), "not even parsed");
         let lying =
             Bytes::from_static(br#"{"model":"m","kv_transfer_params":{"remote_host":"10.9.9.9"},"bootstrap_room":1}"#);
         let (bytes, body) = clean(lying);
         assert_eq!(serde_json::from_slice::<Value>(&bytes).ok(), Some(serde_json::json!({"model": "m"})));
-        assert_eq!(body.map(Value::Object), Some(serde_json::json!({"model": "m"})));
+        assert_eq!(body.map(|b| b.to_value()), Some(serde_json::json!({"model": "m"})));
         // The same key with an escape is the same key to every JSON reader.
         let escaped = Bytes::from_static(br#"{"model":"m","kv_transfer\u005fparams":{"remote_host":"10.9.9.9"}}"#);
         let (bytes, _) = clean(escaped);

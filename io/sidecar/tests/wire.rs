@@ -20,6 +20,8 @@ use tokio::net::TcpListener;
 struct Seen {
     head: Vec<String>,
     body: Value,
+    /// The body as it came, byte for byte.
+    raw: String,
 }
 
 impl Seen {
@@ -71,8 +73,10 @@ async fn capture_with(status: &'static str, answer: &'static str) -> (SocketAddr
                         }
                         buf.extend_from_slice(&chunk[..n]);
                     }
-                    let body = serde_json::from_slice(&buf[end + 4..end + 4 + length]).unwrap_or(Value::Null);
-                    log.lock().unwrap_or_else(|e| e.into_inner()).push(Seen { head, body });
+                    let bytes = &buf[end + 4..end + 4 + length];
+                    let body = serde_json::from_slice(bytes).unwrap_or(Value::Null);
+                    let raw = String::from_utf8_lossy(bytes).into_owned();
+                    log.lock().unwrap_or_else(|e| e.into_inner()).push(Seen { head, body, raw });
                     buf.drain(..end + 4 + length);
                     let response = format!(
                         "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{answer}",
@@ -315,4 +319,31 @@ async fn an_escaped_path_is_the_route_the_engine_would_serve() {
     assert_eq!(prefill_seen.lock().unwrap_or_else(|e| e.into_inner()).len(), 1, "split like the plain path");
     assert!(decode_seen.lock().unwrap_or_else(|e| e.into_inner())[0].body.get("kv_transfer_params").is_some());
     sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_legs_keep_the_clients_nested_key_order() {
+    // A tool's schema, its properties in the client's order (not sorted):
+    // the engines' chat templates render them in that order.
+    let tools = r#"[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"zeta":{"type":"string"},"alpha":{"type":"number"}}}}}]"#;
+    let body =
+        format!(r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"tools":{tools},"stream":true}}"#);
+    for (engine, answer) in [(EngineKind::Vllm, NIXL_ANSWER), (EngineKind::Trtllm, TRTLLM_ANSWER)] {
+        let (prefill, prefill_seen) = capture(answer).await;
+        let (decode, decode_seen) = capture(r#"{"choices":[]}"#).await;
+        let sidecar = sidecar(decode, engine).await;
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let request = Request::post(format!("http://{}/v1/chat/completions", sidecar.local_addr()))
+            .header("x-prefiller-host-port", prefill.to_string())
+            .body(Full::new(Bytes::from(body.clone())))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let response = client.request(request).await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(response.status(), 200);
+        let _ = response.into_body().collect().await;
+        for seen in [&prefill_seen, &decode_seen] {
+            let raw = seen.lock().unwrap_or_else(|e| e.into_inner())[0].raw.clone();
+            assert!(raw.contains(tools), "{engine:?}: the tools as written: {raw}");
+        }
+        sidecar.shutdown().await;
+    }
 }

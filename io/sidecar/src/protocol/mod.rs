@@ -6,7 +6,10 @@ pub mod sglang;
 pub mod trtllm;
 pub mod vllm;
 
+use std::collections::BTreeMap;
+
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::config::EngineKind;
 
@@ -70,8 +73,60 @@ fn percent_decoded(path: &str) -> Option<String> {
 }
 
 /// Whether the client asked for a streamed answer.
-pub fn streamed(body: &Value) -> bool {
-    body.get("stream").and_then(Value::as_bool).unwrap_or(false)
+pub fn streamed(body: &Body) -> bool {
+    body.get("stream").and_then(|v| v.as_bool()).unwrap_or(false)
+}
+
+/// A request body's top-level fields, each value kept as the client wrote
+/// it. The legs add, replace and remove top-level fields only; everything
+/// below (a tool's JSON schema, a `response_format`) goes to the engines
+/// byte for byte, in the client's key order, which the engines' chat
+/// templates and structured output follow. (A parsed `serde_json::Value`
+/// would sort every object's keys.)
+#[derive(Clone, Debug, Default)]
+pub struct Body(BTreeMap<String, Box<RawValue>>);
+
+impl Body {
+    /// A JSON object's fields; anything else is an error.
+    pub fn parse(bytes: &[u8]) -> Result<Body, serde_json::Error> {
+        serde_json::from_slice(bytes).map(Body)
+    }
+
+    /// A field, parsed.
+    pub fn get(&self, key: &str) -> Option<Value> {
+        self.0.get(key).and_then(|raw| serde_json::from_str(raw.get()).ok())
+    }
+
+    /// A field as the client wrote it.
+    pub fn raw(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(|raw| raw.get())
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.0.contains_key(key)
+    }
+
+    /// Sets a field (a value of our own: it always serializes).
+    pub fn insert(&mut self, key: &str, value: Value) {
+        if let Ok(raw) = serde_json::value::to_raw_value(&value) {
+            self.0.insert(key.to_owned(), raw);
+        }
+    }
+
+    /// Removes a field; whether it was there.
+    pub fn remove(&mut self, key: &str) -> bool {
+        self.0.remove(key).is_some()
+    }
+
+    /// The body as JSON text.
+    pub fn to_vec(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.0).unwrap_or_default()
+    }
+
+    /// The whole body parsed (tests, the fuzz target).
+    pub fn to_value(&self) -> Value {
+        serde_json::from_slice(&self.to_vec()).unwrap_or(Value::Null)
+    }
 }
 
 /// Why a prefill leg's answer cannot be decoded from.
@@ -79,15 +134,30 @@ pub fn streamed(body: &Value) -> bool {
 #[error("{0}")]
 pub struct Unusable(pub String);
 
-/// A test's JSON literal as the body map the rewrites take.
+/// A test's JSON literal as the body the rewrites take.
 #[cfg(test)]
-pub(crate) fn object(v: Value) -> serde_json::Map<String, Value> {
-    v.as_object().cloned().unwrap_or_default()
+pub(crate) fn object(v: Value) -> Body {
+    Body::parse(v.to_string().as_bytes()).unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_keeps_nested_key_order_and_values_as_written() {
+        let text = br#"{"tools":[{"function":{"parameters":{"properties":{"zeta":{},"alpha":{}}}}}],"n":1.50}"#;
+        let mut body = Body::parse(text).unwrap_or_default();
+        assert_eq!(body.raw("tools"), Some(r#"[{"function":{"parameters":{"properties":{"zeta":{},"alpha":{}}}}}]"#));
+        body.insert("stream", Value::Bool(false));
+        assert!(body.remove("n") && !body.remove("n"));
+        let out = String::from_utf8(body.to_vec()).unwrap_or_default();
+        assert_eq!(
+            out,
+            r#"{"stream":false,"tools":[{"function":{"parameters":{"properties":{"zeta":{},"alpha":{}}}}}]}"#
+        );
+        assert!(Body::parse(b"[1]").is_err() && Body::parse(b"{").is_err());
+    }
 
     #[test]
     fn only_the_generation_routes_are_split() {

@@ -4,21 +4,21 @@
 //! answer's `disaggregated_params`. A context leg that already finished the
 //! answer (a stop on its first token) is the answer.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use super::{Route, Unusable};
+use super::{Body, Route, Unusable};
 
 /// The context leg's body. `max_tokens_1`: servers older than the
 /// `context_only` request type also needed the context leg capped.
-pub fn context_body(original: &Map<String, Value>, max_tokens_1: bool) -> Map<String, Value> {
+pub fn context_body(original: &Body, max_tokens_1: bool) -> Body {
     let mut body = original.clone();
-    body.insert("disaggregated_params".into(), json!({"request_type": "context_only"}));
-    body.insert("stream".into(), Value::Bool(false));
+    body.insert("disaggregated_params", json!({"request_type": "context_only"}));
+    body.insert("stream", Value::Bool(false));
     body.remove("stream_options");
     if max_tokens_1 {
-        body.insert("max_tokens".into(), json!(1));
+        body.insert("max_tokens", json!(1));
         if body.contains_key("max_completion_tokens") {
-            body.insert("max_completion_tokens".into(), json!(1));
+            body.insert("max_completion_tokens", json!(1));
         }
     }
     body
@@ -56,9 +56,9 @@ pub fn after_context(answer: &Value) -> Result<AfterContext, Unusable> {
 }
 
 /// The generation leg's body: the client's, with the parameters.
-pub fn generation_body(original: &Map<String, Value>, params: Value) -> Map<String, Value> {
+pub fn generation_body(original: &Body, params: Value) -> Body {
     let mut body = original.clone();
-    body.insert("disaggregated_params".into(), params);
+    body.insert("disaggregated_params", params);
     body
 }
 
@@ -114,14 +114,14 @@ mod tests {
     fn the_context_leg_is_context_only_and_unstreamed() {
         let original = object(json!({"model": "m", "prompt": "p", "stream": true, "max_tokens": 50,
             "stream_options": {"include_usage": true}}));
-        let body = Value::Object(context_body(&original, false));
+        let body = context_body(&original, false).to_value();
         assert_eq!(
             body,
             json!({"model": "m", "prompt": "p", "stream": false, "max_tokens": 50,
                 "disaggregated_params": {"request_type": "context_only"}})
         );
         let old = context_body(&original, true);
-        assert_eq!(old.get("max_tokens"), Some(&json!(1)));
+        assert_eq!(old.get("max_tokens"), Some(json!(1)));
     }
 
     #[test]
@@ -138,7 +138,7 @@ mod tests {
                 "encoded_opaque_state": "AAEC", "draft_tokens": null})
         );
         let body = generation_body(&object(json!({"stream": true})), params.clone());
-        assert_eq!(body.get("disaggregated_params"), Some(&params));
+        assert_eq!(body.get("disaggregated_params").as_ref(), Some(&params));
         let done = json!({"choices": [{"finish_reason": "stop", "text": "."}]});
         assert_eq!(after_context(&done), Ok(AfterContext::Finished));
         assert!(after_context(&json!({"choices": []})).is_err());

@@ -5,15 +5,15 @@
 //! decode leg is the client's request plus the prefill's
 //! `kv_transfer_params`, passed through verbatim.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use super::{Route, Unusable};
+use super::{Body, Route, Unusable};
 
 /// The prefill leg's body.
-pub fn prefill_body(original: &Map<String, Value>, route: Route) -> Map<String, Value> {
+pub fn prefill_body(original: &Body, route: Route) -> Body {
     let mut body = original.clone();
     body.insert(
-        "kv_transfer_params".into(),
+        "kv_transfer_params",
         json!({
             "do_remote_decode": true,
             "do_remote_prefill": false,
@@ -23,19 +23,19 @@ pub fn prefill_body(original: &Map<String, Value>, route: Route) -> Map<String, 
             "remote_port": null,
         }),
     );
-    body.insert("stream".into(), Value::Bool(false));
+    body.insert("stream", Value::Bool(false));
     body.remove("stream_options");
     if route == Route::VllmGenerate {
-        // GenerateRequest carries resolved sampling parameters.
-        let params = body.entry("sampling_params").or_insert_with(|| json!({}));
-        if let Some(params) = params.as_object_mut() {
-            params.insert("max_tokens".into(), json!(1));
-            params.remove("min_tokens");
-        }
+        // GenerateRequest carries resolved sampling parameters (a missing
+        // or null one becomes an object: the cap must hold).
+        let mut params = body.get("sampling_params").and_then(|p| p.as_object().cloned()).unwrap_or_default();
+        params.insert("max_tokens".into(), json!(1));
+        params.remove("min_tokens");
+        body.insert("sampling_params", Value::Object(params));
     } else {
-        body.insert("max_tokens".into(), json!(1));
+        body.insert("max_tokens", json!(1));
         if body.contains_key("max_completion_tokens") {
-            body.insert("max_completion_tokens".into(), json!(1));
+            body.insert("max_completion_tokens", json!(1));
         }
         body.remove("min_tokens");
         body.remove("min_completion_tokens");
@@ -57,9 +57,9 @@ pub fn transfer_params(answer: &Value) -> Result<Value, Unusable> {
 }
 
 /// The decode leg's body: the client's, with the transfer parameters.
-pub fn decode_body(original: &Map<String, Value>, params: Value) -> Map<String, Value> {
+pub fn decode_body(original: &Body, params: Value) -> Body {
     let mut body = original.clone();
-    body.insert("kv_transfer_params".into(), params);
+    body.insert("kv_transfer_params", params);
     body
 }
 
@@ -75,7 +75,7 @@ mod tests {
             "stream_options": {"include_usage": true}, "max_tokens": 300, "max_completion_tokens": 300,
             "min_tokens": 5, "temperature": 0.3, "tools": [], "kv_transfer_params": {"from": "client"}
         }));
-        let body = Value::Object(prefill_body(&original, Route::Chat));
+        let body = prefill_body(&original, Route::Chat).to_value();
         assert_eq!(
             body,
             json!({
@@ -88,7 +88,7 @@ mod tests {
         // Without max_completion_tokens, none is added.
         let plain = prefill_body(&object(json!({"prompt": "x"})), Route::Completions);
         assert!(!plain.contains_key("max_completion_tokens"));
-        assert_eq!(plain.get("max_tokens"), Some(&json!(1)));
+        assert_eq!(plain.get("max_tokens"), Some(json!(1)));
     }
 
     #[test]
@@ -98,8 +98,10 @@ mod tests {
             "sampling_params": {"max_tokens": 64, "min_tokens": 2, "temperature": 0.0}
         }));
         let body = prefill_body(&original, Route::VllmGenerate);
-        assert_eq!(body.get("sampling_params"), Some(&json!({"max_tokens": 1, "temperature": 0.0})));
-        assert_eq!(body.get("stream"), Some(&json!(false)));
+        assert_eq!(body.get("sampling_params"), Some(json!({"max_tokens": 1, "temperature": 0.0})));
+        assert_eq!(body.get("stream"), Some(json!(false)));
+        let null = prefill_body(&object(json!({"token_ids": [1], "sampling_params": null})), Route::VllmGenerate);
+        assert_eq!(null.get("sampling_params"), Some(json!({"max_tokens": 1})), "a null one is capped too");
         assert!(!body.contains_key("max_tokens"), "GenerateRequest has no top-level max_tokens");
     }
 
@@ -116,9 +118,9 @@ mod tests {
         let params = transfer_params(&answer).unwrap_or_else(|e| panic!("{e}"));
         let original = object(json!({"model": "m", "stream": true, "max_tokens": 300}));
         let body = decode_body(&original, params.clone());
-        assert_eq!(body.get("kv_transfer_params"), answer.get("kv_transfer_params"));
-        assert_eq!(body.get("max_tokens"), Some(&json!(300)));
-        assert_eq!(body.get("stream"), Some(&json!(true)));
+        assert_eq!(body.get("kv_transfer_params").as_ref(), answer.get("kv_transfer_params"));
+        assert_eq!(body.get("max_tokens"), Some(json!(300)));
+        assert_eq!(body.get("stream"), Some(json!(true)));
         for bad in [json!({}), json!({"kv_transfer_params": null}), json!({"kv_transfer_params": {}})] {
             assert!(transfer_params(&bad).is_err(), "{bad}");
         }
