@@ -151,14 +151,21 @@ fn prepare(state: &HttpState, bytes: &[u8], api: Api) -> Result<Prepared, ApiErr
                 .ok_or_else(|| ApiError::bad_request("seed must be an integer"))?,
         ),
     };
+    let (stream, include_usage) = streaming(&body)?;
+    check_request(&state.config, prompt.len(), max_tokens).map_err(ApiError::bad_request)?;
+    Ok(Prepared { body, spec: RequestSpec { prompt, max_tokens, seed }, stream, include_usage })
+}
+
+/// `stream` (a boolean or absent) and `stream_options.include_usage`, as
+/// both request shapes carry them.
+fn streaming(body: &Value) -> Result<(bool, bool), ApiError> {
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::bad_request("stream must be a boolean")),
     };
     let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
-    check_request(&state.config, prompt.len(), max_tokens).map_err(ApiError::bad_request)?;
-    Ok(Prepared { body, spec: RequestSpec { prompt, max_tokens, seed }, stream, include_usage })
+    Ok((stream, include_usage))
 }
 
 /// A `GenerateRequest`: `token_ids`, `sampling_params.{max_tokens, seed}`,
@@ -180,12 +187,7 @@ fn prepare_tokens(state: &HttpState, body: Value) -> Result<Prepared, ApiError> 
             .ok_or_else(|| ApiError::bad_request(format!("max_tokens {v} is not a non-negative integer")))?,
     };
     let seed = body.pointer("/sampling_params/seed").and_then(|v| v.as_u64().or_else(|| v.as_i64().map(|s| s as u64)));
-    let stream = match body.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => return Err(ApiError::bad_request("stream must be a boolean")),
-    };
-    let include_usage = body.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false);
+    let (stream, include_usage) = streaming(&body)?;
     check_request(&state.config, prompt.len(), max_tokens).map_err(ApiError::bad_request)?;
     Ok(Prepared { body, spec: RequestSpec { prompt, max_tokens, seed }, stream, include_usage })
 }

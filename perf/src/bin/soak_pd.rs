@@ -259,9 +259,7 @@ async fn soak(o: &Options, flavour: Flavour, seed: u64) -> Result<Outcome, Strin
         let cancel_share = o.cancel_share;
         clients.spawn(async move {
             let mut rng = fastrand::Rng::with_seed(seed ^ (c as u64) << 32);
-            let mut n = 0u64;
             while Instant::now() < deadline {
-                n += 1;
                 let words = if rng.bool() { rng.usize(200..900) } else { rng.usize(2..40) };
                 let text: Vec<String> = (0..words).map(|_| format!("w{}", rng.u32(0..3000))).collect();
                 let body = json!({"model": MODEL, "messages": [{"role": "user", "content": text.join(" ")}],
@@ -282,7 +280,6 @@ async fn soak(o: &Options, flavour: Flavour, seed: u64) -> Result<Outcome, Strin
                 } else {
                     record(&counts, post.await);
                 }
-                let _ = n;
             }
         });
     }

@@ -71,6 +71,11 @@ impl Http {
             .header("content-type", "application/json")
             .body(Full::new(bytes))
             .expect("valid request");
+        self.exchange(request).await
+    }
+
+    /// Sends `request` and reads the whole answer, within the deadline.
+    async fn exchange(&self, request: Request<Full<Bytes>>) -> Answer {
         let call = async {
             let response = self.client.request(request).await.expect("HTTP request");
             let status = response.status();
@@ -94,16 +99,7 @@ impl Http {
             request = request.header(*name, *value);
         }
         let request = request.body(Full::new(Bytes::from(body.to_string()))).expect("valid request");
-        let call = async {
-            let response = self.client.request(request).await.expect("HTTP request");
-            let status = response.status();
-            let header = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-            let engine = header("x-sim-engine");
-            let content_type = header("content-type").unwrap_or_default();
-            let body = response.into_body().collect().await.expect("HTTP body").to_bytes().to_vec();
-            Answer { status, engine, content_type, body }
-        };
-        tokio::time::timeout(DEADLINE, call).await.expect("HTTP answer in time")
+        self.exchange(request).await
     }
 
     pub async fn post_raw(&self, url: &str, body: &'static str) -> Answer {
