@@ -719,11 +719,36 @@ impl ShardedService {
     ) -> Result<Option<WorkerId>, BookingError> {
         let worker = self.directory().worker_at(to).ok_or(BookingError::UnknownEndpoint(to))?;
         let target = self.directory().shard_of(worker).ok_or(BookingError::UnknownEndpoint(to))?;
-        let from = {
+        let moved = self.rebook(source, id, Some((worker, target)), false).await?;
+        Ok(moved.then_some(worker))
+    }
+
+    /// The request's prompt is prefill load on its worker again, as when
+    /// it was booked: a plan's decode leg stopped counting it when the
+    /// prefill went elsewhere, and then the decode side ran the request
+    /// whole after all (the decode sidecar's fallback). Taken and booked
+    /// anew on the same shard, so peers see a free and a reservation, as
+    /// for a move. `NotFound` if it was freed meanwhile.
+    pub async fn restore_prefill(&self, source: &impl ProducerSource, id: ReservationId) -> Result<(), BookingError> {
+        self.rebook(source, id, None, true).await.map(|_| ())
+    }
+
+    /// Takes booking `id` from its shard and books it on `to` (worker and
+    /// its shard; `None`: where it was), in prefill again when
+    /// `restore_prefill`, else as it was. Says whether the worker changed.
+    async fn rebook(
+        &self,
+        source: &impl ProducerSource,
+        id: ReservationId,
+        to: Option<(WorkerId, usize)>,
+        restore_prefill: bool,
+    ) -> Result<bool, BookingError> {
+        let (from, target) = {
             let mut admissions = lock(&self.admissions);
             let from = admissions.ledger.release(id).ok_or(BookingError::NotFound(id))?;
+            let target = to.map_or(from, |(_, shard)| shard);
             admissions.ledger.claim(id, target).expect("the id was just released");
-            from
+            (from, target)
         };
         let taken = self.ask(source, from, |r| Command::Take(id, r)).await.map_err(|_| BookingError::ShuttingDown);
         let (mut booking, in_prefill) = match taken.and_then(|t| t) {
@@ -736,8 +761,10 @@ impl ShardedService {
         };
         // Already there (the gateway's report agrees after all): it goes
         // back as it was.
-        let moved = booking.worker != worker;
-        booking.worker = worker;
+        let moved = to.is_some_and(|(worker, _)| booking.worker != worker);
+        if let Some((worker, _)) = to {
+            booking.worker = worker;
+        }
         let reserved = self.ask(source, target, |r| Command::Booking(BookingEvent::Reserved(booking), r)).await;
         match reserved {
             Ok(Ok(())) => {}
@@ -753,10 +780,10 @@ impl ShardedService {
             self.post(source, target, BookingEvent::Freed(id))?;
             return Err(BookingError::NotFound(id));
         }
-        if !in_prefill {
+        if !in_prefill && !restore_prefill {
             self.post(source, target, BookingEvent::PrefillComplete(id))?;
         }
-        Ok(moved.then_some(worker))
+        Ok(moved)
     }
 
     /// `SelectionService::renew_lease` without waiting for anything.

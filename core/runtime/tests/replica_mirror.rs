@@ -1,7 +1,7 @@
 //! A replica's own booking changes, as its shards tell the observer, carry
 //! its whole booked state: random operations on one service (bookings,
-//! prefill ends, renewals, frees, moves, expiries, workers leaving and
-//! joining), its observed changes numbered by an `Outbox`, received by an
+//! prefill ends and restores, renewals, frees, moves, expiries, workers
+//! leaving and joining), its observed changes numbered by an `Outbox`, received by an
 //! `Inbox` and applied to a second service as a peer's, leave the second
 //! with the same load on every worker after every step, on inline and
 //! threaded shards, with one shard and two.
@@ -105,8 +105,11 @@ fn mirrored(seed: u64, shards: usize, kind: RuntimeKind) {
             50..=59 if next_id > 0 => {
                 let _ = block_on(origin.prefill_complete(&a, ReservationId(rng.u64(1..=next_id)), now));
             }
-            60..=67 if next_id > 0 => {
+            60..=65 if next_id > 0 => {
                 let _ = origin.post_renew(&a, ReservationId(rng.u64(1..=next_id)), now);
+            }
+            66..=67 if next_id > 0 => {
+                let _ = block_on(origin.restore_prefill(&a, ReservationId(rng.u64(1..=next_id))));
             }
             68..=71 if next_id > 0 => {
                 let _ = block_on(origin.move_booking(&a, ReservationId(rng.u64(1..=next_id)), addr(worker)));

@@ -12,8 +12,8 @@ use std::time::Duration;
 use futures_lite::future::block_on;
 use kvpick_core::hashing::HashSeed;
 use kvpick_core::{
-    EndpointFilter, KvEvent, Millis, Prompt, ReservationId, RouterConfig, SelectRequest, SelectionService, WorkerId,
-    WorkerSpec,
+    Admission, EndpointFilter, KvEvent, Millis, Prompt, ReservationId, RouterConfig, SelectRequest, SelectionService,
+    WorkerId, WorkerSpec,
 };
 use kvpick_runtime::{Clock, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, probe_glommio};
 
@@ -444,6 +444,50 @@ fn posted_booking_changes_from_different_rings_leave_nothing_behind() {
         // Each ring's earlier commands are applied before its own query.
         let _ = block_on(service.loads(&books));
         let loads = block_on(service.loads(&frees));
+        assert!(loads.iter().all(|l| l.requests == 0 && l.prefill_tokens == 0 && l.active_blocks == 0), "{loads:?}");
+        assert_eq!(service.active_reservations(), 0);
+        service.shutdown();
+    }
+    assert_eq!(shard_threads(), 0, "shard threads leaked");
+}
+
+/// A booking whose prefill ended counts its prompt as prefill load again
+/// once restored (the decode sidecar ran a split request whole), on the
+/// same worker, until its prefill ends again or it is freed; a freed one
+/// cannot be restored.
+#[test]
+fn a_restored_prefill_is_load_again_until_it_completes() {
+    let _turn = serial();
+    for kind in [RuntimeKind::StdThreads, RuntimeKind::Glommio, RuntimeKind::Inline] {
+        let service =
+            ShardedService::start(RouterConfig::default(), BS, runtime(2, kind), Clock::system()).expect("starts");
+        let p = RefCell::new(service.producer());
+        for w in 1..=3 {
+            block_on(service.upsert_worker(&p, WorkerSpec::new(WorkerId(w), addr(w), BS), Millis(0))).expect("upsert");
+        }
+        let id = ReservationId(1);
+        let Admission::Reserved(selection) =
+            block_on(service.select_and_reserve(&p, numbered_request(id, 1, 6, 7), Millis(0))).expect("admitted")
+        else {
+            panic!("queued with every worker idle")
+        };
+        let booked = |loads: Vec<kvpick_core::LoadSnapshot>| {
+            let load = loads.into_iter().find(|l| l.worker == selection.worker).expect("the booked worker");
+            (load.requests, load.prefill_tokens, load.active_blocks)
+        };
+        let at_booking = booked(block_on(service.loads(&p)));
+        assert_eq!(at_booking.0, 1);
+        assert!(at_booking.1 > 0, "{at_booking:?}");
+        assert_eq!(service.post_prefill_complete(&p, id), Ok(()));
+        assert_eq!(booked(block_on(service.loads(&p))), (1, 0, at_booking.2));
+        assert_eq!(block_on(service.restore_prefill(&p, id)), Ok(()));
+        assert_eq!(booked(block_on(service.loads(&p))), at_booking, "{kind:?}: as booked");
+        assert_eq!(block_on(service.restore_prefill(&p, id)), Ok(()), "restoring twice changes nothing");
+        assert_eq!(booked(block_on(service.loads(&p))), at_booking, "{kind:?}: counted once");
+        assert_eq!(service.post_prefill_complete(&p, id), Ok(()));
+        assert_eq!(service.post_free(&p, id), Ok(()));
+        assert_eq!(block_on(service.restore_prefill(&p, id)), Err(kvpick_core::BookingError::NotFound(id)));
+        let loads = block_on(service.loads(&p));
         assert!(loads.iter().all(|l| l.requests == 0 && l.prefill_tokens == 0 && l.active_blocks == 0), "{loads:?}");
         assert_eq!(service.active_reservations(), 0);
         service.shutdown();

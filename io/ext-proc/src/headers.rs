@@ -155,13 +155,37 @@ pub struct ResponseHeaders {
     pub pd: Option<PdRan>,
 }
 
-/// How the decode sidecar ran a request (`x-kvpick-pd`).
+/// How the decode sidecar ran a request (`x-kvpick-pd`). Whichever, no
+/// prefill leg is left running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PdRan {
     /// Prefilled on the prefill engine, which has handed over.
-    Disaggregated,
-    /// Run whole on the decode engine, or failed: no prefill leg left.
-    Whole,
+    Disaggregated = 0,
+    /// Run whole on the decode engine: no prefiller was named, or the
+    /// sidecar fell back from a failed prefill leg (the reason is in
+    /// `x-kvpick-pd-reason`).
+    Aggregated = 1,
+    /// Failed, or a value this kvpick does not know.
+    Failed = 2,
+}
+
+impl PdRan {
+    pub const LABELS: [&'static str; 3] = ["disaggregated", "aggregated", "failed"];
+
+    fn parse(value: &[u8]) -> PdRan {
+        let value = value.trim_ascii();
+        if value.eq_ignore_ascii_case(b"disaggregated") {
+            PdRan::Disaggregated
+        } else if value.eq_ignore_ascii_case(b"aggregated") {
+            PdRan::Aggregated
+        } else {
+            PdRan::Failed
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        Self::LABELS[self as usize]
+    }
 }
 
 impl ResponseHeaders {
@@ -169,9 +193,7 @@ impl ResponseHeaders {
         let status = find(map, ":status").and_then(|v| std::str::from_utf8(v).ok()).and_then(|s| s.trim().parse().ok());
         let event_stream = find(map, "content-type")
             .is_some_and(|v| v.len() >= 17 && v[..17].eq_ignore_ascii_case(b"text/event-stream"));
-        let pd = find(map, PD_HANDOFF).map(|v| {
-            if v.trim_ascii().eq_ignore_ascii_case(b"disaggregated") { PdRan::Disaggregated } else { PdRan::Whole }
-        });
+        let pd = find(map, PD_HANDOFF).map(PdRan::parse);
         ResponseHeaders { status, event_stream, pd }
     }
 }
@@ -247,8 +269,11 @@ mod tests {
         for (value, pd) in [
             ("disaggregated", PdRan::Disaggregated),
             (" Disaggregated ", PdRan::Disaggregated),
-            ("aggregated", PdRan::Whole),
-            ("failed", PdRan::Whole),
+            ("aggregated", PdRan::Aggregated),
+            ("AGGREGATED", PdRan::Aggregated),
+            ("failed", PdRan::Failed),
+            ("", PdRan::Failed),
+            ("split", PdRan::Failed),
         ] {
             let m = map(&[(":status", "200", false), (PD_HANDOFF, value, true)]);
             assert_eq!(ResponseHeaders::read(Some(&m)).pd, Some(pd), "{value}");

@@ -15,6 +15,7 @@ use hdrhistogram::Histogram;
 
 use crate::buckets::{BucketSnapshot, Buckets, LATENCY_BUCKETS, TOKEN_BUCKETS};
 use crate::error::TokenizeError;
+use crate::headers::PdRan;
 use crate::usage::Usage;
 
 /// Distinct model names tracked with their own labels; later ones share
@@ -234,6 +235,8 @@ pub struct ExtProcMetrics {
     session_picks: [AtomicU64; 3],
     pd_routes: [AtomicU64; ROUTE_CLASSES.len()],
     bookings_not_moved: AtomicU64,
+    pd_handoffs: [AtomicU64; 3],
+    prefill_restores: [AtomicU64; 2],
     frees: AtomicU64,
     frees_not_found: AtomicU64,
     served_mismatches: AtomicU64,
@@ -263,6 +266,8 @@ impl Default for ExtProcMetrics {
             session_picks: Default::default(),
             pd_routes: Default::default(),
             bookings_not_moved: AtomicU64::new(0),
+            pd_handoffs: Default::default(),
+            prefill_restores: Default::default(),
             frees: AtomicU64::new(0),
             frees_not_found: AtomicU64::new(0),
             served_mismatches: AtomicU64::new(0),
@@ -340,6 +345,17 @@ impl ExtProcMetrics {
     /// it could not be: an unknown endpoint, or already freed).
     pub fn record_booking_moved(&self, moved: bool) {
         if moved { &self.bookings_moved } else { &self.bookings_not_moved }.fetch_add(1, Relaxed);
+    }
+
+    /// A response came with the decode sidecar's hand-off header.
+    pub(crate) fn record_pd_handoff(&self, ran: PdRan) {
+        self.pd_handoffs[ran as usize].fetch_add(1, Relaxed);
+    }
+
+    /// A split request's prompt booked back as prefill load on its decode
+    /// worker, which ran it whole (`false`: the booking was gone).
+    pub fn record_prefill_restored(&self, restored: bool) {
+        self.prefill_restores[usize::from(!restored)].fetch_add(1, Relaxed);
     }
 
     /// A reservation freed; `found` is false when the shard no longer knew
@@ -457,6 +473,8 @@ impl ExtProcMetrics {
             session_picks: [0, 1, 2].map(|i| self.session_picks[i].load(Relaxed)),
             pd_routes: std::array::from_fn(|i| self.pd_routes[i].load(Relaxed)),
             bookings_not_moved: self.bookings_not_moved.load(Relaxed),
+            pd_handoffs: std::array::from_fn(|i| self.pd_handoffs[i].load(Relaxed)),
+            prefill_restores: std::array::from_fn(|i| self.prefill_restores[i].load(Relaxed)),
             frees: self.frees.load(Relaxed),
             frees_not_found: self.frees_not_found.load(Relaxed),
             served_mismatches: self.served_mismatches.load(Relaxed),
@@ -494,6 +512,12 @@ pub struct ExtProcMetricsSnapshot {
     /// Picks in a fleet with prefill workers, by [`ROUTE_CLASSES`].
     pub pd_routes: [u64; ROUTE_CLASSES.len()],
     pub bookings_not_moved: u64,
+    /// Responses with the decode sidecar's `x-kvpick-pd`, by [`PdRan`]
+    /// (disaggregated, aggregated, failed).
+    pub pd_handoffs: [u64; 3],
+    /// Split requests run whole by the decode sidecar whose prompt was
+    /// booked back on the decode worker: restored, booking gone.
+    pub prefill_restores: [u64; 2],
     /// Reservations freed by their stream.
     pub frees: u64,
     /// Frees the shards no longer knew (lease expired, worker deleted).

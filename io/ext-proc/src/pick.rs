@@ -14,6 +14,7 @@ use kvpick_core::EndpointFilter;
 
 use crate::body::RequestBody;
 use crate::error::RequestError;
+use crate::headers::PdRan;
 use crate::trace::RequestTrace;
 
 /// What a pick is made from.
@@ -90,13 +91,13 @@ pub trait Booking: Send + 'static {
 
     /// The decode sidecar's hand-off header (`x-kvpick-pd`) came with the
     /// response headers: the prefill leg is over, so a split request's
-    /// prefill booking can go now rather than at the first token.
-    /// `timed`: the request was split and its answer streams, so the
-    /// headers came as the prefill leg ended and the time since the pick
-    /// is the prefill worker's time to first token. Bookings with no
-    /// prefill leg ignore it.
-    fn prefill_handed_off(&mut self, timed: bool) {
-        let _ = timed;
+    /// prefill booking can go now rather than at the first token, and if
+    /// the sidecar ran the request whole (`ran` is `Aggregated`) its
+    /// decode worker computes the prompt after all. `streamed`: the answer
+    /// is an event stream, so for a split the headers came as the prefill
+    /// leg ended. Bookings with no prefill leg ignore it.
+    fn prefill_handed_off(&mut self, ran: PdRan, streamed: bool) {
+        let _ = (ran, streamed);
     }
 }
 

@@ -29,7 +29,7 @@ use crate::body::{RequestBody, api_of_path};
 use crate::config::ExtProcConfig;
 use crate::endpoints::{Endpoint, intersect, parse_csv, to_filter};
 use crate::error::RequestError;
-use crate::headers::{CONFORMANCE_SERVED, PdRan, RequestHeaders, ResponseHeaders, set_header};
+use crate::headers::{CONFORMANCE_SERVED, RequestHeaders, ResponseHeaders, set_header};
 use crate::inflight::{InflightLimiter, InflightPermit};
 use crate::metadata::{Served, destination_metadata, served_endpoint, subset_hint};
 use crate::metrics::{ExtProcMetrics, Phase};
@@ -467,13 +467,12 @@ impl<P: Picks> ExtProcStream<P> {
         }
         if let Some(ran) = headers.pd {
             // The sidecar says the prefill leg is over: its booking goes now.
-            let timed = ran == PdRan::Disaggregated && self.response_streamed;
+            self.shared.metrics.record_pd_handoff(ran);
             if let Some(reservation) = self.picked.as_mut().and_then(|p| p.reservation.as_mut()) {
-                reservation.prefill_handed_off(timed);
+                reservation.prefill_handed_off(ran, self.response_streamed);
             }
-            self.booking_trace.event("prefill handed off", Instant::now(), || {
-                vec![KeyValue::new("kvpick.pd", if ran == PdRan::Disaggregated { "disaggregated" } else { "whole" })]
-            });
+            self.booking_trace
+                .event("prefill handed off", Instant::now(), || vec![KeyValue::new("kvpick.pd", ran.label())]);
         }
         let mutation = self.shared.config.conformance_hooks.then(|| {
             let value = match &served {

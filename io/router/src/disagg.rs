@@ -19,10 +19,14 @@
 //! `kvpick sidecar` (it comes as the prefill leg ends), else the first
 //! response chunk (the decode side has the KV blocks by then); the decode booking
 //! lives to completion, cancel or error, renewed while the answer streams.
+//! When the sidecar runs a split request whole after all (its prefill leg
+//! failed, or it refused the prefiller), the decode booking counts the
+//! prompt as prefill again from that header to the first token.
 
 use std::net::SocketAddr;
 
 use kvpick_ext_proc::Booking;
+use kvpick_ext_proc::headers::PdRan;
 use kvpick_ext_proc::metrics::PdRoute;
 
 use crate::reservation::{Release, Reservation};
@@ -162,12 +166,19 @@ impl<R: Release> Booking for PlanBooking<R> {
     }
 
     /// The decode sidecar's hand-off: the prefill leg is over (or never
-    /// ran), so its booking goes now. Timed, the time since the pick is
-    /// the prefill worker's own time to first token, without the transfer
-    /// and the decode worker's first step that the first chunk would add.
-    fn prefill_handed_off(&mut self, timed: bool) {
-        if let Some(mut prefill) = self.prefill.take() {
-            prefill.prefill_complete(timed);
+    /// ran), so its booking goes now. Timed when split and streamed: the
+    /// time since the pick is the prefill worker's own time to first
+    /// token, without the transfer and the decode worker's first step
+    /// that the first chunk would add. Run whole after all (the sidecar
+    /// fell back, or refused the prefiller): the decode worker computes
+    /// the prompt, so its booking counts it again.
+    fn prefill_handed_off(&mut self, ran: PdRan, streamed: bool) {
+        let Some(mut prefill) = self.prefill.take() else { return };
+        prefill.prefill_complete(ran == PdRan::Disaggregated && streamed);
+        drop(prefill);
+        if ran == PdRan::Aggregated {
+            self.decode.prefill_here();
+            self.split = false;
         }
     }
 
@@ -241,6 +252,9 @@ mod tests {
         fn moved(&self, _: ReservationId, _: SocketAddr) {
             self.0.lock().unwrap().push((self.1, "moved"));
         }
+        fn prefill_restored(&self, _: ReservationId) {
+            self.0.lock().unwrap().push((self.1, "prefill_restored"));
+        }
         fn decode_observed(&self, _: WorkerId, _: u64, _: Duration) {
             self.0.lock().unwrap().push((self.1, "decode_observed"));
         }
@@ -297,26 +311,59 @@ mod tests {
 
     #[test]
     fn the_sidecars_hand_off_releases_prefill_before_the_first_token() {
-        for (timed, event) in [(true, "prefill_complete+ttft"), (false, "prefill_complete")] {
+        for (ran, streamed, event) in [
+            (PdRan::Disaggregated, true, "prefill_complete+ttft"),
+            (PdRan::Disaggregated, false, "prefill_complete"),
+            (PdRan::Failed, true, "prefill_complete"),
+        ] {
             let events = Arc::new(Mutex::new(Vec::new()));
             let (decode, prefill) = (Log(events.clone(), "decode"), Log(events.clone(), "prefill"));
             let mut plan = PlanBooking::disaggregated(booked(&decode), booked(&prefill));
-            plan.prefill_handed_off(timed);
+            plan.prefill_handed_off(ran, streamed);
             assert!(!plan.holds_prefill());
-            assert_eq!(events.lock().unwrap()[1..], [("prefill", event), ("prefill", "free")]);
+            assert_eq!(events.lock().unwrap()[1..], [("prefill", event), ("prefill", "free")], "{ran:?}");
             // The first token then times the decode only; nothing is released twice.
             plan.prefill_complete(true);
-            plan.prefill_handed_off(true);
+            plan.prefill_handed_off(PdRan::Aggregated, true);
             plan.response_finished(8);
             drop(plan);
-            assert_eq!(events.lock().unwrap()[3..], [("decode", "decode_observed"), ("decode", "free")]);
+            assert_eq!(events.lock().unwrap()[3..], [("decode", "decode_observed"), ("decode", "free")], "{ran:?}");
         }
-        // Without a prefill leg, a hand-off changes nothing.
+        // Without a prefill leg, a hand-off changes nothing, whatever it says.
+        for ran in [PdRan::Disaggregated, PdRan::Aggregated, PdRan::Failed] {
+            let events = Arc::new(Mutex::new(Vec::new()));
+            let mut plan = PlanBooking::aggregated(booked(&Log(events.clone(), "decode")));
+            plan.prefill_handed_off(ran, true);
+            assert!(events.lock().unwrap().is_empty());
+            drop(plan);
+        }
+    }
+
+    #[test]
+    fn a_split_the_sidecar_ran_whole_is_prefill_load_on_its_decode_worker_again() {
         let events = Arc::new(Mutex::new(Vec::new()));
-        let mut plan = PlanBooking::aggregated(booked(&Log(events.clone(), "decode")));
-        plan.prefill_handed_off(true);
-        assert!(events.lock().unwrap().is_empty());
+        let (decode, prefill) = (Log(events.clone(), "decode"), Log(events.clone(), "prefill"));
+        let mut plan = PlanBooking::disaggregated(booked(&decode), booked(&prefill));
+        plan.prefill_handed_off(PdRan::Aggregated, true);
+        assert!(!plan.holds_prefill());
+        // The decode worker's first token ends its prefill, with no TTFT
+        // sample (the time includes the prefill leg that did not run).
+        plan.prefill_complete(true);
+        plan.prefill_complete(true);
+        plan.response_finished(8);
         drop(plan);
+        assert_eq!(
+            *events.lock().unwrap(),
+            [
+                ("decode", "prefill_complete"),
+                ("prefill", "prefill_complete"),
+                ("prefill", "free"),
+                ("decode", "prefill_restored"),
+                ("decode", "prefill_complete"),
+                ("decode", "decode_observed"),
+                ("decode", "free"),
+            ]
+        );
     }
 
     #[test]

@@ -616,6 +616,33 @@ impl Release for KvPicker {
         });
     }
 
+    /// On a task of its own, as a move is (it takes the booking and books
+    /// it again).
+    fn prefill_restored(&self, id: ReservationId) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.0.metrics.record_prefill_restored(false);
+            tracing::warn!(reservation = id.0, "no tokio runtime here: the decode worker's prefill stays uncounted");
+            return;
+        };
+        let picker = self.clone();
+        runtime.spawn(async move {
+            let inner = &*picker.0;
+            match picker.service().restore_prefill(&inner.producers, id).await {
+                Ok(()) => {
+                    inner.metrics.record_prefill_restored(true);
+                    tracing::debug!(
+                        reservation = id.0,
+                        "decode worker runs the split request whole: prefill booked again"
+                    );
+                }
+                Err(error) => {
+                    inner.metrics.record_prefill_restored(false);
+                    tracing::debug!(reservation = id.0, %error, "prefill not booked again: the booking is gone");
+                }
+            }
+        });
+    }
+
     /// Posted to the owning shard, not awaited.
     fn renew(&self, id: ReservationId) {
         let inner = &*self.0;

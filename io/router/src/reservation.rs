@@ -26,6 +26,9 @@ pub trait Release: Send + Sync + 'static {
     fn renew(&self, id: ReservationId);
     /// Another endpoint served the request: the booking moves there.
     fn moved(&self, id: ReservationId, to: std::net::SocketAddr);
+    /// The request's prompt is prefill load on its worker again (see
+    /// `Reservation::prefill_here`).
+    fn prefill_restored(&self, id: ReservationId);
     /// `output_tokens` after the first took `decode` on `worker`.
     fn decode_observed(&self, worker: WorkerId, output_tokens: u64, decode: Duration);
 }
@@ -141,6 +144,23 @@ impl<R: Release> Reservation<R> {
         }
     }
 
+    /// A plan's decode leg whose prefill was to run elsewhere computes the
+    /// prompt after all (the decode sidecar ran the request whole): it is
+    /// prefill load here again until the first token. That token's time
+    /// is no sample of the prediction: it includes the prefill leg that
+    /// did not run. Should the first token's `prefill_complete` reach the
+    /// shard before the restore does (a whole prefill quicker than a shard
+    /// round trip), the prompt counts as prefill until the booking is
+    /// freed: an overcount bounded by this request's life.
+    pub(crate) fn prefill_here(&mut self) {
+        if std::mem::replace(&mut self.prefill_completed, false) {
+            self.picker.prefill_restored(self.id);
+        }
+        if let Some(booked) = self.booked.as_mut() {
+            booked.predicted_ns = None;
+        }
+    }
+
     /// The first token of a request whose prefill ran elsewhere: what
     /// follows it times the decode.
     pub(crate) fn first_token(&mut self, streamed: bool) {
@@ -241,6 +261,7 @@ mod tests {
             self.0.lock().unwrap().0 += 1;
         }
         fn moved(&self, _: ReservationId, _: std::net::SocketAddr) {}
+        fn prefill_restored(&self, _: ReservationId) {}
         fn decode_observed(&self, _: WorkerId, _: u64, _: Duration) {}
     }
 

@@ -207,6 +207,17 @@ fn ext_proc(e: &mut Exposition, sources: &Sources) {
     let moved = "Bookings moved to the worker the gateway reports as served (x-gateway-destination-endpoint-served).";
     e.counter("kvpick_bookings_moved_total", moved, &[("result", "moved")], m.bookings_moved);
     e.counter("kvpick_bookings_moved_total", moved, &[("result", "failed")], m.bookings_not_moved);
+    for (ran, count) in kvpick_ext_proc::headers::PdRan::LABELS.into_iter().zip(m.pd_handoffs) {
+        e.counter(
+            "kvpick_pd_handoffs_total",
+            "Responses carrying the decode sidecar's x-kvpick-pd hand-off header, by how it ran the request (disaggregated; aggregated: run whole on the decode engine; failed).",
+            &[("ran", ran)],
+            count,
+        );
+    }
+    let restored = "Split requests the decode sidecar ran whole after all, whose prompt was booked back as prefill load on their decode worker (failed: the booking was already gone).";
+    e.counter("kvpick_prefill_restored_total", restored, &[("result", "restored")], m.prefill_restores[0]);
+    e.counter("kvpick_prefill_restored_total", restored, &[("result", "failed")], m.prefill_restores[1]);
     e.counter("kvpick_frees_total", "Bookings freed by their stream.", &[("found", "true")], m.frees);
     e.counter("kvpick_frees_total", "Bookings freed by their stream.", &[("found", "false")], m.frees_not_found);
     e.counter(

@@ -153,9 +153,12 @@ async fn each_engine_is_split_by_kvpick_and_run_by_the_sidecar_with_both_booking
             }
             (false, _) => assert_eq!(exchange.handoff.as_deref(), Some("aggregated"), "{kind:?}: {body}"),
         }
+        // A split run whole: its prompt was booked back on the decode worker.
+        let restored = if exchange.prefiller.is_some() && kind != EngineKind::Sglang { 1.0 } else { 0.0 };
         until(&chain.kvpick, "both legs released after the fallback", |s| {
             value(s, "kvpick_prefill_reservations_active", &[]) == 0.0
                 && value(s, "kvpick_reservations_active", &[]) == 0.0
+                && value(s, "kvpick_prefill_restored_total", &[("result", "restored")]) == restored
         })
         .await;
         chain.stop().await;

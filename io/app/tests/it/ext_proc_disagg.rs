@@ -82,27 +82,61 @@ async fn the_decode_sidecars_hand_off_header_releases_the_prefill_leg_before_any
     assert_eq!((h.requests_booked().await, h.prefill_requests_booked().await), (1, 1));
     // `kvpick sidecar` answers with its hand-off header once the prefill
     // leg is over; no body chunk has come yet.
-    let mut headers = response_headers("200", "text/event-stream", None, false);
-    if let Some(kvpick_proto::ext_proc::processing_request::Request::ResponseHeaders(h)) = headers.request.as_mut() {
-        if let Some(map) = h.headers.as_mut() {
-            map.headers.extend(
-                kvpick_test_support::gateway::header_map(&[
-                    ("x-kvpick-pd", "disaggregated"),
-                    ("x-kvpick-prefill-ms", "12.5"),
-                ])
-                .headers,
-            );
-        }
-    }
-    call.send(headers);
+    call.send(sidecar_headers(&[("x-kvpick-pd", "disaggregated"), ("x-kvpick-prefill-ms", "12.5")]));
     assert_eq!(kind(&call.recv().await), "response_headers");
     wait_for("the prefill leg released at the hand-off", || async { h.prefill_requests_booked().await == 0 }).await;
     assert_eq!(h.requests_booked().await, 1, "the decode leg lives on");
+    assert_eq!(h.loads().await.iter().map(|l| l.prefill_tokens).sum::<u64>(), 0, "the decode worker prefills nothing");
     call.send(response_body(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", false));
     call.recv().await;
     call.send(response_body(b"data: [DONE]\n\n", true));
     call.recv().await;
     h.wait_all_freed().await;
+    let m = h.metrics.snapshot();
+    assert_eq!((m.pd_handoffs, m.prefill_restores), ([1, 0, 0], [0, 0]));
+    drop((call, client));
+    h.stop().await;
+}
+
+/// A streamed answer's response headers with the decode sidecar's `extra`.
+fn sidecar_headers(extra: &[(&str, &str)]) -> kvpick_proto::ext_proc::ProcessingRequest {
+    let mut headers = response_headers("200", "text/event-stream", None, false);
+    if let Some(kvpick_proto::ext_proc::processing_request::Request::ResponseHeaders(h)) = headers.request.as_mut() {
+        if let Some(map) = h.headers.as_mut() {
+            map.headers.extend(kvpick_test_support::gateway::header_map(extra).headers);
+        }
+    }
+    headers
+}
+
+/// The sidecar's prefill leg failed (or it refused the prefiller) and it
+/// ran the split request whole: the prefill leg is released and the
+/// decode worker's booking counts the prompt as prefill again, until the
+/// first chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_the_sidecar_ran_whole_is_prefill_load_on_the_decode_worker_again() {
+    let h = Harness::start(disaggregated(2)).await;
+    let mut client = h.client().await;
+    let mut call = Call::open(&mut client).await;
+    let answer = send(&mut call, &chat(&words("fallback", 40)), &[]).await;
+    assert!(prefiller(&answer).is_some(), "split");
+    // The decode side's only booking is this request's.
+    let decode_prefill = || async { h.loads().await.iter().map(|l| l.prefill_tokens).sum::<u64>() };
+    wait_for("the decode worker prefills nothing at the commit", || async { decode_prefill().await == 0 }).await;
+    call.send(sidecar_headers(&[("x-kvpick-pd", "aggregated"), ("x-kvpick-pd-reason", "prefill_unreachable")]));
+    assert_eq!(kind(&call.recv().await), "response_headers");
+    wait_for("the prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    wait_for("the decode worker prefills the prompt", || async { decode_prefill().await > 0 }).await;
+    assert_eq!(h.requests_booked().await, 1, "the decode leg lives on");
+    call.send(response_body(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", false));
+    call.recv().await;
+    wait_for("its prefill ends at the first chunk", || async { decode_prefill().await == 0 }).await;
+    assert_eq!(h.requests_booked().await, 1);
+    call.send(response_body(b"data: [DONE]\n\n", true));
+    call.recv().await;
+    h.wait_all_freed().await;
+    let m = h.metrics.snapshot();
+    assert_eq!((m.pd_handoffs, m.prefill_restores), ([0, 1, 0], [1, 0]));
     drop((call, client));
     h.stop().await;
 }
