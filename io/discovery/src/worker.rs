@@ -53,6 +53,15 @@ impl DiscoveredWorker {
     /// lists its target ports in rank order, as GAIE's data-parallel pools
     /// do. `None` if an offset port would pass 65535. `trtllm-serve`
     /// drained over HTTP is asked on the port itself.
+    /// A decode worker that cannot run a request whole: SGLang started
+    /// with `--disaggregation-mode decode` refuses any request without a
+    /// bootstrap room (`reference/engines.md`), so each of its requests
+    /// needs a prefill worker. vLLM's and TensorRT-LLM's decode workers
+    /// prefill locally when asked to.
+    pub fn decodes_only(&self) -> bool {
+        self.role == Role::Decode && self.engine == EngineKind::Sglang
+    }
+
     pub(crate) fn new(
         cfg: &DiscoveryConfig,
         pod: &str,
@@ -140,6 +149,17 @@ mod tests {
         let z = DiscoveredWorker::new(&cfg, "t-0", ip, 8002, 2, (EngineKind::TrtllmZmq, Role::Both)).unwrap();
         assert_eq!(z.publisher.endpoint, "tcp://10.0.0.9:5559");
         let t = DiscoveredWorker::new(&cfg, "t-0", ip, 8002, 2, (EngineKind::Trtllm, Role::Both)).unwrap();
+        assert!(!t.decodes_only() && !w.decodes_only());
+        for (engine, role, decodes_only) in [
+            (EngineKind::Sglang, Role::Decode, true),
+            (EngineKind::Sglang, Role::Both, false),
+            (EngineKind::Sglang, Role::Prefill, false),
+            (EngineKind::Vllm, Role::Decode, false),
+            (EngineKind::Trtllm, Role::Decode, false),
+        ] {
+            let d = DiscoveredWorker::new(&cfg, "d-0", ip, 8002, 0, (engine, role)).unwrap();
+            assert_eq!(d.decodes_only(), decodes_only, "{engine:?} {role:?}");
+        }
         assert_eq!(t.publisher.endpoint, "http://10.0.0.9:8002/kv_cache_events");
         assert_eq!(t.publisher.replay_endpoint, None);
         cfg.kv_event_port = 65535;

@@ -61,6 +61,10 @@ pub enum RequestError {
     Tokenizer(TokenizeError),
     #[error("{0}")]
     Select(SelectError),
+    /// Its decode worker cannot run a request whole (SGLang's decode mode)
+    /// and no prefill worker can take its prefill.
+    #[error("no prefill worker can take this request, and its decode worker {decode} runs only disaggregated requests")]
+    NoPrefillWorker { decode: std::net::SocketAddr },
 }
 
 impl From<TokenizeError> for RequestError {
@@ -93,7 +97,7 @@ impl RequestError {
             RequestError::InvalidJson(_) | RequestError::MissingModel => 400,
             RequestError::BodyTooLarge { .. } => 413,
             RequestError::InflightLimit { .. } => 429,
-            RequestError::EmptySubset => 503,
+            RequestError::EmptySubset | RequestError::NoPrefillWorker { .. } => 503,
             RequestError::Tokenizer(e) => e.http_status(),
             RequestError::Select(e) => match e {
                 SelectError::NoWorkers | SelectError::NoEligibleWorkers | SelectError::ShuttingDown => 503,
@@ -125,6 +129,7 @@ impl RequestError {
             RequestError::BodyTooLarge { .. } => "kvpick_body_too_large",
             RequestError::InflightLimit { .. } => "kvpick_inflight_limit",
             RequestError::EmptySubset => "kvpick_empty_subset",
+            RequestError::NoPrefillWorker { .. } => "kvpick_no_prefill_worker",
             RequestError::Tokenizer(_) => "kvpick_tokenizer_error",
             RequestError::Select(SelectError::UnknownModel(_)) => "kvpick_unknown_model",
             RequestError::Select(SelectError::QueueFull | SelectError::QueueTimeout) => "kvpick_queue_rejected",

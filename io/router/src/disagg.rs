@@ -23,8 +23,12 @@
 //! failed, or it refused the prefiller), the decode booking counts the
 //! prompt as prefill again from that header to the first token.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{PoisonError, RwLock};
 
+use kvpick_core::WorkerId;
 use kvpick_ext_proc::Booking;
 use kvpick_ext_proc::headers::PdRan;
 use kvpick_ext_proc::metrics::PdRoute;
@@ -96,6 +100,43 @@ impl DisaggConfig {
             Ok(prefill) if self.compare_ttft && decode.sooner_than(&prefill) => PdRoute::DecodeSooner,
             Ok(_) => PdRoute::Disaggregated,
         }
+    }
+}
+
+/// Decode workers that cannot run a request whole: SGLang's decode mode
+/// (`--disaggregation-mode decode`) refuses any request without a
+/// bootstrap room, so a request picked onto one is split whatever the
+/// decider would say, waits for a prefill worker if every one is
+/// saturated, and fails with 503 when there is none. Kept by whoever
+/// applies discovery's updates; read by every pick (uncontended reads:
+/// it changes only when such a worker comes or goes).
+#[derive(Debug, Default)]
+pub struct DecodeOnly {
+    workers: RwLock<HashSet<WorkerId>>,
+    /// Set while `workers` is not empty: a fleet without such workers
+    /// never takes the lock.
+    any: AtomicBool,
+}
+
+impl DecodeOnly {
+    /// Marks `worker` as decode only (`true`) or able to run a request
+    /// whole (`false`).
+    pub fn set(&self, worker: WorkerId, decode_only: bool) {
+        let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
+        if decode_only {
+            workers.insert(worker);
+        } else {
+            workers.remove(&worker);
+        }
+        self.any.store(!workers.is_empty(), Ordering::Release);
+    }
+
+    pub fn any(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+
+    pub fn contains(&self, worker: WorkerId) -> bool {
+        self.any() && self.workers.read().unwrap_or_else(PoisonError::into_inner).contains(&worker)
     }
 }
 

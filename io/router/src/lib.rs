@@ -19,6 +19,6 @@ pub mod reservation;
 pub mod sessions;
 pub mod tokenizer;
 
-pub use disagg::{DEFAULT_PREFILL_QUEUE_THRESHOLD, DisaggConfig, Leg, PlanBooking};
+pub use disagg::{DEFAULT_PREFILL_QUEUE_THRESHOLD, DecodeOnly, DisaggConfig, Leg, PlanBooking};
 pub use picker::{Explained, KvBooking, KvPick, KvPicker, KvReservation, NullPicker, Picker, PickerConfig};
 pub use reservation::{Release, Reservation, ReservationIds};

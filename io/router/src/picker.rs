@@ -16,7 +16,7 @@ use kvpick_ext_proc::trace::KeyValue;
 use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError, RequestTrace};
 use kvpick_runtime::{Clock, PendingRings, RingScheduler, SelectTiming, ShardedService, ThreadProducers};
 
-use crate::disagg::{DisaggConfig, Leg, PlanBooking};
+use crate::disagg::{DecodeOnly, DisaggConfig, Leg, PlanBooking};
 use crate::prefix_watch::{PrefixWatch, Verdict};
 use crate::reservation::{Release, Reservation, ReservationIds, TtftSample};
 use crate::sessions::Sessions;
@@ -170,9 +170,10 @@ struct KvInner {
     sessions: Option<Mutex<Sessions>>,
     prefix_watch: Mutex<PrefixWatch>,
     /// Disaggregated serving: the prefill workers' own picker (its own
-    /// selection service) and when to use it. `None`: every request is
-    /// served whole by this picker's workers.
-    prefill: Option<(KvPicker, DisaggConfig)>,
+    /// selection service), when to use it, and the decode workers that
+    /// must use it. `None`: every request is served whole by this
+    /// picker's workers.
+    prefill: Option<(KvPicker, DisaggConfig, Arc<DecodeOnly>)>,
 }
 
 impl KvPicker {
@@ -191,11 +192,13 @@ impl KvPicker {
     /// A picker for a fleet split by role: `decode` holds the decode (and
     /// aggregated) workers, `prefill` the prefill workers; each request is
     /// booked on one or, when `disagg`'s decider says so, both.
+    /// `decode_only`: the decode workers that cannot run a request whole
+    /// (kept up to date by the caller as workers come and go).
     pub fn disaggregated(
         (decode, prefill): (Arc<ShardedService>, Arc<ShardedService>),
         clock: Clock,
         tokenizer: Arc<dyn Tokenizer>,
-        (config, disagg): (&PickerConfig, DisaggConfig),
+        (config, disagg, decode_only): (&PickerConfig, DisaggConfig, Arc<DecodeOnly>),
         metrics: Arc<ExtProcMetrics>,
     ) -> Self {
         // Sessions and the prefix watch are the decode side's: a session
@@ -204,7 +207,7 @@ impl KvPicker {
         let prefill_config = PickerConfig { sessions: 0, ..config.clone() };
         let prefill_picker =
             Self::build(prefill, clock.clone(), tokenizer.clone(), &prefill_config, metrics.clone(), None);
-        Self::build(decode, clock, tokenizer, config, metrics, Some((prefill_picker, disagg)))
+        Self::build(decode, clock, tokenizer, config, metrics, Some((prefill_picker, disagg, decode_only)))
     }
 
     fn build(
@@ -213,7 +216,7 @@ impl KvPicker {
         tokenizer: Arc<dyn Tokenizer>,
         config: &PickerConfig,
         metrics: Arc<ExtProcMetrics>,
-        prefill: Option<(KvPicker, DisaggConfig)>,
+        prefill: Option<(KvPicker, DisaggConfig, Arc<DecodeOnly>)>,
     ) -> Self {
         let producers = ThreadProducers::new(service);
         let producers =
@@ -280,23 +283,30 @@ impl KvPicker {
         let (prompt, model, priority) = self.prepare(&input).await?;
         // The plan's id: the reservation's in each role's service.
         let id = inner.ids.next_id();
-        // Why the prefill leg is not even tried, if it is not.
-        let skip = inner.prefill.as_ref().map(|(picker, config)| {
+        // Why the prefill leg is not even tried, if it is not. With decode
+        // workers that cannot run a request whole, it is tried for every
+        // prompt: the decode pick is not known yet.
+        let skip = inner.prefill.as_ref().map(|(picker, config, decode_only)| {
             if picker.service().schedulable_count() == 0 {
                 Some(PdRoute::NoPrefillWorker)
-            } else if !config.may_split(prompt.isl_tokens) {
+            } else if !(config.may_split(prompt.isl_tokens) || decode_only.any() && prompt.isl_tokens > 0) {
                 Some(PdRoute::ShortUncached)
             } else {
                 None
             }
         });
         let prefill = inner.prefill.as_ref().filter(|_| matches!(skip, Some(None)));
-        let Some((prefill, config)) = prefill else {
+        let Some((prefill, config, decode_only)) = prefill else {
             // A request with no prompt (headers only) is not a P/D decision.
-            if let Some(Some(why)) = skip.filter(|_| prompt.isl_tokens > 0) {
+            let has_prompt = prompt.isl_tokens > 0;
+            if let Some(Some(why)) = skip.filter(|_| has_prompt) {
                 inner.metrics.record_pd_route(why);
             }
             let (selection, reservation, _) = self.decode_leg(id, (prompt, model, priority), input, false).await?;
+            if has_prompt && inner.prefill.as_ref().is_some_and(|(_, _, only)| only.contains(selection.worker)) {
+                // Freed as `reservation` drops.
+                return Err(self.no_prefill_for(id, &selection));
+            }
             return Ok(Pick {
                 endpoint: selection.endpoint,
                 fallbacks: selection.fallbacks,
@@ -309,7 +319,7 @@ impl KvPicker {
         // leg leaves the request whole to the decode worker.
         let trace = input.trace.clone();
         let start = Instant::now();
-        let prefill_leg = prefill.prefill_leg(id, prompt.clone(), model.clone(), priority);
+        let prefill_leg = prefill.prefill_leg(id, prompt.clone(), model.clone(), priority, false);
         let prefill_leg = async move { (prefill_leg.await, Instant::now()) };
         let decode_leg = self.decode_leg(id, (prompt.clone(), model.clone(), priority), input, true);
         tokio::pin!(prefill_leg, decode_leg);
@@ -318,14 +328,27 @@ impl KvPicker {
             prefilled = &mut prefill_leg => (decode_leg.await?, prefilled),
         };
         let (selection, reservation, queued) = decoded;
-        if queued {
+        let must_split = decode_only.contains(selection.worker);
+        if queued || (must_split && matches!(prefilled, Err(PdRoute::PrefillSaturated))) {
             // The decode leg waited in its queue: a prefill booking made
             // before is stale (and held capacity meanwhile). Book anew.
+            // A decode-only worker's request waits for a prefill worker
+            // rather than be refused by its engine.
             drop(prefilled);
-            prefilled = prefill.prefill_leg(id, prompt, model, priority).await;
+            prefilled = prefill.prefill_leg(id, prompt, model, priority, must_split).await;
             prefilled_at = Instant::now();
         }
-        let route = config.decide(Leg::of(&selection), prefilled.as_ref().map(|(p, _)| Leg::of(p)).map_err(|why| *why));
+        let route = if must_split {
+            match &prefilled {
+                Ok(_) => PdRoute::Disaggregated,
+                Err(why) => {
+                    inner.metrics.record_pd_route(*why);
+                    return Err(self.no_prefill_for(id, &selection));
+                }
+            }
+        } else {
+            config.decide(Leg::of(&selection), prefilled.as_ref().map(|(p, _)| Leg::of(p)).map_err(|why| *why))
+        };
         inner.metrics.record_pd_route(route);
         trace.phase("select prefill", start, prefilled_at, || {
             let (label, reason) = ROUTE_CLASSES[route as usize];
@@ -356,23 +379,45 @@ impl KvPicker {
         Ok(Pick { endpoint: selection.endpoint, fallbacks: selection.fallbacks, prefill, reservation: Some(booking) })
     }
 
+    /// A request picked onto a decode worker that cannot run it whole,
+    /// with no prefill worker to take its prefill: refused (503) rather
+    /// than sent to an engine that would refuse it.
+    fn no_prefill_for(&self, id: ReservationId, selection: &kvpick_core::Selection) -> RequestError {
+        tracing::warn!(
+            plan = id.0,
+            decode = %selection.endpoint,
+            "no prefill worker for a request picked onto a decode-only worker (SGLang decode mode runs nothing whole)"
+        );
+        RequestError::NoPrefillWorker { decode: selection.endpoint }
+    }
+
     /// The prefill leg of plan `id` on this (the prefill) picker's
-    /// service: booked at once or not at all. Every prefill worker past
-    /// the queue threshold is a reason to prefill on the decode worker,
-    /// not to wait: nothing is queued.
+    /// service: booked at once or not at all, unless `wait`. Every prefill
+    /// worker past the queue threshold is a reason to prefill on the
+    /// decode worker, not to wait: nothing is queued, except for a decode
+    /// worker that cannot prefill (`wait`), where the request waits in
+    /// the prefill side's queue as a whole request would in the decode
+    /// side's.
     async fn prefill_leg(
         &self,
         id: ReservationId,
         prompt: Prompt,
         model: Option<String>,
         priority: i32,
+        wait: bool,
     ) -> Result<(kvpick_core::Selection, KvReservation), PdRoute> {
         let inner = &*self.0;
         let mut reservation = Reservation::new(id, self.clone(), self.service().lease());
         // The gateway's subset names where it may send the request (the
         // decode side); the prefill worker is reached by the decode side.
         let request = SelectRequest { id, prompt, model, allowed: None, priority, sticky: None };
-        match self.service().reserve_unless_saturated(&inner.producers, request, inner.clock.now()).await {
+        let (service, now) = (self.service(), inner.clock.now());
+        let admitted = if wait {
+            service.select_and_wait(&inner.producers, request, now).await.map(Some)
+        } else {
+            service.reserve_unless_saturated(&inner.producers, request, now).await
+        };
+        match admitted {
             Ok(Some(selection)) => {
                 reservation.booked(&selection);
                 Ok((selection, reservation))

@@ -239,14 +239,9 @@ async fn soak(o: &Options, flavour: Flavour, seed: u64) -> Result<Outcome, Strin
     values.set(var::BLOCK_SIZE, "16");
     values.set(var::MODEL, MODEL);
     values.set(var::TOKENIZER, format!("local:{}", fixture_model().display()));
-    // SGLang's decode mode runs nothing whole: every request is split.
-    let (threshold, compare) = if flavour == Flavour::Sglang { ("0", "false") } else { ("64", "true") };
-    values.set(var::PD_THRESHOLD_TOKENS, threshold);
-    values.set(var::PD_COMPARE_TTFT, compare);
-    if flavour == Flavour::Sglang {
-        // Nor is a request kept whole when the prefill side is busy.
-        values.set(var::PREFILL_QUEUE_THRESHOLD, "1000000");
-    }
+    // SGLang's decode workers (`role: decode`, `engine: sglang`) run
+    // nothing whole: kvpick splits every request picked onto them itself.
+    values.set(var::PD_THRESHOLD_TOKENS, "64");
     let app =
         App::start(ServeConfig::from_values(&values).map_err(|e| e.to_string())?).await.map_err(|e| e.to_string())?;
     let gateway = Gateway::connect(app.ext_proc_addr()).await.map_err(|e| e.to_string())?;

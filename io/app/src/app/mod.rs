@@ -47,7 +47,7 @@ use kvpick_ext_proc::{ExtProcMetrics, ExtProcServer};
 use kvpick_grpc::{Health, Readiness, ServeError, ServerHandle};
 use kvpick_kv_events::{IngestError, KvEventIngest, RoleSink, ShardSink};
 use kvpick_router::tokenizer::{TokenizerConfig, TokenizerMetrics, TokenizerProtocol};
-use kvpick_router::{KvPicker, Picker};
+use kvpick_router::{DecodeOnly, KvPicker, Picker};
 
 /// Why kvpick could not start.
 #[derive(Debug, thiserror::Error)]
@@ -136,7 +136,9 @@ impl App {
             health.readiness().set_warming(true);
         }
         let workers = WorkerNames::default();
+        let decode_only = Arc::new(DecodeOnly::default());
         let mut applier = Applier {
+            decode_only: decode_only.clone(),
             producers: producers.clone(),
             prefill: prefill_producers.clone(),
             prefill_batched_tokens: config.disagg.as_ref().map_or(0, |d| d.batched_tokens),
@@ -232,7 +234,7 @@ impl App {
                 (service.clone(), prefill.clone()),
                 clock.clone(),
                 tokenizer,
-                (&config.picker, disagg.decider.clone()),
+                (&config.picker, disagg.decider.clone(), decode_only),
                 ext_proc_metrics.clone(),
             ),
             _ => KvPicker::new(service.clone(), clock.clone(), tokenizer, &config.picker, ext_proc_metrics.clone()),
@@ -469,6 +471,9 @@ struct Applier {
     /// A prefill worker's step size when its spec has none (the prefill
     /// side's saturation test needs one).
     prefill_batched_tokens: u64,
+    /// Decode workers whose every request must be split (SGLang's decode
+    /// mode), for the picker; empty without disaggregation.
+    decode_only: Arc<DecodeOnly>,
     clock: Clock,
     ingest: Arc<KvEventIngest>,
     workers: WorkerNames,
@@ -514,6 +519,9 @@ impl Applier {
                 };
                 let schedulable = spec.lifecycle == Lifecycle::Schedulable;
                 let known = self.workers.get(id).is_some();
+                let decodes_only = self.prefill.is_some() && worker.decodes_only();
+                // Before the worker can be picked.
+                self.decode_only.set(id, decodes_only);
                 match producers.service().upsert_worker(producers, spec, self.clock.now()).await {
                     // Its pod left or regained Ready: index, bookings and
                     // the event subscription are kept.
@@ -528,7 +536,7 @@ impl Applier {
                         }
                         self.workers.insert(id, endpoint);
                         let role = if self.prefill.is_some() { worker.role } else { Role::Both };
-                        tracing::info!(%endpoint, engine = %worker.engine, %role, events = %worker.publisher.endpoint, replay = ?worker.publisher.replay_endpoint, "worker added");
+                        tracing::info!(%endpoint, engine = %worker.engine, %role, decodes_only, events = %worker.publisher.endpoint, replay = ?worker.publisher.replay_endpoint, "worker added");
                     }
                     Err(error) => tracing::error!(%endpoint, %error, "worker not added"),
                 }
@@ -536,6 +544,7 @@ impl Applier {
             WorkerUpdate::Delete(id) => {
                 let endpoint = self.workers.get(id);
                 self.workers.remove(id);
+                self.decode_only.set(id, false);
                 if let Some(picker) = &self.picker {
                     picker.forget_worker(id);
                 }

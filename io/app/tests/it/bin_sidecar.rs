@@ -134,6 +134,19 @@ async fn each_engine_is_split_by_kvpick_and_run_by_the_sidecar_with_both_booking
         let held = chain.prefill.held_transfers().await.unwrap_or(usize::MAX);
         assert_eq!(held, 0, "{kind:?}");
 
+        // A prompt shorter than the threshold is kept whole, except on
+        // SGLang's decode worker, which cannot run it whole: kvpick knows
+        // it from the workers file's role and engine, and splits it.
+        let short = json!({"model": "sim-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        let exchange = gateway
+            .post("/v1/chat/completions", short.to_string().as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("{kind:?}: {e}"));
+        assert_eq!(exchange.status, 200, "{kind:?}: {}", String::from_utf8_lossy(&exchange.body));
+        let split = kind == EngineKind::Sglang;
+        assert_eq!(exchange.prefiller.is_some(), split, "{kind:?}");
+        assert_eq!(exchange.handoff.as_deref(), Some(if split { "disaggregated" } else { "aggregated" }), "{kind:?}");
+
         // The prefill engine dies: kvpick still names it until it learns,
         // the sidecar runs the request whole, and nothing stays booked.
         chain.prefill.shutdown().await;

@@ -309,3 +309,67 @@ async fn a_decode_leg_that_waited_in_the_queue_gets_a_fresh_prefill_leg() {
     drop((first, second, client));
     h.stop().await;
 }
+
+/// A decode worker that cannot run a request whole (SGLang's decode mode):
+/// every prompt picked onto it is split, short ones too; with every
+/// prefill worker saturated the request waits for one instead of going
+/// whole; with none, it is refused with 503 and nothing stays booked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_only_worker_gets_every_prompt_split_or_a_clear_refusal() {
+    // One decode worker, decode only; the prefill worker is saturated as
+    // soon as any prefill is booked on it.
+    let options = Options {
+        workers: 1,
+        max_num_batched_tokens: Some(1_000),
+        prefill_queue_threshold: Some(0.0),
+        ..disaggregated(1)
+    };
+    let h = Harness::start(options).await;
+    h.decode_only.set(kvpick_core::WorkerId(1), true);
+    let mut client = h.client().await;
+
+    // Shorter than the threshold: split all the same.
+    let mut first = Call::open(&mut client).await;
+    let answer = send(&mut first, &chat(&words("short", 2)), &[]).await;
+    assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()), "a short prompt is split");
+    assert_eq!((routes(&h, PdRoute::Disaggregated), routes(&h, PdRoute::ShortUncached)), (1, 0));
+
+    // The prefill worker is saturated: the next request waits for it.
+    let mut second = Call::open(&mut client).await;
+    let body = chat(&words("second", 40));
+    second.send(request_headers("POST", "/v1/chat/completions", &[], false, full_duplex()));
+    second.send(request_body(body.as_bytes(), true));
+    wait_for("the second prefill leg queued", || async {
+        h.prefill.as_ref().expect("disaggregated").service().stats().queued == 1
+    })
+    .await;
+    assert_eq!(routes(&h, PdRoute::PrefillSaturated), 0, "not sent whole");
+    finish_response(&mut first).await;
+    let answer = second.recv().await;
+    assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()), "split once the prefill worker freed");
+    let (echo, end) = streamed(&second.recv().await).expect("body echoed");
+    assert_eq!((echo.as_slice(), end), (body.as_bytes(), true));
+    finish_response(&mut second).await;
+    h.wait_all_freed().await;
+    wait_for("every prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+
+    // No prefill worker left: refused, counted, nothing booked.
+    let prefill = h.prefill.as_ref().expect("disaggregated");
+    prefill.service().delete_worker(prefill, prefill_worker(0)).await.expect("prefill worker removed");
+    let mut third = Call::open(&mut client).await;
+    third.send(request_headers("POST", "/v1/chat/completions", &[], false, full_duplex()));
+    third.send(request_body(chat(&words("third", 40)).as_bytes(), true));
+    let (status, error, _) = immediate(&third.recv().await).expect("refused");
+    assert_eq!(status, 503);
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no prefill worker") && message.contains(&endpoint(0).to_string()), "{error}");
+    assert_eq!(routes(&h, PdRoute::NoPrefillWorker), 1);
+    h.wait_all_freed().await;
+    // A headers-only request (no prompt) is passed through, not refused.
+    let mut listing = Call::open(&mut client).await;
+    listing.send(request_headers("GET", "/v1/models", &[], true, full_duplex()));
+    assert!(destination(&listing.recv().await).is_some(), "a request without a prompt is routed");
+    drop((first, second, third, listing, client));
+    h.wait_all_freed().await;
+    h.stop().await;
+}

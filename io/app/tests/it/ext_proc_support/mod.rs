@@ -25,7 +25,7 @@ use kvpick_proto::ext_proc::{
 };
 use kvpick_proto::protobuf::{Kind, ListValue, Struct, Value};
 use kvpick_router::tokenizer::{TokenizeError, TokenizeFuture, TokenizeRequest, Tokenizer};
-use kvpick_router::{DisaggConfig, KvPicker, NullPicker, Picker, PickerConfig};
+use kvpick_router::{DecodeOnly, DisaggConfig, KvPicker, NullPicker, Picker, PickerConfig};
 use kvpick_runtime::{Clock, Producer, RuntimeChoice, RuntimeConfig, RuntimeKind, ShardedService, ThreadProducers};
 use kvpick_test_support::WordTokenizer;
 use kvpick_test_support::gateway::header_map;
@@ -150,6 +150,8 @@ pub struct Harness {
     max_num_batched_tokens: Option<u64>,
     /// The prefill selector, when disaggregated.
     pub prefill: Option<ThreadProducers>,
+    /// The decode workers that cannot run a request whole, for the picker.
+    pub decode_only: Arc<DecodeOnly>,
 }
 
 impl Harness {
@@ -182,12 +184,13 @@ impl Harness {
         let tokenizer = Arc::new(options.tokenizer);
         let health = Health::start().await;
         let harness_tokenizer: Arc<dyn Tokenizer> = tokenizer.clone();
+        let decode_only = Arc::new(DecodeOnly::default());
         let kv = (!options.null_picker).then(|| match (&prefill_service, &options.disagg) {
             (Some(prefill), Some((_, decider))) => KvPicker::disaggregated(
                 (service.clone(), prefill.clone()),
                 clock.clone(),
                 harness_tokenizer,
-                (&options.picker, decider.clone()),
+                (&options.picker, decider.clone(), decode_only.clone()),
                 metrics.clone(),
             ),
             _ => KvPicker::new(service.clone(), clock.clone(), harness_tokenizer, &options.picker, metrics.clone()),
@@ -217,6 +220,7 @@ impl Harness {
             model: options.model,
             max_num_batched_tokens: options.max_num_batched_tokens,
             prefill,
+            decode_only,
         };
         for i in 0..options.workers {
             harness.add_worker(i).await;
