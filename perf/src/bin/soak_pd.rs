@@ -104,7 +104,15 @@ struct SidecarProcess {
 }
 
 impl SidecarProcess {
-    fn start(kvpick: &Path, decode: SocketAddr, flavour: Flavour, bootstrap: u16, log: &Path) -> Result<Self, String> {
+    /// Waits for its "serving" log line without blocking the runtime the
+    /// simulated engines run on.
+    async fn start(
+        kvpick: &Path,
+        decode: SocketAddr,
+        flavour: Flavour,
+        bootstrap: u16,
+        log: &Path,
+    ) -> Result<Self, String> {
         let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
         let child = Command::new(kvpick)
             .args([
@@ -147,7 +155,7 @@ impl SidecarProcess {
                 let _ = child.wait();
                 return Err(format!("the sidecar did not start; see {}", log.display()));
             }
-            std::thread::sleep(Duration::from_millis(50));
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
@@ -217,7 +225,7 @@ async fn soak(o: &Options, flavour: Flavour, seed: u64) -> Result<Outcome, Strin
             .await
             .map_err(|e| e.to_string())?;
         let log = dir.join(format!("sidecar-{i}.log"));
-        sidecars.push(SidecarProcess::start(&o.kvpick, decode.endpoints().http, flavour, bootstrap, &log)?);
+        sidecars.push(SidecarProcess::start(&o.kvpick, decode.endpoints().http, flavour, bootstrap, &log).await?);
         decodes.push(decode);
     }
     let name = flavour.to_string();
