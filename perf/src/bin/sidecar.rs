@@ -4,16 +4,20 @@
 //! Instant engines (in this process, on loopback) take the engines' time
 //! out of it: a decode engine that streams a vLLM-shaped SSE answer at
 //! once, and a prefill engine that answers NixlConnector's
-//! `kv_transfer_params` at once. Four ways, interleaved request by
+//! `kv_transfer_params` at once. Five ways, interleaved request by
 //! request so the machine's noise falls on all alike:
 //! - `direct`: the client to the decode engine;
+//! - `TCP relay`: through a bare byte relay to the decode engine (tokio's
+//!   `copy_bidirectional`): what one more loopback hop each way costs,
+//!   with no HTTP in it, the least any proxy adds;
 //! - `sidecar, whole`: through the sidecar, no prefiller (one hop more);
 //! - `two legs, direct`: the client runs both legs itself (what a proxy
 //!   must do at the least);
 //! - `sidecar, split`: through the sidecar with `x-prefiller-host-port`.
 //!
 //! Added latency = p50 (and p99) of the sidecar way minus its baseline's,
-//! to the first body byte and to the answer's end.
+//! to the first body byte and to the answer's end; the whole way is also
+//! set against the relay (the sidecar's own share of its hop).
 //!
 //! `cargo run --release -p kvpick-perf --bin kvpick-bench-sidecar [-- --requests N --tokens N]`
 
@@ -126,13 +130,15 @@ fn answer(prefill: bool, tokens: usize, body: &[u8]) -> Response<Answer> {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Way {
     Direct,
+    Relay,
     SidecarWhole,
     TwoLegs,
     SidecarSplit,
 }
 
-const WAYS: [(Way, &str); 4] = [
+const WAYS: [(Way, &str); 5] = [
     (Way::Direct, "direct"),
+    (Way::Relay, "TCP relay"),
     (Way::SidecarWhole, "sidecar, whole"),
     (Way::TwoLegs, "two legs, direct"),
     (Way::SidecarSplit, "sidecar, split"),
@@ -141,6 +147,7 @@ const WAYS: [(Way, &str); 4] = [
 struct Target {
     client: Client<HttpConnector, Full<Bytes>>,
     decode: SocketAddr,
+    relay: SocketAddr,
     prefill: SocketAddr,
     sidecar: SocketAddr,
     body: Bytes,
@@ -159,6 +166,7 @@ async fn once(t: &Target, way: Way) -> (Duration, Duration) {
     };
     let response = match way {
         Way::Direct => post(t.decode, t.body.clone(), None).await,
+        Way::Relay => post(t.relay, t.body.clone(), None).await,
         Way::SidecarWhole => post(t.sidecar, t.body.clone(), None).await,
         Way::SidecarSplit => post(t.sidecar, t.body.clone(), Some(t.prefill)).await,
         Way::TwoLegs => {
@@ -218,6 +226,7 @@ async fn run(args: Args) {
     let target = Target {
         client: Client::builder(TokioExecutor::new()).build_http(),
         decode,
+        relay: tcp_relay(decode).await,
         prefill,
         sidecar: front,
         body: Bytes::from(body.to_string()),
@@ -287,8 +296,10 @@ async fn run(args: Args) {
             cpu_per_request[ours] - cpu_per_request[base]
         )
     };
-    table.note(format!("added by the sidecar, whole (against direct): {}", added(1, 0)));
-    table.note(format!("added by the sidecar, split (against two legs, direct): {}", added(3, 2)));
+    table.note(format!("added by a bare TCP relay (against direct): {}", added(1, 0)));
+    table.note(format!("added by the sidecar, whole (against direct): {}", added(2, 0)));
+    table.note(format!("the sidecar's own share, whole (against the TCP relay): {}", added(2, 1)));
+    table.note(format!("added by the sidecar, split (against two legs, direct): {}", added(4, 3)));
     table.note("target: at most 100 µs added at p50 for a streamed answer");
     table.note(format!("{}; load average {}", cpu(), load_average()));
     println!("{table}");
@@ -297,6 +308,24 @@ async fn run(args: Args) {
         "sidecar counted: {} split, {} whole, {} failed",
         snapshot.disaggregated, snapshot.aggregated, snapshot.failed
     );
+}
+
+/// A byte relay to `to` on this runtime: each accepted connection copied
+/// both ways to a connection of its own (no delay on small writes, as
+/// the sidecar's).
+async fn tcp_relay(to: SocketAddr) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap_or_else(|e| panic!("relay: {e}"));
+    let at = listener.local_addr().unwrap_or_else(|e| panic!("relay: {e}"));
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut engine) = tokio::net::TcpStream::connect(to).await else { return };
+                let _ = (client.set_nodelay(true), engine.set_nodelay(true));
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut engine).await;
+            });
+        }
+    });
+    at
 }
 
 /// The sidecar as it runs in its pod: a runtime of its own (on threads of
