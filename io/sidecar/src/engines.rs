@@ -1,6 +1,7 @@
-//! The client of the engines, both legs: one pooled HTTP/1.1 client
-//! (engines speak HTTP/1.1), a connect timeout, and the prefill leg's
-//! bounded, timed read of a whole answer.
+//! The client of the prefill engines (any address a prefiller names): one
+//! pooled HTTP/1.1 client (engines speak HTTP/1.1), a connect timeout, and
+//! the prefill leg's bounded, timed read of a whole answer. The local
+//! decode engine has a client of its own (`local_engine`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -47,7 +48,7 @@ impl Engines {
     /// Sends a request; the answer's body streams. Dropping the future or
     /// the answer closes that connection, which aborts the request in the
     /// engine (vLLM, SGLang and trtllm-serve all abort on disconnect).
-    pub async fn send(
+    async fn send(
         &self,
         to: SocketAddr,
         method: Method,

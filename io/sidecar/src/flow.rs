@@ -21,6 +21,7 @@ use crate::config::{EngineKind, OnPrefillFailure, SidecarConfig};
 use crate::engines::{Engines, LegError};
 use crate::error::{openai_error, pd_failure};
 use crate::headers::{REQUEST_ID, request_id, strip_for_engine, strip_from_engine};
+use crate::local_engine::LocalEngine;
 use crate::metrics::{Aggregated, Mode, PrefillFailure, SidecarMetrics, Stage};
 use crate::prefiller::Prefiller;
 use crate::protocol::{Body, Route, Unusable, sglang, streamed, trtllm, vllm};
@@ -28,7 +29,10 @@ use crate::protocol::{Body, Route, Unusable, sglang, streamed, trtllm, vllm};
 /// What every request's handling shares.
 pub struct Shared {
     pub config: SidecarConfig,
+    /// The prefill engines (any address a prefiller names).
     pub engines: Engines,
+    /// The local decode engine.
+    pub decode_engine: Arc<LocalEngine>,
     pub metrics: Arc<SidecarMetrics>,
     /// The addresses that are this pod: a prefiller naming one of them is
     /// the decode engine itself.
@@ -52,7 +56,7 @@ async fn passthrough(shared: &Arc<Shared>, request: Request<Incoming>, arrived: 
     let mut headers = parts.headers;
     strip_for_engine(&mut headers);
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    match shared.engines.send(shared.config.decode, parts.method, path, &headers, body.boxed()).await {
+    match shared.decode_engine.send(parts.method, path, &headers, body.boxed()).await {
         Ok(answer) => stream_back(shared, answer, arrived, None, &[]),
         Err(error) => {
             shared.metrics.decode_unreachable();
@@ -65,7 +69,7 @@ async fn passthrough(shared: &Arc<Shared>, request: Request<Incoming>, arrived: 
 /// The engine's answer, streamed back with the hand-off headers.
 fn stream_back(
     shared: &Arc<Shared>,
-    answer: Response<Incoming>,
+    answer: Response<Boxed>,
     arrived: Instant,
     decode_sent: Option<Instant>,
     extra: &[(&'static str, HeaderValue)],
@@ -75,7 +79,7 @@ fn stream_back(
     for (name, value) in extra {
         parts.headers.insert(HeaderName::from_static(name), value.clone());
     }
-    let body = Answer::new(body.boxed(), shared.metrics.clone(), arrived, decode_sent);
+    let body = Answer::new(body, shared.metrics.clone(), arrived, decode_sent);
     Response::from_parts(parts, Boxed::new(body))
 }
 
@@ -201,9 +205,8 @@ impl Split {
         extra: &[(&'static str, HeaderValue)],
     ) -> Response<Boxed> {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let decode = self.shared.config.decode;
         let sent = Instant::now();
-        match self.shared.engines.send(decode, Method::POST, path, &headers, full(bytes)).await {
+        match self.shared.decode_engine.send(Method::POST, path, &headers, full(bytes)).await {
             Ok(answer) if mode == Mode::Disaggregated && !answer.status().is_success() => {
                 // The prefill handed over but the decode engine refused
                 // (a KV pull that failed, say): its error is the answer.
@@ -219,7 +222,7 @@ impl Split {
 
     /// A decode leg's error answer after the prefill leg, passed on as the
     /// engine wrote it, marked failed for the EPP.
-    fn decode_refused(&self, answer: Response<Incoming>, sent: Instant) -> Response<Boxed> {
+    fn decode_refused(&self, answer: Response<Boxed>, sent: Instant) -> Response<Boxed> {
         self.shared.metrics.ran(Mode::Failed);
         let status = answer.status();
         tracing::warn!(%status, decode = %self.shared.config.decode, "the decode engine refused a split request's decode leg");
@@ -387,7 +390,7 @@ impl Split {
                 config.max_prefill_answer_bytes,
                 config.prefill_timeout,
             );
-            let decode = engines.send(config.decode, Method::POST, &parsed.path, &headers, full(bytes));
+            let decode = self.shared.decode_engine.send(Method::POST, &parsed.path, &headers, full(bytes));
             tokio::pin!(prefill, decode);
             let (mut prefilled, mut answer) = (None, None);
             while prefilled.is_none() || answer.is_none() {

@@ -22,6 +22,7 @@ pub mod engines;
 pub mod error;
 pub mod flow;
 pub mod headers;
+pub mod local_engine;
 pub mod metrics;
 pub mod prefiller;
 pub mod protocol;

@@ -16,6 +16,7 @@ use crate::body::full;
 use crate::config::SidecarConfig;
 use crate::engines::Engines;
 use crate::flow::{Shared, handle};
+use crate::local_engine::LocalEngine;
 use crate::metrics::SidecarMetrics;
 
 /// A running sidecar. Dropping it stops both ports and every connection.
@@ -48,8 +49,13 @@ impl Sidecar {
             None => None,
         };
         let local = local_addresses(&config, front_addr);
-        let shared =
-            Arc::new(Shared { engines: Engines::new(config.connect_timeout), config, metrics: metrics.clone(), local });
+        let shared = Arc::new(Shared {
+            engines: Engines::new(config.connect_timeout),
+            decode_engine: LocalEngine::new(config.decode, config.connect_timeout),
+            config,
+            metrics: metrics.clone(),
+            local,
+        });
         tasks.spawn(serve_front(front, shared));
         Ok(Sidecar { front: front_addr, metrics_addr, metrics, tasks })
     }
