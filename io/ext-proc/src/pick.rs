@@ -92,12 +92,14 @@ pub trait Booking: Send + 'static {
     /// The decode sidecar's hand-off header (`x-kvpick-pd`) came with the
     /// response headers: the prefill leg is over, so a split request's
     /// prefill booking can go now rather than at the first token, and if
-    /// the sidecar ran the request whole (`ran` is `Aggregated`) its
-    /// decode worker computes the prompt after all. `streamed`: the answer
-    /// is an event stream, so for a split the headers came as the prefill
-    /// leg ended. Bookings with no prefill leg ignore it.
-    fn prefill_handed_off(&mut self, ran: PdRan, streamed: bool) {
-        let _ = (ran, streamed);
+    /// the sidecar ran the request whole (`ran` is `Aggregated`) and the
+    /// answer is an event stream still to come, its decode worker is
+    /// computing the prompt after all. `timed`: the answer streams from
+    /// the picked endpoint, so for a split the headers came as the prefill
+    /// leg ended and the time since the pick is the prefill worker's.
+    /// Bookings with no prefill leg ignore it.
+    fn prefill_handed_off(&mut self, ran: PdRan, event_stream: bool, timed: bool) {
+        let _ = (ran, event_stream, timed);
     }
 }
 

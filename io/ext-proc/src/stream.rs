@@ -469,7 +469,7 @@ impl<P: Picks> ExtProcStream<P> {
             // The sidecar says the prefill leg is over: its booking goes now.
             self.shared.metrics.record_pd_handoff(ran);
             if let Some(reservation) = self.picked.as_mut().and_then(|p| p.reservation.as_mut()) {
-                reservation.prefill_handed_off(ran, self.response_streamed);
+                reservation.prefill_handed_off(ran, headers.event_stream, self.response_streamed);
             }
             self.booking_trace
                 .event("prefill handed off", Instant::now(), || vec![KeyValue::new("kvpick.pd", ran.label())]);

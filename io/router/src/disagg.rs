@@ -207,17 +207,20 @@ impl<R: Release> Booking for PlanBooking<R> {
     }
 
     /// The decode sidecar's hand-off: the prefill leg is over (or never
-    /// ran), so its booking goes now. Timed when split and streamed: the
-    /// time since the pick is the prefill worker's own time to first
+    /// ran), so its booking goes now. Timed (split, and streamed from the
+    /// pick): the time since the pick is the prefill worker's own time to first
     /// token, without the transfer and the decode worker's first step
     /// that the first chunk would add. Run whole after all (the sidecar
-    /// fell back, or refused the prefiller): the decode worker computes
-    /// the prompt, so its booking counts it again.
-    fn prefill_handed_off(&mut self, ran: PdRan, streamed: bool) {
+    /// fell back, or refused the prefiller) and streamed: the decode
+    /// worker is computing the prompt, so its booking counts it again
+    /// until the first chunk.
+    fn prefill_handed_off(&mut self, ran: PdRan, event_stream: bool, timed: bool) {
         let Some(mut prefill) = self.prefill.take() else { return };
-        prefill.prefill_complete(ran == PdRan::Disaggregated && streamed);
+        prefill.prefill_complete(ran == PdRan::Disaggregated && timed);
         drop(prefill);
-        if ran == PdRan::Aggregated {
+        // A non-streamed answer's headers come with the whole answer: its
+        // prompt is long computed by now.
+        if ran == PdRan::Aggregated && event_stream {
             self.decode.prefill_here();
             self.split = false;
         }
@@ -360,12 +363,12 @@ mod tests {
             let events = Arc::new(Mutex::new(Vec::new()));
             let (decode, prefill) = (Log(events.clone(), "decode"), Log(events.clone(), "prefill"));
             let mut plan = PlanBooking::disaggregated(booked(&decode), booked(&prefill));
-            plan.prefill_handed_off(ran, streamed);
+            plan.prefill_handed_off(ran, streamed, streamed);
             assert!(!plan.holds_prefill());
             assert_eq!(events.lock().unwrap()[1..], [("prefill", event), ("prefill", "free")], "{ran:?}");
             // The first token then times the decode only; nothing is released twice.
             plan.prefill_complete(true);
-            plan.prefill_handed_off(PdRan::Aggregated, true);
+            plan.prefill_handed_off(PdRan::Aggregated, true, true);
             plan.response_finished(8);
             drop(plan);
             assert_eq!(events.lock().unwrap()[3..], [("decode", "decode_observed"), ("decode", "free")], "{ran:?}");
@@ -374,7 +377,7 @@ mod tests {
         for ran in [PdRan::Disaggregated, PdRan::Aggregated, PdRan::Failed] {
             let events = Arc::new(Mutex::new(Vec::new()));
             let mut plan = PlanBooking::aggregated(booked(&Log(events.clone(), "decode")));
-            plan.prefill_handed_off(ran, true);
+            plan.prefill_handed_off(ran, true, true);
             assert!(events.lock().unwrap().is_empty());
             drop(plan);
         }
@@ -385,7 +388,7 @@ mod tests {
         let events = Arc::new(Mutex::new(Vec::new()));
         let (decode, prefill) = (Log(events.clone(), "decode"), Log(events.clone(), "prefill"));
         let mut plan = PlanBooking::disaggregated(booked(&decode), booked(&prefill));
-        plan.prefill_handed_off(PdRan::Aggregated, true);
+        plan.prefill_handed_off(PdRan::Aggregated, true, false);
         assert!(!plan.holds_prefill());
         // The decode worker's first token ends its prefill, with no TTFT
         // sample (the time includes the prefill leg that did not run).
@@ -405,6 +408,14 @@ mod tests {
                 ("decode", "free"),
             ]
         );
+        // Not streamed: the headers come with the whole answer, so there
+        // is nothing left to count.
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let (decode, prefill) = (Log(events.clone(), "decode"), Log(events.clone(), "prefill"));
+        let mut plan = PlanBooking::disaggregated(booked(&decode), booked(&prefill));
+        plan.prefill_handed_off(PdRan::Aggregated, false, false);
+        drop(plan);
+        assert!(!events.lock().unwrap().iter().any(|(_, e)| *e == "prefill_restored"));
     }
 
     #[test]

@@ -169,6 +169,12 @@ struct KvInner {
     /// `None`: affinity off.
     sessions: Option<Mutex<Sessions>>,
     prefix_watch: Mutex<PrefixWatch>,
+    /// Held while a booking is taken and booked anew (a move to the
+    /// served worker, a restored prefill): two at once on one booking
+    /// would each release the other's claim and free it. Both are rare
+    /// (a gateway's fallback, a sidecar's), so one lock for all is enough;
+    /// in either order they end the same way (moved, in prefill).
+    rebooks: tokio::sync::Mutex<()>,
     /// Disaggregated serving: the prefill workers' own picker (its own
     /// selection service), when to use it, and the decode workers that
     /// must use it. `None`: every request is served whole by this
@@ -232,6 +238,7 @@ impl KvPicker {
             metrics,
             sessions: (config.sessions > 0).then(|| Mutex::new(Sessions::new(config.sessions))),
             prefix_watch: Mutex::default(),
+            rebooks: tokio::sync::Mutex::const_new(()),
             prefill,
         }))
     }
@@ -327,9 +334,14 @@ impl KvPicker {
             decoded = &mut decode_leg => (decoded?, prefill_leg.await),
             prefilled = &mut prefill_leg => (decode_leg.await?, prefilled),
         };
-        let (selection, reservation, queued) = decoded;
+        let (selection, mut reservation, queued) = decoded;
         let must_split = decode_only.contains(selection.worker);
-        if queued || (must_split && matches!(prefilled, Err(PdRoute::PrefillSaturated))) {
+        if must_split {
+            // Its worker will not prefill it, whatever comes next (a wait
+            // for a prefill worker, or a refusal): no prefill load there.
+            reservation.prefill_elsewhere();
+        }
+        if queued || (must_split && matches!(prefilled, Err((PdRoute::PrefillSaturated, _)))) {
             // The decode leg waited in its queue: a prefill booking made
             // before is stale (and held capacity meanwhile). Book anew.
             // A decode-only worker's request waits for a prefill worker
@@ -341,13 +353,24 @@ impl KvPicker {
         let route = if must_split {
             match &prefilled {
                 Ok(_) => PdRoute::Disaggregated,
-                Err(why) => {
+                Err((why, error)) => {
                     inner.metrics.record_pd_route(*why);
-                    return Err(self.no_prefill_for(id, &selection));
+                    // The prefill side's queue refused it, as the decode
+                    // side's would (429); otherwise there is no prefill
+                    // worker for it.
+                    return Err(match error {
+                        Some(
+                            error @ (SelectError::QueueFull
+                            | SelectError::QueueTimeout
+                            | SelectError::Overloaded
+                            | SelectError::ShuttingDown),
+                        ) => RequestError::Select(error.clone()),
+                        _ => self.no_prefill_for(id, &selection),
+                    });
                 }
             }
         } else {
-            config.decide(Leg::of(&selection), prefilled.as_ref().map(|(p, _)| Leg::of(p)).map_err(|why| *why))
+            config.decide(Leg::of(&selection), prefilled.as_ref().map(|(p, _)| Leg::of(p)).map_err(|(why, _)| *why))
         };
         inner.metrics.record_pd_route(route);
         trace.phase("select prefill", start, prefilled_at, || {
@@ -405,7 +428,7 @@ impl KvPicker {
         model: Option<String>,
         priority: i32,
         wait: bool,
-    ) -> Result<(kvpick_core::Selection, KvReservation), PdRoute> {
+    ) -> Result<(kvpick_core::Selection, KvReservation), (PdRoute, Option<SelectError>)> {
         let inner = &*self.0;
         let mut reservation = Reservation::new(id, self.clone(), self.service().lease());
         // The gateway's subset names where it may send the request (the
@@ -424,17 +447,22 @@ impl KvPicker {
             }
             Ok(None) => {
                 reservation.disarm();
-                Err(PdRoute::PrefillSaturated)
+                Err((PdRoute::PrefillSaturated, None))
             }
             Err(error) => {
                 reservation.disarm();
                 tracing::debug!(plan = id.0, role = "prefill", %error, "no prefill leg");
-                Err(match error {
+                let route = match error {
                     SelectError::NoWorkers | SelectError::UnknownModel(_) | SelectError::NoEligibleWorkers => {
                         PdRoute::NoPrefillWorker
                     }
+                    // Waited, and the queue refused it.
+                    SelectError::QueueFull | SelectError::QueueTimeout | SelectError::Overloaded => {
+                        PdRoute::PrefillSaturated
+                    }
                     _ => PdRoute::PrefillFailed,
-                })
+                };
+                Err((route, Some(error)))
             }
         }
     }
@@ -647,6 +675,7 @@ impl Release for KvPicker {
         let picker = self.clone();
         runtime.spawn(async move {
             let inner = &*picker.0;
+            let _turn = inner.rebooks.lock().await;
             match picker.service().move_booking(&inner.producers, id, to).await {
                 Ok(moved) => {
                     inner.metrics.record_booking_moved(true);
@@ -672,6 +701,7 @@ impl Release for KvPicker {
         let picker = self.clone();
         runtime.spawn(async move {
             let inner = &*picker.0;
+            let _turn = inner.rebooks.lock().await;
             match picker.service().restore_prefill(&inner.producers, id).await {
                 Ok(()) => {
                     inner.metrics.record_prefill_restored(true);

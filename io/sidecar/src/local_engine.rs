@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -36,6 +36,11 @@ type Connection = http1::Connection<TokioIo<TcpStream>, Boxed>;
 /// requests is no use, and each holds a socket.
 const MAX_IDLE: usize = 256;
 
+/// An idle connection older than this is closed rather than kept: the
+/// engines close theirs sooner (uvicorn after 5 s), and one the engine
+/// closed would otherwise hold its socket until taken again.
+const IDLE_FOR_AT_MOST: Duration = Duration::from_secs(30);
+
 pub struct LocalEngine {
     at: SocketAddr,
     /// `Host` of every request (the engines ignore it; HTTP/1.1 wants one).
@@ -49,6 +54,7 @@ pub struct LocalEngine {
 struct Idle {
     sender: SendRequest<Boxed>,
     connection: Connection,
+    since: Instant,
 }
 
 impl LocalEngine {
@@ -80,7 +86,7 @@ impl LocalEngine {
         *request.headers_mut() = headers.clone();
         request.headers_mut().insert(HOST, self.host.clone());
         loop {
-            let (reused, Idle { mut sender, connection }) = match self.checkout() {
+            let (reused, Idle { mut sender, connection, .. }) = match self.checkout() {
                 Some(idle) => (true, idle),
                 None => (false, self.connect().await?),
             };
@@ -110,28 +116,37 @@ impl LocalEngine {
         // Tokens are small writes: no Nagle delay on them.
         let _ = stream.set_nodelay(true);
         let (sender, connection) = http1::handshake(TokioIo::new(stream)).await.map_err(|e| format!("{at}: {e}"))?;
-        Ok(Idle { sender, connection })
+        Ok(Idle { sender, connection, since: Instant::now() })
     }
 
     /// The most recently used idle connection still open. Each is polled
-    /// once (without a waker to call) so that one the engine closed while
-    /// idle shows it and is dropped.
+    /// once (without a waker to call), outside the lock, so that one the
+    /// engine closed while idle shows it and is dropped.
     fn checkout(&self) -> Option<Idle> {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        while let Some(mut candidate) = idle.pop() {
+        loop {
+            let mut candidate = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop()?;
             let polled = Pin::new(&mut candidate.connection).poll(&mut Context::from_waker(Waker::noop()));
             if polled.is_pending() && candidate.sender.is_ready() {
                 return Some(candidate);
             }
         }
-        None
     }
 
+    /// Keeps `connection` for the next request, and closes those idle for
+    /// too long (the oldest are first).
     fn checkin(&self, connection: Idle) {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        if idle.len() < MAX_IDLE {
-            idle.push(connection);
-        }
+        let now = connection.since;
+        let stale = {
+            let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+            let stale = idle.iter().take_while(|i| now.duration_since(i.since) > IDLE_FOR_AT_MOST).count();
+            let stale: Vec<Idle> = idle.drain(..stale).collect();
+            if idle.len() < MAX_IDLE {
+                idle.push(connection);
+            }
+            stale
+        };
+        // Closed outside the lock.
+        drop(stale);
     }
 
     /// Idle connections now (for tests).
@@ -177,8 +192,11 @@ impl Driven {
     fn give_back(&mut self, cx: &mut Context<'_>) {
         let (Some(mut connection), Some(sender)) = (self.connection.take(), self.sender.take()) else { return };
         // One more turn lets the connection finish the message and go idle.
-        if Pin::new(&mut connection).poll(cx).is_pending() {
-            self.engine.checkin(Idle { sender, connection });
+        // One still busy (the engine answered before reading all of a
+        // streamed request body) is closed, not kept: it would hold the
+        // client's upload until taken again.
+        if Pin::new(&mut connection).poll(cx).is_pending() && sender.is_ready() {
+            self.engine.checkin(Idle { sender, connection, since: Instant::now() });
         }
     }
 }

@@ -100,7 +100,12 @@ async fn the_decode_sidecars_hand_off_header_releases_the_prefill_leg_before_any
 
 /// A streamed answer's response headers with the decode sidecar's `extra`.
 fn sidecar_headers(extra: &[(&str, &str)]) -> kvpick_proto::ext_proc::ProcessingRequest {
-    let mut headers = response_headers("200", "text/event-stream", None, false);
+    sidecar_headers_served(extra, None)
+}
+
+/// The same, with the gateway's served-endpoint metadata.
+fn sidecar_headers_served(extra: &[(&str, &str)], served: Option<&str>) -> kvpick_proto::ext_proc::ProcessingRequest {
+    let mut headers = response_headers("200", "text/event-stream", served, false);
     if let Some(kvpick_proto::ext_proc::processing_request::Request::ResponseHeaders(h)) = headers.request.as_mut() {
         if let Some(map) = h.headers.as_mut() {
             map.headers.extend(kvpick_test_support::gateway::header_map(extra).headers);
@@ -344,6 +349,10 @@ async fn a_decode_only_worker_gets_every_prompt_split_or_a_clear_refusal() {
     })
     .await;
     assert_eq!(routes(&h, PdRoute::PrefillSaturated), 0, "not sent whole");
+    wait_for("no prefill load on the decode worker while it waits", || async {
+        h.loads().await.iter().map(|l| l.prefill_tokens).sum::<u64>() == 0
+    })
+    .await;
     finish_response(&mut first).await;
     let answer = second.recv().await;
     assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()), "split once the prefill worker freed");
@@ -371,5 +380,85 @@ async fn a_decode_only_worker_gets_every_prompt_split_or_a_clear_refusal() {
     assert!(destination(&listing.recv().await).is_some(), "a request without a prompt is routed");
     drop((first, second, third, listing, client));
     h.wait_all_freed().await;
+    h.stop().await;
+}
+
+/// A decode-only worker's request that the prefill side's queue refuses
+/// (it timed out there) gets the queue's 429, as a whole request refused
+/// by the decode side's queue would, and leaves nothing booked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decode_only_request_the_prefill_queue_refuses_gets_429() {
+    let router = RouterConfig { queue_timeout: std::time::Duration::from_millis(200), ..RouterConfig::default() };
+    let options = Options {
+        workers: 1,
+        router,
+        max_num_batched_tokens: Some(1_000),
+        prefill_queue_threshold: Some(0.0),
+        ..disaggregated(1)
+    };
+    let h = Harness::start(options).await;
+    h.decode_only.set(kvpick_core::WorkerId(1), true);
+    let mut client = h.client().await;
+    let mut first = Call::open(&mut client).await;
+    let answer = send(&mut first, &chat(&words("first", 40)), &[]).await;
+    assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()));
+    // The first request holds the only prefill worker past the timeout.
+    let mut second = Call::open(&mut client).await;
+    second.send(request_headers("POST", "/v1/chat/completions", &[], false, full_duplex()));
+    second.send(request_body(chat(&words("second", 40)).as_bytes(), true));
+    let prefill = h.prefill.as_ref().expect("disaggregated");
+    wait_for("the second prefill leg queued", || async { prefill.service().stats().queued == 1 }).await;
+    // Past its timeout, the prefill side's tick (the app runs one every
+    // few milliseconds) refuses it.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    prefill.service().tick(prefill, h.clock.now()).await;
+    let (status, _, headers) = immediate(&second.recv().await).expect("refused");
+    assert_eq!(status, 429);
+    assert!(headers.iter().any(|(k, _)| k == "retry-after"), "{headers:?}");
+    assert_eq!(routes(&h, PdRoute::PrefillSaturated), 1);
+    finish_response(&mut first).await;
+    h.wait_all_freed().await;
+    wait_for("every prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    drop((first, second, client));
+    h.stop().await;
+}
+
+/// The gateway served another decode pod than the pick (a fallback), and
+/// that pod's sidecar ran the split request whole: one set of response
+/// headers both moves the booking and restores its prefill. The two are
+/// taken one after the other, so the booking is neither lost nor doubled,
+/// whichever runs first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_and_a_restored_prefill_from_one_answer_keep_the_booking() {
+    let h = Harness::start(disaggregated(1)).await;
+    let mut client = h.client().await;
+    for round in 0..20 {
+        let mut call = Call::open(&mut client).await;
+        let answer = send(&mut call, &chat(&words(&format!("moved{round}"), 40)), &[]).await;
+        assert!(prefiller(&answer).is_some(), "split");
+        let picked = destination(&answer).expect("a decode pick");
+        let other = (0..3).map(endpoint).find(|e| e.to_string() != picked).expect("another decode worker");
+        let headers = sidecar_headers_served(
+            &[("x-kvpick-pd", "aggregated"), ("x-kvpick-pd-reason", "prefill_connect")],
+            Some(&other.to_string()),
+        );
+        call.send(headers);
+        assert_eq!(kind(&call.recv().await), "response_headers");
+        wait_for("moved and in prefill again", || async {
+            let m = h.metrics.snapshot();
+            m.bookings_moved + m.bookings_not_moved == round + 1
+                && m.prefill_restores[0] + m.prefill_restores[1] == round + 1
+        })
+        .await;
+        let m = h.metrics.snapshot();
+        assert_eq!((m.bookings_moved, m.prefill_restores), (round + 1, [round + 1, 0]), "round {round}");
+        assert_eq!(h.requests_booked().await, 1, "round {round}: the booking lives on");
+        assert!(h.loads().await.iter().map(|l| l.prefill_tokens).sum::<u64>() > 0, "round {round}: in prefill");
+        call.send(response_body(b"data: [DONE]\n\n", true));
+        call.recv().await;
+        h.wait_all_freed().await;
+        drop(call);
+    }
+    drop(client);
     h.stop().await;
 }
