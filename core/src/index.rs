@@ -25,7 +25,7 @@ use rustc_hash::FxBuildHasher;
 
 use crate::event::EngineBlockHash;
 use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
-use crate::slot_set::{Slot, SlotSet};
+use crate::slot_set::{Bitmap, ForWidth, Live, Slot, SlotSet, by_width};
 
 mod eviction;
 mod snapshot;
@@ -430,21 +430,36 @@ impl KvIndex {
         }
     }
 
-    fn holding(&self, seq: SequenceHash, among: &SlotSet) -> SlotSet {
+    fn holding<B: Bitmap>(&self, seq: SequenceHash, among: &Live<B>) -> Live<B> {
         match self.holders.get(&seq) {
             Some(holders) => holders.and(among),
-            None => SlotSet::default(),
+            None => SlotSet::default().and(among),
         }
     }
 
     /// Appends `(slot, n)` for every worker holding the first `n ≥ 1` blocks
     /// of `seq` (and not block `n`). Workers holding nothing are left out.
     pub fn find_matches(&self, seq: &[SequenceHash], out: &mut Vec<(Slot, u32)>) {
+        struct Find<'a> {
+            index: &'a KvIndex,
+            seq: &'a [SequenceHash],
+            out: &'a mut Vec<(Slot, u32)>,
+        }
+        impl ForWidth for Find<'_> {
+            type Out = ();
+            fn run<B: Bitmap>(self, words: usize) {
+                self.index.find_matches_in::<B>(self.seq, words, self.out)
+            }
+        }
+        by_width(self.workers.len(), Find { index: self, seq, out })
+    }
+
+    fn find_matches_in<B: Bitmap>(&self, seq: &[SequenceHash], words: usize, out: &mut Vec<(Slot, u32)>) {
         let Some(first) = seq.first() else { return };
         let Some(holders) = self.holders.get(first) else { return };
-        let mut live = holders.clone();
+        let mut live = Live::<B>::of(holders, words);
         if !self.needs_scan.is_empty() {
-            let suspects = live.and(&self.needs_scan);
+            let suspects = self.needs_scan.and(&live);
             if !suspects.is_empty() {
                 live.subtract(&suspects);
                 for slot in suspects.iter() {
@@ -470,7 +485,7 @@ impl KvIndex {
     }
 
     /// Every slot in `set` holds `seq[lo]` and none holds `seq[hi]`.
-    fn bisect(&self, seq: &[SequenceHash], lo: usize, hi: usize, set: SlotSet, out: &mut Vec<(Slot, u32)>) {
+    fn bisect<B: Bitmap>(&self, seq: &[SequenceHash], lo: usize, hi: usize, set: Live<B>, out: &mut Vec<(Slot, u32)>) {
         if hi - lo == 1 {
             out.extend(set.iter().map(|slot| (slot, lo as u32 + 1)));
             return;
@@ -494,14 +509,7 @@ impl KvIndex {
             // hashbrown: one control byte per bucket; buckets ≈ capacity × 8/7.
             map.capacity() * 8 / 7 * (std::mem::size_of::<(K, V)>() + 1)
         }
-        let spilled: usize = self
-            .holders
-            .values()
-            .map(|set| match set {
-                SlotSet::Inline(_) => 0,
-                SlotSet::Spilled(words) => words.capacity() * 8 + 24,
-            })
-            .sum();
+        let spilled: usize = self.holders.values().map(SlotSet::heap_bytes).sum();
         let workers: usize = self
             .workers
             .iter()

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use kvpick_core::KvIndex;
 use kvpick_core::SequenceHash;
-use kvpick_core::slot_set::{Slot, SlotSet};
+use kvpick_core::slot_set::{Bitmap, ForWidth, Live, Slot, SlotSet, by_width};
 use rustc_hash::FxBuildHasher;
 
 /// A copy of a KV index's holder table (sequence hash → slots holding it,
@@ -15,6 +15,8 @@ use rustc_hash::FxBuildHasher;
 #[derive(Default)]
 pub struct HolderTable {
     holders: HashMap<SequenceHash, SlotSet, FxBuildHasher>,
+    /// One past the highest slot stored: the width of a lookup's sets.
+    slots: usize,
 }
 
 impl HolderTable {
@@ -22,17 +24,31 @@ impl HolderTable {
         for hash in hashes {
             self.holders.entry(hash).or_default().insert(slot);
         }
+        self.slots = self.slots.max(slot as usize + 1);
     }
 
     /// Appends `(slot, depth)` for every slot holding the first block, as
     /// `KvIndex::find_matches` does.
     pub fn find_matches(&self, seq: &[SequenceHash], out: &mut Vec<(Slot, u32)>) {
-        let Some(mut live) = seq.first().and_then(|first| self.holders.get(first)).cloned() else { return };
+        struct Scan<'a> {
+            table: &'a HolderTable,
+            seq: &'a [SequenceHash],
+            out: &'a mut Vec<(Slot, u32)>,
+        }
+        impl ForWidth for Scan<'_> {
+            type Out = ();
+            fn run<B: Bitmap>(self, words: usize) {
+                self.table.scan::<B>(self.seq, words, self.out)
+            }
+        }
+        by_width(self.slots, Scan { table: self, seq, out })
+    }
+
+    fn scan<B: Bitmap>(&self, seq: &[SequenceHash], words: usize, out: &mut Vec<(Slot, u32)>) {
+        let Some(first) = seq.first().and_then(|first| self.holders.get(first)) else { return };
+        let mut live = Live::<B>::of(first, words);
         for (depth, hash) in seq.iter().enumerate().skip(1) {
-            let still = match self.holders.get(hash) {
-                Some(holders) => live.and(holders),
-                None => SlotSet::default(),
-            };
+            let still = self.holders.get(hash).unwrap_or(&SlotSet::default()).and(&live);
             if still != live {
                 let mut dropped = live;
                 dropped.subtract(&still);

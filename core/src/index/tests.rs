@@ -194,6 +194,46 @@ fn many_workers_spill_past_one_word() {
     assert!(index.approx_bytes() > 0);
 }
 
+/// Every lookup width (one word, 4, 16, a vector) and every holder-set
+/// form (bits, a list, spilled) answers as a block-by-block scan does,
+/// holes included.
+#[test]
+fn lookups_agree_with_a_scan_at_every_shard_width() {
+    let mut rng = fastrand::Rng::with_seed(21);
+    for workers in [40, 200, 700, 1_500] {
+        let mut index = KvIndex::default();
+        // A few shared prefixes, each stored by many workers to its own
+        // depth: deep blocks have few holders, shallow ones many.
+        let bases: Vec<Vec<u32>> = (0..4).map(|b| tokens(70, b * 1_000_000)).collect();
+        for slot in 0..workers {
+            if rng.u8(..) >= 120 {
+                continue;
+            }
+            index.add_worker(slot);
+            let toks = &bases[rng.usize(..bases.len())];
+            let depth = rng.usize(1..=70);
+            store(&mut index, slot, None, u64::from(slot) << 16, &toks[..depth * BS as usize]);
+            if depth > 2 && rng.u8(..) < 30 {
+                // A hole: the worker now needs scanning.
+                let hole = u64::from(slot) << 16 | rng.u64(1..depth as u64 - 1);
+                index.remove(slot, &[hole]).unwrap();
+            }
+        }
+        let mut matched = 0;
+        for toks in &bases {
+            let seq = prompt(toks);
+            let mut scan: Vec<(Slot, u32)> = (0..workers)
+                .filter(|&slot| index.holds(slot, seq[0]))
+                .map(|slot| (slot, seq.iter().take_while(|s| index.holds(slot, **s)).count() as u32))
+                .collect();
+            scan.sort();
+            assert_eq!(matches(&index, &seq), scan, "{workers} workers");
+            matched += scan.len();
+        }
+        assert!(matched > workers as usize / 4, "{workers} workers: {matched} matches, too few to tell");
+    }
+}
+
 #[test]
 fn continuations_inherit_their_chains_seed() {
     // vLLM reports a cache salt only with a prompt's first block: later
