@@ -125,6 +125,9 @@ pub struct KvIndex {
     eviction: EvictionQueue,
     /// Evicted (slot, engine hash) pairs, when asked to keep them.
     evicted_log: Option<Vec<(Slot, EngineBlockHash)>>,
+    /// A stored chain's sequence hashes, hashed before it is applied (see
+    /// `store`); kept so storing does not allocate.
+    chain_scratch: Vec<SequenceHash>,
 }
 
 impl KvIndex {
@@ -215,11 +218,32 @@ impl KvIndex {
         };
         let mut parent_engine = parent;
         let mut applied = Applied::default();
+        // Hash the whole chain first, then look every block up in both
+        // tables before changing either: the lookups do not depend on each
+        // other, so their cache misses (a shard's holder table is tens of
+        // MB) overlap instead of each insert waiting for its own. The hashes
+        // assume no block is held yet; the loop below uses them while that
+        // holds and hashes again from the first block it finds held with a
+        // different sequence hash or seed.
+        let chunks = token_ids.chunks_exact(block_size as usize);
+        let mut spec = std::mem::take(&mut self.chain_scratch);
+        spec.clear();
+        spec.extend(chunks.clone().scan(parent_seq, |parent, tokens| {
+            *parent = Some(chain(*parent, local_block_hash(tokens, seed)));
+            *parent
+        }));
+        if block_hashes.len() > 1 {
+            for (engine, seq) in block_hashes.iter().zip(&spec) {
+                std::hint::black_box((worker.blocks.contains_key(engine), self.holders.contains_key(seq)));
+            }
+        }
+        let spec_seed = seed;
+        let mut on_spec = true;
         // One event never stores more than the whole budget: the tables
         // would grow past it before eviction could run. The chain's head is
         // kept (only a prefix can match); the rest counts as evicted.
         let most_new = self.max_entries.unwrap_or(u64::MAX);
-        for (i, (&engine, tokens)) in block_hashes.iter().zip(token_ids.chunks_exact(block_size as usize)).enumerate() {
+        for (i, (&engine, tokens)) in block_hashes.iter().zip(chunks).enumerate() {
             if applied.stored >= most_new && !worker.blocks.contains_key(&engine) {
                 let mut dropped: Vec<EngineBlockHash> =
                     block_hashes[i..].iter().copied().filter(|hash| !worker.blocks.contains_key(hash)).collect();
@@ -237,9 +261,10 @@ impl KvIndex {
                 parent_seq = Some(existing.seq);
                 parent_engine = Some(engine);
                 seed = worker.seeds.get(&engine).copied().unwrap_or_default();
+                on_spec &= existing.seq == spec[i] && seed == spec_seed;
                 continue;
             }
-            let seq = chain(parent_seq, local_block_hash(tokens, seed));
+            let seq = if on_spec { spec[i] } else { chain(parent_seq, local_block_hash(tokens, seed)) };
             let mut children = 0;
             if let Some((adopted, seq_they_chained_from)) = worker.orphaned_children.remove(&engine) {
                 children = adopted;
@@ -264,6 +289,7 @@ impl KvIndex {
             parent_seq = Some(seq);
             parent_engine = Some(engine);
         }
+        self.chain_scratch = spec;
         self.entries += applied.stored;
         self.refresh_scan_flag(slot);
         applied.evicted += self.enforce_budget();
@@ -273,6 +299,19 @@ impl KvIndex {
     pub fn remove(&mut self, slot: Slot, block_hashes: &[EngineBlockHash]) -> Result<Applied, EventError> {
         if !matches!(self.workers.get(slot as usize), Some(Some(_))) {
             return Err(EventError::UnknownWorker);
+        }
+        if let (Some(Some(worker)), true) = (self.workers.get(slot as usize), block_hashes.len() > 1) {
+            // As in `store`: the lookups first, all of them independent, so
+            // their cache misses overlap; the worker's table, then the
+            // holder table at the sequence hashes it gave.
+            for engine in block_hashes {
+                std::hint::black_box(worker.blocks.contains_key(engine));
+            }
+            for engine in block_hashes {
+                if let Some(block) = worker.blocks.get(engine) {
+                    std::hint::black_box(self.holders.contains_key(&block.seq));
+                }
+            }
         }
         let mut applied = Applied::default();
         for &engine in block_hashes {

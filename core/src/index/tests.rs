@@ -234,6 +234,25 @@ fn lookups_agree_with_a_scan_at_every_shard_width() {
     }
 }
 
+/// `store` hashes an event's chain ahead assuming nothing is held; a block
+/// already held under another prefix redirects the rest of the chain.
+#[test]
+fn a_chain_continues_from_a_held_block_it_did_not_expect() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let (a, b) = (tokens(2, 0), tokens(3, 500));
+    store(&mut index, 0, None, 1, &a);
+    // Engine hashes 10, 2, 12: the middle one is `a`'s second block.
+    let hashes = [10, 2, 12];
+    index.store(0, None, &hashes, &b, BS, HashSeed::default()).unwrap();
+    let redirected: Vec<u32> = a.iter().chain(&b[2 * BS as usize..]).copied().collect();
+    let held = prompt(&redirected)[2];
+    assert!(index.holds(0, held), "the third block chains from the held block's own prefix");
+    assert!(!index.holds(0, prompt(&b)[2]), "not from the event's tokens before it");
+    assert!(index.holds(0, prompt(&b)[0]));
+    assert_eq!(index.entries(), 4);
+}
+
 #[test]
 fn continuations_inherit_their_chains_seed() {
     // vLLM reports a cache salt only with a prompt's first block: later
