@@ -90,6 +90,24 @@ impl Entry {
     pub fn new(endpoint: SocketAddr, kv_events: impl Into<String>, replay: Option<String>) -> Entry {
         Entry { endpoint: endpoint.to_string(), kv_events: kv_events.into(), replay, ..Entry::default() }
     }
+
+    /// A worker running `engine` (as the file spells it) at `endpoint`, with
+    /// its ZMQ sockets; an engine whose events are drained over HTTP from
+    /// the endpoint (`trtllm`) gets none, whatever is passed.
+    pub fn for_engine(
+        engine: impl std::fmt::Display,
+        endpoint: SocketAddr,
+        kv_events: impl Into<String>,
+        replay: Option<String>,
+    ) -> Entry {
+        let engine = engine.to_string();
+        let base = if engine.parse().is_ok_and(EngineKind::drains_events) {
+            Entry { endpoint: endpoint.to_string(), ..Entry::default() }
+        } else {
+            Entry::new(endpoint, kv_events, replay)
+        };
+        Entry { engine: Some(engine), ..base }
+    }
 }
 
 /// Writes a workers file (JSON, which is YAML too) atomically: a sibling
@@ -310,6 +328,22 @@ mod tests {
 
     fn defaults() -> Defaults {
         Defaults { block_size: 16, model: Some("m".into()), max_num_batched_tokens: None, total_kv_blocks: None }
+    }
+
+    #[test]
+    fn an_engine_entry_has_sockets_unless_it_is_drained() {
+        let at: SocketAddr = "127.0.0.1:8000".parse().unwrap_or_else(|e| panic!("{e}"));
+        let zmq = |engine| Entry::for_engine(engine, at, "tcp://127.0.0.1:5557", Some("tcp://127.0.0.1:5558".into()));
+        for engine in ["vllm", "sglang", "trtllm-zmq"] {
+            let entry = zmq(engine);
+            assert_eq!((entry.kv_events.as_str(), entry.replay.is_some()), ("tcp://127.0.0.1:5557", true), "{engine}");
+            assert_eq!(entry.engine.as_deref(), Some(engine));
+        }
+        let drained = zmq("trtllm");
+        assert_eq!((drained.kv_events.as_str(), drained.replay.as_deref()), ("", None));
+        let workers = parse(&serde_json::to_string(&[drained]).unwrap_or_default(), &defaults())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(workers.values().all(|w| w.publisher.is_drain()), "drained from its endpoint");
     }
 
     #[test]

@@ -228,15 +228,10 @@ async fn soak(o: &Options, flavour: Flavour, seed: u64) -> Result<Outcome, Strin
         sidecars.push(SidecarProcess::start(&o.kvpick, decode.endpoints().http, flavour, bootstrap, &log).await?);
         decodes.push(decode);
     }
-    let name = flavour.to_string();
     let entry = |endpoint: SocketAddr, e: &Engine, role: &str| {
         let ep = e.endpoints();
-        let base = if flavour == Flavour::Trtllm {
-            Entry { endpoint: endpoint.to_string(), ..Entry::default() }
-        } else {
-            Entry::new(endpoint, ep.events.clone(), Some(ep.replay.clone()))
-        };
-        Entry { engine: Some(name.clone()), role: Some(role.into()), ..base }
+        let base = Entry::for_engine(flavour, endpoint, ep.events.clone(), Some(ep.replay.clone()));
+        Entry { role: Some(role.into()), ..base }
     };
     let mut entries = vec![entry(prefill.endpoints().http, &prefill, "prefill")];
     entries.extend(decodes.iter().zip(&sidecars).map(|(d, s)| entry(s.listen, d, "decode")));

@@ -19,11 +19,8 @@ async fn start(tag: &str, extra: &[&str]) -> (Fleet, TempDir, Kvpick) {
     let fleet = Fleet::start(2, &Flavour::sglang_events(engine_config())).await.unwrap_or_else(|e| panic!("{e}"));
     let dir = TempDir::new(tag);
     let file = dir.path("workers.json");
-    let entries: Vec<Entry> = fleet
-        .endpoints()
-        .into_iter()
-        .map(|e| Entry { engine: Some("sglang".into()), ..Entry::new(e.http, e.events, Some(e.replay)) })
-        .collect();
+    let entries: Vec<Entry> =
+        fleet.endpoints().into_iter().map(|e| Entry::for_engine("sglang", e.http, e.events, Some(e.replay))).collect();
     workers_file::write(&file, &entries).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let kvpick = serve(&file, extra);
     (fleet, dir, kvpick)

@@ -59,15 +59,11 @@ impl Chain {
         .unwrap_or_else(|e| panic!("{e}"));
         let dir = TempDir::new(&format!("sidecar-{}", kind.name()));
         let file = dir.path("workers.json");
+        // A drained engine (TensorRT-LLM) is drained through the sidecar.
         let entry = |endpoint: SocketAddr, e: &Engine, role: &str| {
             let ep = e.endpoints();
-            let base = if flavour == Flavour::Trtllm {
-                // Drained over HTTP from the endpoint (through the sidecar).
-                Entry { endpoint: endpoint.to_string(), ..Entry::default() }
-            } else {
-                Entry::new(endpoint, ep.events.clone(), Some(ep.replay.clone()))
-            };
-            Entry { engine: Some(kind.name().into()), role: Some(role.into()), ..base }
+            let base = Entry::for_engine(kind.name(), endpoint, ep.events.clone(), Some(ep.replay.clone()));
+            Entry { role: Some(role.into()), ..base }
         };
         let entries =
             [entry(prefill.endpoints().http, &prefill, "prefill"), entry(sidecar.local_addr(), &decode, "decode")];

@@ -26,11 +26,7 @@ async fn trtllm_fleet(n: usize, event_buffer_max_size: usize) -> Fleet {
 /// The fleet as a workers file of `engine: trtllm` entries, without
 /// `kv_events`: their drain is found at their endpoint.
 fn write_trtllm_workers(path: &Path, fleet: &Fleet) {
-    let entries: Vec<Entry> = fleet
-        .endpoints()
-        .iter()
-        .map(|e| Entry { endpoint: e.http.to_string(), engine: Some("trtllm".into()), ..Entry::default() })
-        .collect();
+    let entries: Vec<Entry> = fleet.endpoints().iter().map(|e| Entry::for_engine("trtllm", e.http, "", None)).collect();
     workers_file::write(path, &entries).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 

@@ -8,7 +8,9 @@ use crate::ext_proc_support::*;
 use kvpick_core::{CostModel, EngineRates, RouterConfig};
 use kvpick_ext_proc::headers::PREFILLER;
 use kvpick_ext_proc::metrics::{PdRoute, ROUTE_CLASSES};
+use kvpick_proto::ext_proc::external_processor_client::ExternalProcessorClient;
 use kvpick_router::DisaggConfig;
+use tonic::transport::Channel;
 
 /// Splits when 16 tokens (4 blocks) or more are uncached on the decode pick.
 const THRESHOLD: u32 = 16;
@@ -38,6 +40,26 @@ async fn send(call: &mut Call, body: &str, extra: &[(&str, &str)]) -> kvpick_pro
     answer
 }
 
+/// Sends a chat request and does not wait for an answer (it waits in a
+/// queue, or is refused).
+fn send_unanswered(call: &mut Call, body: &str) {
+    call.send(request_headers("POST", "/v1/chat/completions", &[], false, full_duplex()));
+    call.send(request_body(body.as_bytes(), true));
+}
+
+/// A call whose long prompt `name` was split onto the first prefill worker.
+async fn split_call(client: &mut ExternalProcessorClient<Channel>, name: &str) -> Call {
+    let mut call = Call::open(client).await;
+    let answer = send(&mut call, &chat(&words(name, 40)), &[]).await;
+    assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()), "{name} split");
+    call
+}
+
+/// Waits, saying `what`, until no prefill leg is booked.
+async fn prefill_released(h: &Harness, what: &str) {
+    wait_for(what, || async { h.prefill_requests_booked().await == 0 }).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_uncached_prompt_is_split_and_each_leg_released_at_its_moment() {
     let h = Harness::start(disaggregated(2)).await;
@@ -63,7 +85,7 @@ async fn a_long_uncached_prompt_is_split_and_each_leg_released_at_its_moment() {
     assert_eq!(kind(&call.recv().await), "response_headers");
     call.send(response_body(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", false));
     call.recv().await;
-    wait_for("the prefill leg released at the first chunk", || async { h.prefill_requests_booked().await == 0 }).await;
+    prefill_released(&h, "the prefill leg released at the first chunk").await;
     assert_eq!(h.requests_booked().await, 1, "the decode leg lives on");
     call.send(response_body(b"data: [DONE]\n\n", true));
     call.recv().await;
@@ -84,7 +106,7 @@ async fn the_decode_sidecars_hand_off_header_releases_the_prefill_leg_before_any
     // leg is over; no body chunk has come yet.
     call.send(sidecar_headers(&[("x-kvpick-pd", "disaggregated"), ("x-kvpick-prefill-ms", "12.5")]));
     assert_eq!(kind(&call.recv().await), "response_headers");
-    wait_for("the prefill leg released at the hand-off", || async { h.prefill_requests_booked().await == 0 }).await;
+    prefill_released(&h, "the prefill leg released at the hand-off").await;
     assert_eq!(h.requests_booked().await, 1, "the decode leg lives on");
     assert_eq!(h.loads().await.iter().map(|l| l.prefill_tokens).sum::<u64>(), 0, "the decode worker prefills nothing");
     call.send(response_body(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", false));
@@ -130,7 +152,7 @@ async fn a_split_the_sidecar_ran_whole_is_prefill_load_on_the_decode_worker_agai
     wait_for("the decode worker prefills nothing at the commit", || async { decode_prefill().await == 0 }).await;
     call.send(sidecar_headers(&[("x-kvpick-pd", "aggregated"), ("x-kvpick-pd-reason", "prefill_unreachable")]));
     assert_eq!(kind(&call.recv().await), "response_headers");
-    wait_for("the prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    prefill_released(&h, "the prefill leg released").await;
     wait_for("the decode worker prefills the prompt", || async { decode_prefill().await > 0 }).await;
     assert_eq!(h.requests_booked().await, 1, "the decode leg lives on");
     call.send(response_body(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n", false));
@@ -169,7 +191,7 @@ async fn the_decider_keeps_short_or_cached_prompts_whole_on_the_decode_worker() 
     assert_eq!(prefiller(&answer), None, "too little left to prefill to split it");
     finish_response(&mut call).await;
     h.wait_all_freed().await;
-    wait_for("the compensated prefill leg freed", || async { h.prefill_requests_booked().await == 0 }).await;
+    prefill_released(&h, "the compensated prefill leg freed").await;
     assert_eq!(routes(&h, PdRoute::ShortUncached), 2);
     assert_eq!(routes(&h, PdRoute::Disaggregated), 0);
     drop((call, client));
@@ -194,7 +216,7 @@ async fn without_a_prefill_worker_requests_are_served_whole_and_counted() {
     assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()));
     finish_response(&mut call).await;
     h.wait_all_freed().await;
-    wait_for("the prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    prefill_released(&h, "the prefill leg released").await;
     drop((call, client));
     h.stop().await;
 }
@@ -206,9 +228,7 @@ async fn a_saturated_prefill_side_sends_requests_whole_and_queues_no_leg() {
         Options { max_num_batched_tokens: Some(1_000), prefill_queue_threshold: Some(0.0), ..disaggregated(1) };
     let h = Harness::start(options).await;
     let mut client = h.client().await;
-    let mut first = Call::open(&mut client).await;
-    let answer = send(&mut first, &chat(&words("first", 40)), &[]).await;
-    assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()));
+    let mut first = split_call(&mut client, "first").await;
     // The first request's prefill is still booked: the second is not split.
     let mut second = Call::open(&mut client).await;
     let answer = send(&mut second, &chat(&words("second", 40)), &[]).await;
@@ -221,7 +241,7 @@ async fn a_saturated_prefill_side_sends_requests_whole_and_queues_no_leg() {
     finish_response(&mut first).await;
     finish_response(&mut second).await;
     h.wait_all_freed().await;
-    wait_for("every prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    prefill_released(&h, "every prefill leg released").await;
     drop((first, second, client));
     h.stop().await;
 }
@@ -251,7 +271,7 @@ async fn a_failed_decode_leg_leaves_no_prefill_leg_and_a_cancel_frees_both() {
     assert!(prefiller(&answer).is_some());
     drop(call);
     h.wait_all_freed().await;
-    wait_for("the prefill leg freed with the stream", || async { h.prefill_requests_booked().await == 0 }).await;
+    prefill_released(&h, "the prefill leg freed with the stream").await;
     assert_eq!(ROUTE_CLASSES[PdRoute::Disaggregated as usize], ("disaggregated", ""));
     drop(client);
     h.stop().await;
@@ -277,7 +297,7 @@ async fn a_busy_prefill_worker_loses_to_a_decode_worker_predicted_sooner() {
     finish_response(&mut first).await;
     finish_response(&mut second).await;
     h.wait_all_freed().await;
-    wait_for("the prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    prefill_released(&h, "the prefill leg released").await;
     drop((first, second, client));
     h.stop().await;
 }
@@ -310,7 +330,7 @@ async fn a_decode_leg_that_waited_in_the_queue_gets_a_fresh_prefill_leg() {
     assert_eq!(h.prefill_requests_booked().await, 1);
     finish_response(&mut second).await;
     h.wait_all_freed().await;
-    wait_for("the prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    prefill_released(&h, "the prefill leg released").await;
     drop((first, second, client));
     h.stop().await;
 }
@@ -342,8 +362,7 @@ async fn a_decode_only_worker_gets_every_prompt_split_or_a_clear_refusal() {
     // The prefill worker is saturated: the next request waits for it.
     let mut second = Call::open(&mut client).await;
     let body = chat(&words("second", 40));
-    second.send(request_headers("POST", "/v1/chat/completions", &[], false, full_duplex()));
-    second.send(request_body(body.as_bytes(), true));
+    send_unanswered(&mut second, &body);
     wait_for("the second prefill leg queued", || async {
         h.prefill.as_ref().expect("disaggregated").service().stats().queued == 1
     })
@@ -360,14 +379,13 @@ async fn a_decode_only_worker_gets_every_prompt_split_or_a_clear_refusal() {
     assert_eq!((echo.as_slice(), end), (body.as_bytes(), true));
     finish_response(&mut second).await;
     h.wait_all_freed().await;
-    wait_for("every prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    prefill_released(&h, "every prefill leg released").await;
 
     // No prefill worker left: refused, counted, nothing booked.
     let prefill = h.prefill.as_ref().expect("disaggregated");
     prefill.service().delete_worker(prefill, prefill_worker(0)).await.expect("prefill worker removed");
     let mut third = Call::open(&mut client).await;
-    third.send(request_headers("POST", "/v1/chat/completions", &[], false, full_duplex()));
-    third.send(request_body(chat(&words("third", 40)).as_bytes(), true));
+    send_unanswered(&mut third, &chat(&words("third", 40)));
     let (status, error, _) = immediate(&third.recv().await).expect("refused");
     assert_eq!(status, 503);
     let message = error["error"]["message"].as_str().unwrap_or_default();
@@ -399,13 +417,10 @@ async fn a_decode_only_request_the_prefill_queue_refuses_gets_429() {
     let h = Harness::start(options).await;
     h.decode_only.set(kvpick_core::WorkerId(1), true);
     let mut client = h.client().await;
-    let mut first = Call::open(&mut client).await;
-    let answer = send(&mut first, &chat(&words("first", 40)), &[]).await;
-    assert_eq!(prefiller(&answer), Some(prefill_endpoint(0).to_string()));
+    let mut first = split_call(&mut client, "first").await;
     // The first request holds the only prefill worker past the timeout.
     let mut second = Call::open(&mut client).await;
-    second.send(request_headers("POST", "/v1/chat/completions", &[], false, full_duplex()));
-    second.send(request_body(chat(&words("second", 40)).as_bytes(), true));
+    send_unanswered(&mut second, &chat(&words("second", 40)));
     let prefill = h.prefill.as_ref().expect("disaggregated");
     wait_for("the second prefill leg queued", || async { prefill.service().stats().queued == 1 }).await;
     // Past its timeout, the prefill side's tick (the app runs one every
@@ -418,7 +433,7 @@ async fn a_decode_only_request_the_prefill_queue_refuses_gets_429() {
     assert_eq!(routes(&h, PdRoute::PrefillSaturated), 1);
     finish_response(&mut first).await;
     h.wait_all_freed().await;
-    wait_for("every prefill leg released", || async { h.prefill_requests_booked().await == 0 }).await;
+    prefill_released(&h, "every prefill leg released").await;
     drop((first, second, client));
     h.stop().await;
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use kvpick_discovery::ENGINE_LABEL;
 use kvpick_discovery::workers_file::{self, Entry};
-use kvpick_perf::sim::{Engine, Flavour};
+use kvpick_perf::sim::Engine;
 use kvpick_test_support::fake_kube::objects::{pod, pool};
 use kvpick_test_support::fake_kube::{APP, FakeKube, Kind, NS, POOL};
 
@@ -83,12 +83,7 @@ impl Members {
                     .map(|l| {
                         let ep = l.engine.endpoints();
                         let flavour = l.engine.config().flavour;
-                        let entry = match flavour {
-                            // Drained from its HTTP server.
-                            Flavour::Trtllm => Entry::new(ep.http, "", None),
-                            _ => Entry::new(ep.http, ep.events.clone(), Some(ep.replay.clone())),
-                        };
-                        Entry { engine: Some(flavour.to_string()), ..entry }
+                        Entry::for_engine(flavour, ep.http, ep.events.clone(), Some(ep.replay.clone()))
                     })
                     .collect();
                 workers_file::write(path, &entries).map_err(|e| format!("{}: {e}", path.display()))

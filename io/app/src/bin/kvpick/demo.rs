@@ -277,11 +277,7 @@ fn engine_configs(o: &Options, model_dir: Option<&Path>) -> Vec<EngineConfig> {
 /// The workers file entry of an engine: vLLM's or SGLang's ZMQ sockets,
 /// or `trtllm-serve`'s drain at its endpoint.
 fn entry(flavour: Flavour, e: EngineEndpoints) -> Entry {
-    match flavour {
-        Flavour::Vllm => Entry::new(e.http, e.events, Some(e.replay)),
-        Flavour::Sglang => Entry { engine: Some("sglang".into()), ..Entry::new(e.http, e.events, Some(e.replay)) },
-        Flavour::Trtllm => Entry { endpoint: e.http.to_string(), engine: Some("trtllm".into()), ..Entry::default() },
-    }
+    Entry::for_engine(flavour, e.http, e.events, Some(e.replay))
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
