@@ -52,14 +52,33 @@ pub fn max_entries_per_shard(max_bytes: Option<u64>, shards: usize) -> Option<u6
 // one-multiply hasher (FxHash) is enough and cheaper than SipHash or aHash.
 type U64Map<K, V> = HashMap<K, V, FxBuildHasher>;
 
+/// One block a worker holds, under its engine hash. 24 bytes: the per-worker
+/// tables hold one per (block, worker) entry, most of the index's memory.
 #[derive(Clone, Debug)]
 struct StoredBlock {
     seq: SequenceHash,
-    parent: Option<EngineBlockHash>,
+    /// The parent's engine hash, or the block's own for none: no event can
+    /// make a block its own parent (see `WorkerExport::check`), and an
+    /// `Option` would cost 8 bytes more per entry. Read through `parent`.
+    parent_or_own: EngineBlockHash,
     /// Held blocks whose parent is this one.
     children: u32,
     /// Its newest entry in the eviction queue (0 with no budget).
     stamp: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<StoredBlock>() == 24);
+
+impl StoredBlock {
+    fn new(engine: EngineBlockHash, seq: SequenceHash, parent: Option<EngineBlockHash>, stamp: u32) -> Self {
+        debug_assert_ne!(parent, Some(engine), "a block is never its own parent");
+        StoredBlock { seq, parent_or_own: parent.unwrap_or(engine), children: 0, stamp }
+    }
+
+    /// The parent of this block, stored under `engine`.
+    fn parent(&self, engine: EngineBlockHash) -> Option<EngineBlockHash> {
+        (self.parent_or_own != engine).then_some(self.parent_or_own)
+    }
 }
 
 #[derive(Default, Debug)]
@@ -275,7 +294,9 @@ impl KvIndex {
                 parent.children += 1;
             }
             let stamp = if self.max_entries.is_some() { self.eviction.push_back(slot, engine) } else { 0 };
-            worker.blocks.insert(engine, StoredBlock { seq, parent: parent_engine, children, stamp });
+            worker
+                .blocks
+                .insert(engine, StoredBlock { children, ..StoredBlock::new(engine, seq, parent_engine, stamp) });
             if seed != HashSeed::default() {
                 worker.seeds.insert(engine, seed);
             }
@@ -334,7 +355,7 @@ impl KvIndex {
         if worker.seeds.remove(&engine).is_some() {
             shrink_if_sparse(&mut worker.seeds);
         }
-        if let Some(parent) = block.parent {
+        if let Some(parent) = block.parent(engine) {
             match worker.blocks.get_mut(&parent) {
                 Some(held) => {
                     held.children -= 1;

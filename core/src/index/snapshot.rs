@@ -105,7 +105,7 @@ impl KvIndex {
         let worker = self.worker(slot)?;
         let record = |engine: EngineBlockHash, block: &StoredBlock| BlockRecord {
             engine,
-            parent: block.parent,
+            parent: block.parent(engine),
             seq: block.seq,
             seed: worker.seeds.get(&engine).copied(),
         };
@@ -154,9 +154,7 @@ impl KvIndex {
         rebuilt.blocks.reserve(export.blocks.len());
         for block in &export.blocks {
             let stamp = if budget { self.eviction.push_back(slot, block.engine) } else { 0 };
-            rebuilt
-                .blocks
-                .insert(block.engine, StoredBlock { seq: block.seq, parent: block.parent, children: 0, stamp });
+            rebuilt.blocks.insert(block.engine, StoredBlock::new(block.engine, block.seq, block.parent, stamp));
             if let Some(seed) = block.seed.filter(|s| *s != HashSeed::default()) {
                 rebuilt.seeds.insert(block.engine, seed);
             }
