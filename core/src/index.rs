@@ -237,13 +237,14 @@ impl KvIndex {
         };
         let mut parent_engine = parent;
         let mut applied = Applied::default();
-        // Hash the whole chain first, then look every block up in both
-        // tables before changing either: the lookups do not depend on each
-        // other, so their cache misses (a shard's holder table is tens of
-        // MB) overlap instead of each insert waiting for its own. The hashes
-        // assume no block is held yet; the loop below uses them while that
-        // holds and hashes again from the first block it finds held with a
-        // different sequence hash or seed.
+        // Hash the whole chain first: the loop below then carries no hash
+        // from block to block, so consecutive blocks' table misses (a
+        // shard's holder table is tens of MB) overlap; most of the gain
+        // (perf/results/2026-12-04-core-index-v2-steps.md). Looking every
+        // block up before changing anything adds 5-9%. The hashes assume no
+        // block is held yet; the loop uses them while that holds and hashes
+        // again from the first block it finds held under another sequence
+        // hash or seed.
         let chunks = token_ids.chunks_exact(block_size as usize);
         let mut spec = std::mem::take(&mut self.chain_scratch);
         spec.clear();
