@@ -3,11 +3,10 @@
 //!
 //! Every block in a shard's index carries the set of slots holding it, so
 //! that set must be small: most blocks have one or two holders. [`SlotSet`]
-//! is 16 bytes inline whatever the slot numbers: one word of bits while
-//! every holder is below slot 64 (a shard hands out the lowest free slot
-//! first), a sorted list of up to seven slot numbers past that (a shard of
-//! 256 workers stays inline), and a heap bitmap only for an eighth holder
-//! above slot 63.
+//! is 16 bytes inline for any number of holders below slot 64 (one word of
+//! bits; a shard hands out the lowest free slot first) and for up to seven
+//! holders below slot 65,536 (a sorted list: a block of a 256-worker shard
+//! with few holders stays inline). Otherwise it is a heap bitmap.
 //!
 //! A lookup's working set ([`Live`]) is a bitmap as wide as the shard:
 //! copying, intersecting and comparing it never allocates while the shard
@@ -276,7 +275,8 @@ pub fn by_width<F: ForWidth>(slots: usize, work: F) -> F::Out {
 pub struct Live<B>(B);
 
 impl<B: Bitmap> Live<B> {
-    /// Slots of `set` below `words × 64`.
+    /// Slots of `set` that fit the bitmap (`words` words for a vector; an
+    /// array is as wide as its type).
     pub fn of(set: &SlotSet, words: usize) -> Self {
         let mut all = Live(B::zeroed(words));
         all.0.words_mut().fill(u64::MAX);
