@@ -319,10 +319,10 @@ impl KvIndex {
     }
 
     pub fn remove(&mut self, slot: Slot, block_hashes: &[EngineBlockHash]) -> Result<Applied, EventError> {
-        if !matches!(self.workers.get(slot as usize), Some(Some(_))) {
+        let Some(Some(worker)) = self.workers.get(slot as usize) else {
             return Err(EventError::UnknownWorker);
-        }
-        if let (Some(Some(worker)), true) = (self.workers.get(slot as usize), block_hashes.len() > 1) {
+        };
+        if block_hashes.len() > 1 {
             // As in `store`: the lookups first, all of them independent, so
             // their cache misses overlap; the worker's table, then the
             // holder table at the sequence hashes it gave.
