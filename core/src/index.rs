@@ -25,7 +25,7 @@ use rustc_hash::FxBuildHasher;
 
 use crate::event::EngineBlockHash;
 use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
-use crate::slot_set::{Bitmap, ForWidth, Live, Slot, SlotSet, by_width};
+use crate::slot_set::{Bitmap, Live, MatchByWidth, Slot, SlotSet, find_matches_by_width};
 
 mod eviction;
 mod snapshot;
@@ -501,48 +501,7 @@ impl KvIndex {
     /// Appends `(slot, n)` for every worker holding the first `n ≥ 1` blocks
     /// of `seq` (and not block `n`). Workers holding nothing are left out.
     pub fn find_matches(&self, seq: &[SequenceHash], out: &mut Vec<(Slot, u32)>) {
-        struct Find<'a> {
-            index: &'a KvIndex,
-            seq: &'a [SequenceHash],
-            out: &'a mut Vec<(Slot, u32)>,
-        }
-        impl ForWidth for Find<'_> {
-            type Out = ();
-            fn run<B: Bitmap>(self, words: usize) {
-                self.index.find_matches_in::<B>(self.seq, words, self.out)
-            }
-        }
-        by_width(self.workers.len(), Find { index: self, seq, out })
-    }
-
-    fn find_matches_in<B: Bitmap>(&self, seq: &[SequenceHash], words: usize, out: &mut Vec<(Slot, u32)>) {
-        let Some(first) = seq.first() else { return };
-        let Some(holders) = self.holders.get(first) else { return };
-        let mut live = Live::<B>::of(holders, words);
-        if !self.needs_scan.is_empty() {
-            let suspects = self.needs_scan.and(&live);
-            if !suspects.is_empty() {
-                live.subtract(&suspects);
-                for slot in suspects.iter() {
-                    let depth = 1 + seq[1..].iter().take_while(|s| self.holds(slot, **s)).count();
-                    out.push((slot, depth as u32));
-                }
-            }
-        }
-        let last = seq.len() - 1;
-        let mut lo = 0;
-        while lo < last && !live.is_empty() {
-            let hi = (lo + JUMP).min(last);
-            let still = self.holding(seq[hi], &live);
-            if still != live {
-                let mut dropped = live;
-                dropped.subtract(&still);
-                self.bisect(seq, lo, hi, dropped, out);
-                live = still;
-            }
-            lo = hi;
-        }
-        out.extend(live.iter().map(|slot| (slot, lo as u32 + 1)));
+        find_matches_by_width(self, self.workers.len(), seq, out)
     }
 
     /// Every slot in `set` holds `seq[lo]` and none holds `seq[hi]`.
@@ -578,6 +537,38 @@ impl KvIndex {
             .map(|w| table(&w.blocks) + table(&w.dup_refs) + table(&w.orphaned_children) + table(&w.seeds))
             .sum();
         table(&self.holders) + spilled + workers + self.eviction.capacity_bytes()
+    }
+}
+
+impl MatchByWidth for KvIndex {
+    fn find_matches_in<B: Bitmap>(&self, seq: &[SequenceHash], words: usize, out: &mut Vec<(Slot, u32)>) {
+        let Some(first) = seq.first() else { return };
+        let Some(holders) = self.holders.get(first) else { return };
+        let mut live = Live::<B>::of(holders, words);
+        if !self.needs_scan.is_empty() {
+            let suspects = self.needs_scan.and(&live);
+            if !suspects.is_empty() {
+                live.subtract(&suspects);
+                for slot in suspects.iter() {
+                    let depth = 1 + seq[1..].iter().take_while(|s| self.holds(slot, **s)).count();
+                    out.push((slot, depth as u32));
+                }
+            }
+        }
+        let last = seq.len() - 1;
+        let mut lo = 0;
+        while lo < last && !live.is_empty() {
+            let hi = (lo + JUMP).min(last);
+            let still = self.holding(seq[hi], &live);
+            if still != live {
+                let mut dropped = live;
+                dropped.subtract(&still);
+                self.bisect(seq, lo, hi, dropped, out);
+                live = still;
+            }
+            lo = hi;
+        }
+        out.extend(live.iter().map(|slot| (slot, lo as u32 + 1)));
     }
 }
 

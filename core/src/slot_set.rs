@@ -12,6 +12,8 @@
 //! copying, intersecting and comparing it never allocates while the shard
 //! has at most 1,024 slots (the index picks the width per lookup).
 
+use crate::hashing::SequenceHash;
+
 /// Index of a worker inside one shard; dense, reused after a worker leaves.
 pub type Slot = u32;
 
@@ -252,21 +254,28 @@ impl Bitmap for Vec<u64> {
     }
 }
 
-/// Work done on [`Live`] sets of one width, chosen by [`by_width`].
-pub trait ForWidth {
-    type Out;
-    fn run<B: Bitmap>(self, words: usize) -> Self::Out;
+/// A prefix matcher that can work on [`Live`] sets of any width; which one
+/// is [`find_matches_by_width`]'s choice.
+pub trait MatchByWidth {
+    /// Appends `(slot, n)` for every slot holding the first `n ≥ 1` blocks
+    /// of `seq`, following slots in sets of type `B` (`words` words wide).
+    fn find_matches_in<B: Bitmap>(&self, seq: &[SequenceHash], words: usize, out: &mut Vec<(Slot, u32)>);
 }
 
-/// Runs `work` with sets wide enough for `slots` slots: on the stack up to
-/// 1,024 of them, and the narrowest such width, so the usual shard
+/// Runs `matcher` with sets wide enough for `slots` slots: on the stack up
+/// to 1,024 of them, and the narrowest such width, so the usual shard
 /// (≤ 64 workers) works on one word.
-pub fn by_width<F: ForWidth>(slots: usize, work: F) -> F::Out {
+pub fn find_matches_by_width<M: MatchByWidth>(
+    matcher: &M,
+    slots: usize,
+    seq: &[SequenceHash],
+    out: &mut Vec<(Slot, u32)>,
+) {
     match slots.div_ceil(64) {
-        0 | 1 => work.run::<[u64; 1]>(1),
-        2..=4 => work.run::<[u64; 4]>(4),
-        5..=16 => work.run::<[u64; 16]>(16),
-        words => work.run::<Vec<u64>>(words),
+        0 | 1 => matcher.find_matches_in::<[u64; 1]>(seq, 1, out),
+        2..=4 => matcher.find_matches_in::<[u64; 4]>(seq, 4, out),
+        5..=16 => matcher.find_matches_in::<[u64; 16]>(seq, 16, out),
+        words => matcher.find_matches_in::<Vec<u64>>(seq, words, out),
     }
 }
 

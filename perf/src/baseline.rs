@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use kvpick_core::KvIndex;
 use kvpick_core::SequenceHash;
-use kvpick_core::slot_set::{Bitmap, ForWidth, Live, Slot, SlotSet, by_width};
+use kvpick_core::slot_set::{Bitmap, Live, MatchByWidth, Slot, SlotSet, find_matches_by_width};
 use rustc_hash::FxBuildHasher;
 
 /// A copy of a KV index's holder table (sequence hash → slots holding it,
@@ -30,21 +30,12 @@ impl HolderTable {
     /// Appends `(slot, depth)` for every slot holding the first block, as
     /// `KvIndex::find_matches` does.
     pub fn find_matches(&self, seq: &[SequenceHash], out: &mut Vec<(Slot, u32)>) {
-        struct Scan<'a> {
-            table: &'a HolderTable,
-            seq: &'a [SequenceHash],
-            out: &'a mut Vec<(Slot, u32)>,
-        }
-        impl ForWidth for Scan<'_> {
-            type Out = ();
-            fn run<B: Bitmap>(self, words: usize) {
-                self.table.scan::<B>(self.seq, words, self.out)
-            }
-        }
-        by_width(self.slots, Scan { table: self, seq, out })
+        find_matches_by_width(self, self.slots, seq, out)
     }
+}
 
-    fn scan<B: Bitmap>(&self, seq: &[SequenceHash], words: usize, out: &mut Vec<(Slot, u32)>) {
+impl MatchByWidth for HolderTable {
+    fn find_matches_in<B: Bitmap>(&self, seq: &[SequenceHash], words: usize, out: &mut Vec<(Slot, u32)>) {
         let Some(first) = seq.first().and_then(|first| self.holders.get(first)) else { return };
         let mut live = Live::<B>::of(first, words);
         for (depth, hash) in seq.iter().enumerate().skip(1) {
