@@ -28,11 +28,9 @@ use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
 use crate::slot_set::{Bitmap, Live, MatchByWidth, Slot, SlotSet, find_matches_by_width};
 
 mod eviction;
-mod holder_map;
 mod snapshot;
 
 use eviction::EvictionQueue;
-use holder_map::HolderMap;
 pub use snapshot::{BlockRecord, ImportError, OrphanRecord, WorkerExport};
 
 /// Probe distance of the jump search. 32 keeps a 512-block prompt at 16
@@ -136,7 +134,7 @@ pub struct Applied {
 
 #[derive(Default, Debug)]
 pub struct KvIndex {
-    holders: HolderMap,
+    holders: U64Map<SequenceHash, SlotSet>,
     workers: Vec<Option<WorkerBlocks>>,
     /// Slots whose blocks must be scanned one by one (see module docs).
     needs_scan: SlotSet,
@@ -193,7 +191,7 @@ impl KvIndex {
     }
 
     pub fn holds(&self, slot: Slot, seq: SequenceHash) -> bool {
-        self.holders.get(seq).is_some_and(|set| set.contains(slot))
+        self.holders.get(&seq).is_some_and(|set| set.contains(slot))
     }
 
     /// Blocks held by one worker.
@@ -256,8 +254,7 @@ impl KvIndex {
         }));
         if block_hashes.len() > 1 {
             for (engine, seq) in block_hashes.iter().zip(&spec) {
-                std::hint::black_box(worker.blocks.contains_key(engine));
-                self.holders.prefetch(*seq);
+                std::hint::black_box((worker.blocks.contains_key(engine), self.holders.contains_key(seq)));
             }
         }
         let spec_seed = seed;
@@ -304,8 +301,11 @@ impl KvIndex {
             if seed != HashSeed::default() {
                 worker.seeds.insert(engine, seed);
             }
-            if !self.holders.add(seq, slot) {
+            let holders = self.holders.entry(seq).or_default();
+            if holders.contains(slot) {
                 *worker.dup_refs.entry(seq).or_default() += 1;
+            } else {
+                holders.insert(slot);
             }
             applied.stored += 1;
             parent_seq = Some(seq);
@@ -331,7 +331,7 @@ impl KvIndex {
             }
             for engine in block_hashes {
                 if let Some(block) = worker.blocks.get(engine) {
-                    self.holders.prefetch(block.seq);
+                    std::hint::black_box(self.holders.contains_key(&block.seq));
                 }
             }
         }
@@ -387,9 +387,7 @@ impl KvIndex {
                     worker.dup_refs.remove(&block.seq);
                 }
             }
-            None => {
-                self.holders.remove(block.seq, slot);
-            }
+            None => release_holder(&mut self.holders, block.seq, slot),
         }
         self.entries -= 1;
         true
@@ -477,7 +475,7 @@ impl KvIndex {
         };
         let old = std::mem::take(worker);
         for block in old.blocks.values() {
-            self.holders.remove(block.seq, slot);
+            release_holder(&mut self.holders, block.seq, slot);
         }
         let removed = old.blocks.len() as u64;
         self.entries -= removed;
@@ -494,7 +492,7 @@ impl KvIndex {
     }
 
     fn holding<B: Bitmap>(&self, seq: SequenceHash, among: &Live<B>) -> Live<B> {
-        match self.holders.get(seq) {
+        match self.holders.get(&seq) {
             Some(holders) => holders.and(among),
             None => SlotSet::default().and(among),
         }
@@ -531,20 +529,21 @@ impl KvIndex {
             // hashbrown: one control byte per bucket; buckets ≈ capacity × 8/7.
             map.capacity() * 8 / 7 * (std::mem::size_of::<(K, V)>() + 1)
         }
+        let spilled: usize = self.holders.values().map(SlotSet::heap_bytes).sum();
         let workers: usize = self
             .workers
             .iter()
             .flatten()
             .map(|w| table(&w.blocks) + table(&w.dup_refs) + table(&w.orphaned_children) + table(&w.seeds))
             .sum();
-        self.holders.bytes() + workers + self.eviction.capacity_bytes()
+        table(&self.holders) + spilled + workers + self.eviction.capacity_bytes()
     }
 }
 
 impl MatchByWidth for KvIndex {
     fn find_matches_in<B: Bitmap>(&self, seq: &[SequenceHash], words: usize, out: &mut Vec<(Slot, u32)>) {
         let Some(first) = seq.first() else { return };
-        let Some(holders) = self.holders.get(*first) else { return };
+        let Some(holders) = self.holders.get(first) else { return };
         let mut live = Live::<B>::of(holders, words);
         if !self.needs_scan.is_empty() {
             let suspects = self.needs_scan.and(&live);
@@ -557,11 +556,6 @@ impl MatchByWidth for KvIndex {
             }
         }
         let last = seq.len() - 1;
-        // Ask for every jump point's bucket before reading any: their cache
-        // misses overlap instead of queueing (the cold-probe row).
-        for hi in (JUMP..last).step_by(JUMP).chain([last]) {
-            self.holders.prefetch(seq[hi]);
-        }
         let mut lo = 0;
         while lo < last && !live.is_empty() {
             let hi = (lo + JUMP).min(last);
@@ -575,6 +569,16 @@ impl MatchByWidth for KvIndex {
             lo = hi;
         }
         out.extend(live.iter().map(|slot| (slot, lo as u32 + 1)));
+    }
+}
+
+fn release_holder(holders: &mut U64Map<SequenceHash, SlotSet>, seq: SequenceHash, slot: Slot) {
+    if let Some(set) = holders.get_mut(&seq) {
+        set.remove(slot);
+        if set.is_empty() {
+            holders.remove(&seq);
+            shrink_if_sparse(holders);
+        }
     }
 }
 

@@ -158,8 +158,11 @@ impl KvIndex {
             if let Some(seed) = block.seed.filter(|s| *s != HashSeed::default()) {
                 rebuilt.seeds.insert(block.engine, seed);
             }
-            if !self.holders.add(block.seq, slot) {
+            let holders = self.holders.entry(block.seq).or_default();
+            if holders.contains(slot) {
                 *rebuilt.dup_refs.entry(block.seq).or_default() += 1;
+            } else {
+                holders.insert(slot);
             }
         }
         // Children counts and orphans, from the parent links alone.
