@@ -316,6 +316,9 @@ pub fn memory_latency_ns(bytes: usize, loads: usize, seed: u64) -> f64 {
     elapsed.as_nanos() as f64 / loads.max(1) as f64
 }
 
+/// Longer than mimalloc v3's default purge delay (1,000 ms; v2's is 10 ms).
+const PURGE_WAIT: Duration = Duration::from_millis(1_200);
+
 /// The process's resident memory, from `/proc/self/status` (Linux only).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Memory {
@@ -334,6 +337,17 @@ impl Memory {
         // time from any thread; `force` also collects abandoned pages.
         unsafe { libmimalloc_sys::mi_collect(true) };
         Memory::now()
+    }
+
+    /// [`Memory::settled`] once mimalloc may purge what was freed just
+    /// now: it keeps freed pages resident for `purge_delay` (1 s by default
+    /// in mimalloc v3) before `mi_collect` returns them. A table's resize
+    /// frees the old table; a long-running process gives it back a second
+    /// later, so steady-state resident memory is this reading, not `now`'s.
+    pub fn purged() -> Option<Memory> {
+        Memory::settled();
+        std::thread::sleep(PURGE_WAIT);
+        Memory::settled()
     }
 
     /// `None` where `/proc` is missing or unreadable.
