@@ -111,16 +111,12 @@ impl SlotSet {
                     *self = SlotSet::Few { len: len as u8, slots };
                 }
                 _ => {
-                    let mut words = vec![0; word + 1];
-                    for held in self.iter() {
-                        let held = held as usize;
-                        if words.len() <= held / 64 {
-                            words.resize(held / 64 + 1, 0);
-                        }
-                        words[held / 64] |= 1 << (held % 64);
+                    // Spill: the bitmap arm above sets every slot.
+                    let mut spilled = SlotSet::Spilled(Box::new(vec![0; word + 1]));
+                    for held in self.iter().chain(std::iter::once(slot)) {
+                        spilled.insert(held);
                     }
-                    words[word] |= 1 << bit;
-                    *self = SlotSet::Spilled(Box::new(words));
+                    *self = spilled;
                 }
             },
         }
