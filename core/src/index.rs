@@ -8,7 +8,8 @@
 //! closed under "parent of" (every held block's parent is held too),
 //! holding block `i` of a prompt implies holding blocks `0..i`, so its
 //! overlap is found by probing every `JUMP`-th block and bisecting where a
-//! worker drops out: about `n / JUMP + log2(JUMP)` probes instead of `n`.
+//! worker drops out: about `n / JUMP + log2(JUMP)` probes instead of `n`,
+//! issued in rounds so their cache misses overlap (see `search`).
 //! A worker whose engine evicted a block while keeping a child ("holes")
 //! is tracked exactly (count of orphaned blocks) and scanned block by block
 //! until the hole is gone, so results never depend on the shortcut.
@@ -25,9 +26,10 @@ use rustc_hash::FxBuildHasher;
 
 use crate::event::EngineBlockHash;
 use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
-use crate::slot_set::{Bitmap, Live, MatchByWidth, Slot, SlotSet, find_matches_by_width};
+use crate::slot_set::{Slot, SlotSet, find_matches_by_width};
 
 mod eviction;
+mod search;
 mod snapshot;
 
 use eviction::EvictionQueue;
@@ -491,35 +493,10 @@ impl KvIndex {
         }
     }
 
-    fn holding<B: Bitmap>(&self, seq: SequenceHash, among: &Live<B>) -> Live<B> {
-        match self.holders.get(&seq) {
-            Some(holders) => holders.and(among),
-            None => SlotSet::default().and(among),
-        }
-    }
-
     /// Appends `(slot, n)` for every worker holding the first `n ≥ 1` blocks
     /// of `seq` (and not block `n`). Workers holding nothing are left out.
     pub fn find_matches(&self, seq: &[SequenceHash], out: &mut Vec<(Slot, u32)>) {
         find_matches_by_width(self, self.workers.len(), seq, out)
-    }
-
-    /// Every slot in `set` holds `seq[lo]` and none holds `seq[hi]`.
-    fn bisect<B: Bitmap>(&self, seq: &[SequenceHash], lo: usize, hi: usize, set: Live<B>, out: &mut Vec<(Slot, u32)>) {
-        if hi - lo == 1 {
-            out.extend(set.iter().map(|slot| (slot, lo as u32 + 1)));
-            return;
-        }
-        let mid = lo + (hi - lo) / 2;
-        let deeper = self.holding(seq[mid], &set);
-        let mut shallower = set;
-        shallower.subtract(&deeper);
-        if !deeper.is_empty() {
-            self.bisect(seq, mid, hi, deeper, out);
-        }
-        if !shallower.is_empty() {
-            self.bisect(seq, lo, mid, shallower, out);
-        }
     }
 
     /// Heap bytes of the index's tables (capacity, not length: what the
@@ -537,38 +514,6 @@ impl KvIndex {
             .map(|w| table(&w.blocks) + table(&w.dup_refs) + table(&w.orphaned_children) + table(&w.seeds))
             .sum();
         table(&self.holders) + spilled + workers + self.eviction.capacity_bytes()
-    }
-}
-
-impl MatchByWidth for KvIndex {
-    fn find_matches_in<B: Bitmap>(&self, seq: &[SequenceHash], words: usize, out: &mut Vec<(Slot, u32)>) {
-        let Some(first) = seq.first() else { return };
-        let Some(holders) = self.holders.get(first) else { return };
-        let mut live = Live::<B>::of(holders, words);
-        if !self.needs_scan.is_empty() {
-            let suspects = self.needs_scan.and(&live);
-            if !suspects.is_empty() {
-                live.subtract(&suspects);
-                for slot in suspects.iter() {
-                    let depth = 1 + seq[1..].iter().take_while(|s| self.holds(slot, **s)).count();
-                    out.push((slot, depth as u32));
-                }
-            }
-        }
-        let last = seq.len() - 1;
-        let mut lo = 0;
-        while lo < last && !live.is_empty() {
-            let hi = (lo + JUMP).min(last);
-            let still = self.holding(seq[hi], &live);
-            if still != live {
-                let mut dropped = live;
-                dropped.subtract(&still);
-                self.bisect(seq, lo, hi, dropped, out);
-                live = still;
-            }
-            lo = hi;
-        }
-        out.extend(live.iter().map(|slot| (slot, lo as u32 + 1)));
     }
 }
 

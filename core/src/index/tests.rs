@@ -234,6 +234,34 @@ fn lookups_agree_with_a_scan_at_every_shard_width() {
     }
 }
 
+/// The search bisects a level of dropped groups at a time, at most 64 per
+/// round; a level with more bisects the rest depth-first. Both must give
+/// the same answer as a scan.
+#[test]
+fn a_level_with_more_dropped_groups_than_a_round_agrees_with_a_scan() {
+    let mut rng = fastrand::Rng::with_seed(64);
+    let blocks = 32 * JUMP;
+    let toks = tokens(blocks, 0);
+    let seq = prompt(&toks);
+    for workers in [100, 300] {
+        let mut index = KvIndex::default();
+        let mut depths = Vec::new();
+        for slot in 0..workers {
+            index.add_worker(slot);
+            let depth = rng.usize(1..=blocks);
+            store(&mut index, slot, None, u64::from(slot) << 16, &toks[..depth * BS as usize]);
+            depths.push((slot, depth as u32));
+        }
+        // Groups on the third level: one per 4-block stretch a worker
+        // drops out in (fewer than all slots reach the end).
+        let third_level: std::collections::BTreeSet<u32> =
+            depths.iter().filter(|&&(_, d)| d < blocks as u32).map(|&(_, d)| (d - 1) / 4).collect();
+        assert!(third_level.len() > 64, "{workers} workers: {} groups, the round never overflows", third_level.len());
+        depths.sort();
+        assert_eq!(matches(&index, &seq), depths, "{workers} workers");
+    }
+}
+
 /// `store` hashes an event's chain ahead assuming nothing is held; a block
 /// already held under another prefix redirects the rest of the chain.
 #[test]
