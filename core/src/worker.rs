@@ -55,15 +55,27 @@ impl WorkerSpec {
 
 /// The candidates a caller allows (the gateway's subset hint, a conformance
 /// test's header): each entry an `ip:port` or a bare `ip` matching any port.
+/// Endpoints can also be denied, e.g. the decode workers that cannot run a
+/// request whole when it cannot be split (`EndpointFilter::any` allows
+/// every endpoint but those).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EndpointFilter {
     addrs: Vec<SocketAddr>,
     ips: Vec<IpAddr>,
+    /// Every endpoint is allowed, not only those listed.
+    any: bool,
+    denied: Vec<SocketAddr>,
 }
 
 impl EndpointFilter {
+    /// Allows nothing until told what.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Allows every endpoint not denied.
+    pub fn any() -> Self {
+        EndpointFilter { any: true, ..Self::default() }
     }
 
     pub fn allow_addr(&mut self, addr: SocketAddr) -> &mut Self {
@@ -76,11 +88,40 @@ impl EndpointFilter {
         self
     }
 
+    /// Refuses `addr` even if it is allowed otherwise.
+    pub fn deny_addr(&mut self, addr: SocketAddr) -> &mut Self {
+        self.denied.push(addr);
+        self
+    }
+
+    /// Nothing is allowed: no endpoint is listed (denials aside).
     pub fn is_empty(&self) -> bool {
-        self.addrs.is_empty() && self.ips.is_empty()
+        !self.any && self.addrs.is_empty() && self.ips.is_empty()
     }
 
     pub fn allows(&self, endpoint: &SocketAddr) -> bool {
-        self.addrs.contains(endpoint) || self.ips.contains(&endpoint.ip())
+        (self.any || self.addrs.contains(endpoint) || self.ips.contains(&endpoint.ip()))
+            && !self.denied.contains(endpoint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_denied_endpoint_is_refused_whatever_allows_it() {
+        let (a, b): (SocketAddr, SocketAddr) = ("10.0.0.1:8000".parse().unwrap(), "10.0.0.1:8001".parse().unwrap());
+        let mut by_ip = EndpointFilter::new();
+        by_ip.allow_ip(a.ip());
+        assert!(by_ip.allows(&a) && by_ip.allows(&b));
+        by_ip.deny_addr(b);
+        assert!(by_ip.allows(&a) && !by_ip.allows(&b));
+        let mut any = EndpointFilter::any();
+        assert!(!any.is_empty() && any.allows(&a) && any.allows(&b));
+        any.deny_addr(a);
+        assert!(!any.allows(&a) && any.allows(&b));
+        let nothing = EndpointFilter::new();
+        assert!(nothing.is_empty() && !nothing.allows(&a));
     }
 }

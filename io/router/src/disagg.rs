@@ -23,12 +23,12 @@
 //! failed, or it refused the prefiller), the decode booking counts the
 //! prompt as prefill again from that header to the first token.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{PoisonError, RwLock};
 
-use kvpick_core::WorkerId;
+use kvpick_core::{EndpointFilter, WorkerId};
 use kvpick_ext_proc::Booking;
 use kvpick_ext_proc::headers::PdRan;
 use kvpick_ext_proc::metrics::PdRoute;
@@ -107,27 +107,28 @@ impl DisaggConfig {
 /// (`--disaggregation-mode decode`) refuses any request without a
 /// bootstrap room, so a request picked onto one is split whatever the
 /// decider would say, waits for a prefill worker if every one is
-/// saturated, and fails with 503 when there is none. Kept by whoever
+/// saturated, and fails with 503 when there is none. When no split is
+/// possible at all, picks leave them out (`deny_in`). Kept by whoever
 /// applies discovery's updates; read by every pick (uncontended reads:
 /// it changes only when such a worker comes or goes).
 #[derive(Debug, Default)]
 pub struct DecodeOnly {
-    workers: RwLock<HashSet<WorkerId>>,
+    /// Each decode-only worker's endpoint.
+    workers: RwLock<HashMap<WorkerId, SocketAddr>>,
     /// Set while `workers` is not empty: a fleet without such workers
     /// never takes the lock.
     any: AtomicBool,
 }
 
 impl DecodeOnly {
-    /// Marks `worker` as decode only (`true`) or able to run a request
-    /// whole (`false`).
-    pub fn set(&self, worker: WorkerId, decode_only: bool) {
+    /// Marks `worker` as decode only, reachable at `endpoint` (`Some`), or
+    /// as able to run a request whole (`None`).
+    pub fn set(&self, worker: WorkerId, decode_only_at: Option<SocketAddr>) {
         let mut workers = self.workers.write().unwrap_or_else(PoisonError::into_inner);
-        if decode_only {
-            workers.insert(worker);
-        } else {
-            workers.remove(&worker);
-        }
+        match decode_only_at {
+            Some(endpoint) => workers.insert(worker, endpoint),
+            None => workers.remove(&worker),
+        };
         self.any.store(!workers.is_empty(), Ordering::Release);
     }
 
@@ -136,7 +137,17 @@ impl DecodeOnly {
     }
 
     pub fn contains(&self, worker: WorkerId) -> bool {
-        self.any() && self.workers.read().unwrap_or_else(PoisonError::into_inner).contains(&worker)
+        self.any() && self.workers.read().unwrap_or_else(PoisonError::into_inner).contains_key(&worker)
+    }
+
+    /// `allowed` (every endpoint if `None`) without the decode-only
+    /// workers: the candidates of a request that must run whole.
+    pub fn deny_in(&self, allowed: Option<EndpointFilter>) -> EndpointFilter {
+        let mut filter = allowed.unwrap_or_else(EndpointFilter::any);
+        for endpoint in self.workers.read().unwrap_or_else(PoisonError::into_inner).values() {
+            filter.deny_addr(*endpoint);
+        }
+        filter
     }
 }
 

@@ -309,7 +309,30 @@ impl KvPicker {
             if let Some(Some(why)) = skip.filter(|_| has_prompt) {
                 inner.metrics.record_pd_route(why);
             }
-            let (selection, reservation, _) = self.decode_leg(id, (prompt, model, priority), input, false).await?;
+            // It runs whole, and a decode-only worker would refuse it: the
+            // other workers are its candidates. Only if none is eligible
+            // is one of those picked, to be refused with a precise 503.
+            let decode_only = inner.prefill.as_ref().map(|(_, _, only)| only).filter(|only| has_prompt && only.any());
+            let leg = match decode_only {
+                None => self.decode_leg(id, (prompt, model, priority), input, false).await,
+                Some(only) => {
+                    let mut input = input;
+                    let again = PickInput {
+                        body: None,
+                        allowed: input.allowed.clone(),
+                        session: input.session.clone(),
+                        trace: input.trace.clone(),
+                    };
+                    let whole = PickInput { allowed: Some(only.deny_in(input.allowed.take())), ..input };
+                    match self.decode_leg(id, (prompt.clone(), model.clone(), priority), whole, false).await {
+                        Err(RequestError::Select(SelectError::NoEligibleWorkers)) => {
+                            self.decode_leg(id, (prompt, model, priority), again, false).await
+                        }
+                        leg => leg,
+                    }
+                }
+            };
+            let (selection, reservation, _) = leg?;
             if has_prompt && inner.prefill.as_ref().is_some_and(|(_, _, only)| only.contains(selection.worker)) {
                 // Freed as `reservation` drops.
                 return Err(self.no_prefill_for(id, &selection));

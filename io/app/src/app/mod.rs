@@ -521,7 +521,7 @@ impl Applier {
                 let known = self.workers.get(id).is_some();
                 let decodes_only = self.prefill.is_some() && worker.decodes_only();
                 // Before the worker can be picked.
-                self.decode_only.set(id, decodes_only);
+                self.decode_only.set(id, decodes_only.then_some(endpoint));
                 match producers.service().upsert_worker(producers, spec, self.clock.now()).await {
                     // Its pod left or regained Ready: index, bookings and
                     // the event subscription are kept.
@@ -544,7 +544,7 @@ impl Applier {
             WorkerUpdate::Delete(id) => {
                 let endpoint = self.workers.get(id);
                 self.workers.remove(id);
-                self.decode_only.set(id, false);
+                self.decode_only.set(id, None);
                 if let Some(picker) = &self.picker {
                     picker.forget_worker(id);
                 }

@@ -55,6 +55,18 @@ async fn split_call(client: &mut ExternalProcessorClient<Channel>, name: &str) -
     call
 }
 
+/// Sends a 40-word prompt named `name` and expects the 503 for a request
+/// picked onto decode-only worker 0 with no prefill worker; the call.
+async fn refused_for_no_prefill(client: &mut ExternalProcessorClient<Channel>, name: &str) -> Call {
+    let mut call = Call::open(client).await;
+    send_unanswered(&mut call, &chat(&words(name, 40)));
+    let (status, error, _) = immediate(&call.recv().await).expect("refused");
+    assert_eq!(status, 503);
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no prefill worker") && message.contains(&endpoint(0).to_string()), "{error}");
+    call
+}
+
 /// Waits, saying `what`, until no prefill leg is booked.
 async fn prefill_released(h: &Harness, what: &str) {
     wait_for(what, || async { h.prefill_requests_booked().await == 0 }).await;
@@ -350,7 +362,7 @@ async fn a_decode_only_worker_gets_every_prompt_split_or_a_clear_refusal() {
         ..disaggregated(1)
     };
     let h = Harness::start(options).await;
-    h.decode_only.set(kvpick_core::WorkerId(1), true);
+    h.decode_only.set(kvpick_core::WorkerId(1), Some(endpoint(0)));
     let mut client = h.client().await;
 
     // Shorter than the threshold: split all the same.
@@ -384,12 +396,7 @@ async fn a_decode_only_worker_gets_every_prompt_split_or_a_clear_refusal() {
     // No prefill worker left: refused, counted, nothing booked.
     let prefill = h.prefill.as_ref().expect("disaggregated");
     prefill.service().delete_worker(prefill, prefill_worker(0)).await.expect("prefill worker removed");
-    let mut third = Call::open(&mut client).await;
-    send_unanswered(&mut third, &chat(&words("third", 40)));
-    let (status, error, _) = immediate(&third.recv().await).expect("refused");
-    assert_eq!(status, 503);
-    let message = error["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("no prefill worker") && message.contains(&endpoint(0).to_string()), "{error}");
+    let third = refused_for_no_prefill(&mut client, "third").await;
     assert_eq!(routes(&h, PdRoute::NoPrefillWorker), 1);
     h.wait_all_freed().await;
     // A headers-only request (no prompt) is passed through, not refused.
@@ -398,6 +405,44 @@ async fn a_decode_only_worker_gets_every_prompt_split_or_a_clear_refusal() {
     assert!(destination(&listing.recv().await).is_some(), "a request without a prompt is routed");
     drop((first, second, third, listing, client));
     h.wait_all_freed().await;
+    h.stop().await;
+}
+
+/// With no prefill worker, no request can be split: each runs whole on a
+/// worker that can run it whole, even where a decode-only worker holds its
+/// prompt (SGLang's decode mode would refuse it). With only
+/// decode-only workers left, the refusal is the precise 503 as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_prefill_worker_requests_run_whole_on_workers_that_can() {
+    let h = Harness::start(Options { workers: 2, ..disaggregated(1) }).await;
+    h.decode_only.set(kvpick_core::WorkerId(1), Some(endpoint(0)));
+    let prefill = h.prefill.as_ref().expect("disaggregated");
+    prefill.service().delete_worker(prefill, prefill_worker(0)).await.expect("prefill worker removed");
+    // The decode-only worker holds all but a block of every prompt, and
+    // stays idle: by cost, the pick every time.
+    let prefix = words("held", 40);
+    h.cache_on(0, &chat(&prefix)).await;
+    let mut client = h.client().await;
+    let mut open = Vec::new();
+    for i in 0..4 {
+        let body = chat(&format!("{prefix} one two three{i}"));
+        let mut call = Call::open(&mut client).await;
+        let answer = send(&mut call, &body, &[]).await;
+        assert_eq!(destination(&answer), Some(endpoint(1).to_string()), "request {i}");
+        assert_eq!(prefiller(&answer), None, "request {i} runs whole");
+        open.push(call);
+    }
+    assert_eq!(routes(&h, PdRoute::NoPrefillWorker), 4);
+    for call in &mut open {
+        finish_response(call).await;
+    }
+    h.wait_all_freed().await;
+
+    // Only the decode-only worker left: refused as before, nothing booked.
+    h.service.delete_worker(&h.producers, kvpick_core::WorkerId(2)).await.expect("whole worker removed");
+    let last = refused_for_no_prefill(&mut client, "last").await;
+    h.wait_all_freed().await;
+    drop((open, last, client));
     h.stop().await;
 }
 
@@ -415,7 +460,7 @@ async fn a_decode_only_request_the_prefill_queue_refuses_gets_429() {
         ..disaggregated(1)
     };
     let h = Harness::start(options).await;
-    h.decode_only.set(kvpick_core::WorkerId(1), true);
+    h.decode_only.set(kvpick_core::WorkerId(1), Some(endpoint(0)));
     let mut client = h.client().await;
     let mut first = split_call(&mut client, "first").await;
     // The first request holds the only prefill worker past the timeout.
