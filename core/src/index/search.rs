@@ -7,7 +7,10 @@
 //! round's probes are independent of each other: first the jump points, a
 //! growing batch at a time, then the bisections a level at a time across
 //! every dropped group. Each round looks all its blocks up before reading
-//! any result, so the misses overlap (perf/README.md, "Cold probes").
+//! any result, so the misses overlap (perf/README.md, "`find_matches` in
+//! rounds"). The answers are the depth-first search's; the lookups are
+//! too, but for the rest of a jump batch past where the last worker
+//! dropped out.
 
 use smallvec::SmallVec;
 
@@ -144,8 +147,9 @@ impl MatchByWidth for KvIndex {
         let mut found: Found<'_> = [None; ROUND];
         let mut lo = 0;
         // Jump points in batches of 4, 8, 16, …: a prompt whose match ends
-        // early wastes at most three lookups or as many as it needed (a
-        // first batch of 1, 2 or 4 measured the same warm; 4 best cold).
+        // early looks up at most as many points past its end as it needed,
+        // plus 2 (a first batch of 1, 2 or 4 measured the same warm; 4 was
+        // best cold).
         let mut batch = 4;
         while lo < last && !live.is_empty() {
             let points = (last - lo).div_ceil(JUMP).min(batch);

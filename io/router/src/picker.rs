@@ -274,8 +274,20 @@ impl KvPicker {
         let isl_tokens = prompt.isl_tokens;
         let (_, sticky) = self.session_of(input.session.as_deref());
         let request = SelectRequest { id: ReservationId(0), prompt, model, allowed: input.allowed, priority, sticky };
-        let (candidates, costs, selection) =
-            self.service().explain(&self.0.producers, &request).await.map_err(RequestError::from)?;
+        // As `pick` does: without decode-only workers first when the
+        // request cannot be split.
+        let whole = self
+            .must_run_whole(isl_tokens)
+            .map(|only| SelectRequest { allowed: Some(only.deny_in(request.allowed.clone())), ..request.clone() });
+        let producers = &self.0.producers;
+        let explained = match whole {
+            Some(whole) => match self.service().explain(producers, &whole).await {
+                Err(SelectError::NoEligibleWorkers) => self.service().explain(producers, &request).await,
+                explained => explained,
+            },
+            None => self.service().explain(producers, &request).await,
+        };
+        let (candidates, costs, selection) = explained.map_err(RequestError::from)?;
         Ok(Explained {
             isl_tokens,
             tokens_known,
@@ -309,9 +321,12 @@ impl KvPicker {
             if let Some(Some(why)) = skip.filter(|_| has_prompt) {
                 inner.metrics.record_pd_route(why);
             }
-            // It runs whole, and a decode-only worker would refuse it: the
-            // other workers are its candidates. Only if none is eligible
-            // is one of those picked, to be refused with a precise 503.
+            // It runs whole (with decode-only workers and a prompt, no split
+            // is tried only for want of a prefill worker: `must_run_whole`),
+            // and a decode-only worker would refuse it: the other workers
+            // are its candidates. Only if none is eligible is one of those
+            // picked, to be refused with a precise 503 (that refusal's
+            // select is then timed and traced twice).
             let decode_only = inner.prefill.as_ref().map(|(_, _, only)| only).filter(|only| has_prompt && only.any());
             let leg = match decode_only {
                 None => self.decode_leg(id, (prompt, model, priority), input, false).await,
@@ -423,6 +438,15 @@ impl KvPicker {
             _ => (None, PlanBooking::aggregated(reservation)),
         };
         Ok(Pick { endpoint: selection.endpoint, fallbacks: selection.fallbacks, prefill, reservation: Some(booking) })
+    }
+
+    /// The decode-only workers, when a request with `isl_tokens` must run
+    /// whole though some decode workers cannot run one: there is no
+    /// prefill worker to split it (with decode-only workers, every prompt
+    /// is otherwise tried for a split).
+    fn must_run_whole(&self, isl_tokens: u32) -> Option<&DecodeOnly> {
+        let (prefill, _, only) = self.0.prefill.as_ref()?;
+        (isl_tokens > 0 && only.any() && prefill.service().schedulable_count() == 0).then_some(&**only)
     }
 
     /// A request picked onto a decode worker that cannot run it whole,

@@ -6,8 +6,10 @@
 
 use crate::ext_proc_support::*;
 use kvpick_core::{CostModel, EngineRates, RouterConfig};
+use kvpick_ext_proc::body::RequestBody;
 use kvpick_ext_proc::headers::PREFILLER;
 use kvpick_ext_proc::metrics::{PdRoute, ROUTE_CLASSES};
+use kvpick_ext_proc::{BodyInput, PickInput, RequestTrace};
 use kvpick_proto::ext_proc::external_processor_client::ExternalProcessorClient;
 use kvpick_router::DisaggConfig;
 use tonic::transport::Channel;
@@ -433,6 +435,17 @@ async fn with_no_prefill_worker_requests_run_whole_on_workers_that_can() {
         open.push(call);
     }
     assert_eq!(routes(&h, PdRoute::NoPrefillWorker), 4);
+    // The debug view explains the same pick.
+    let body = chat(&format!("{prefix} one two explained"));
+    let parsed = RequestBody::parse(body.as_bytes(), None).expect("a chat body");
+    let input = PickInput {
+        body: Some(BodyInput { bytes: body.into(), parsed }),
+        allowed: None,
+        session: None,
+        trace: RequestTrace::off(),
+    };
+    let explained = h.kv.as_ref().expect("kvpick's picker").explain(input).await.expect("explained");
+    assert_eq!(explained.selection.endpoint, endpoint(1));
     for call in &mut open {
         finish_response(call).await;
     }
