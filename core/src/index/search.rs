@@ -49,48 +49,33 @@ type Groups<B> = SmallVec<[(Span, Live<B>); ROUND]>;
 type Found<'a> = [Option<&'a SlotSet>; ROUND];
 
 impl KvIndex {
-    /// `among ∩ holders of seq`.
-    fn holding<B: Bitmap>(&self, seq: SequenceHash, among: &Live<B>) -> Live<B> {
-        and(self.holders.get(&seq), among)
-    }
-
-    /// Depth-first bisection of one group, for a round that is full.
-    fn bisect<B: Bitmap>(&self, seq: &[SequenceHash], lo: usize, hi: usize, set: Live<B>, out: &mut Vec<(Slot, u32)>) {
-        if hi - lo == 1 {
-            out.extend(set.iter().map(|slot| (slot, lo as u32 + 1)));
-            return;
+    /// Depth-first bisection of one unsettled group, for a level that is
+    /// full.
+    fn bisect<B: Bitmap>(&self, seq: &[SequenceHash], group: (Span, Live<B>), out: &mut Vec<(Slot, u32)>) {
+        let holders_of_mid = self.holders.get(&seq[group.0.mid() as usize]);
+        let [upper, lower] = halves(group, holders_of_mid);
+        if let Some(upper) = settle(upper, out) {
+            self.bisect(seq, upper, out);
         }
-        let mid = lo + (hi - lo) / 2;
-        let deeper = self.holding(seq[mid], &set);
-        let mut shallower = set;
-        shallower.subtract(&deeper);
-        if !deeper.is_empty() {
-            self.bisect(seq, mid, hi, deeper, out);
-        }
-        if !shallower.is_empty() {
-            self.bisect(seq, lo, mid, shallower, out);
+        if let Some(lower) = settle(lower, out) {
+            self.bisect(seq, lower, out);
         }
     }
 
-    /// Files a group for the next level; emits it if it is one block wide
-    /// (its slots hold exactly `lo + 1` blocks), or bisects it at once if
-    /// the level is full.
+    /// Files a group for the next level, unless it is settled or the level
+    /// is full (then it is bisected at once).
     fn file<B: Bitmap>(
         &self,
         seq: &[SequenceHash],
         level: &mut Groups<B>,
-        (span, set): (Span, Live<B>),
+        group: (Span, Live<B>),
         out: &mut Vec<(Slot, u32)>,
     ) {
-        if set.is_empty() {
-            return;
-        }
-        if span.hi - span.lo == 1 {
-            out.extend(set.iter().map(|slot| (slot, span.hi)));
-        } else if level.len() < ROUND {
-            level.push((span, set));
+        let Some(group) = settle(group, out) else { return };
+        if level.len() < ROUND {
+            level.push(group);
         } else {
-            self.bisect(seq, span.lo as usize, span.hi as usize, set, out);
+            self.bisect(seq, group, out);
         }
     }
 
@@ -107,17 +92,42 @@ impl KvIndex {
             for ((span, _), found) in level.iter().zip(found.iter_mut()) {
                 *found = self.holders.get(&seq[span.mid() as usize]);
             }
-            for ((span, set), &found) in level.drain(..).zip(found.iter()) {
-                let mid = span.mid();
-                let deeper = and(found, &set);
-                let mut shallower = set;
-                shallower.subtract(&deeper);
-                self.file(seq, next, (Span { lo: mid, hi: span.hi }, deeper), out);
-                self.file(seq, next, (Span { lo: span.lo, hi: mid }, shallower), out);
+            for (group, &found) in level.drain(..).zip(found.iter()) {
+                let [upper, lower] = halves(group, found);
+                self.file(seq, next, upper, out);
+                self.file(seq, next, lower, out);
             }
             std::mem::swap(&mut level, &mut next);
         }
     }
+}
+
+/// A group that needs no more lookups is settled: an empty one, or one a
+/// block wide, whose slots hold exactly `lo + 1` blocks (emitted). Any
+/// other is handed back.
+#[inline(always)]
+fn settle<B: Bitmap>((span, set): (Span, Live<B>), out: &mut Vec<(Slot, u32)>) -> Option<(Span, Live<B>)> {
+    if set.is_empty() {
+        None
+    } else if span.hi - span.lo == 1 {
+        out.extend(set.iter().map(|slot| (slot, span.hi)));
+        None
+    } else {
+        Some((span, set))
+    }
+}
+
+/// A group split at its middle block by that block's holders: those
+/// holding it (the upper half) and the rest (the lower). Callers take the
+/// two by name: a loop over the array made a warm lookup at 256 workers
+/// 16-19% slower (the same at 64).
+#[inline(always)]
+fn halves<B: Bitmap>((span, set): (Span, Live<B>), holders_of_mid: Option<&SlotSet>) -> [(Span, Live<B>); 2] {
+    let mid = span.mid();
+    let deeper = and(holders_of_mid, &set);
+    let mut shallower = set;
+    shallower.subtract(&deeper);
+    [(Span { lo: mid, hi: span.hi }, deeper), (Span { lo: span.lo, hi: mid }, shallower)]
 }
 
 fn and<B: Bitmap>(holders: Option<&SlotSet>, among: &Live<B>) -> Live<B> {
