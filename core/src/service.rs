@@ -19,7 +19,7 @@ use crate::pick::{Decision, PickPolicy};
 use crate::prompt::Prompt;
 use crate::replica::ReplicaId;
 use crate::request::{Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError};
-use crate::shard::{BookingError, CandidateQuery, LoadSnapshot, Shard, ShardStats, WorkerSnapshot};
+use crate::shard::{BookingError, CandidateQuery, LoadSnapshot, Shard, ShardStats, WorkerSnapshot, skip_avoided};
 use crate::worker::{EndpointFilter, WorkerId, WorkerSpec};
 
 pub struct SelectionService {
@@ -177,6 +177,7 @@ impl SelectionService {
         for shard in &mut self.shards {
             shard.candidates(&query, &mut self.candidates);
         }
+        skip_avoided(&mut self.candidates, allowed);
         Ok(())
     }
 

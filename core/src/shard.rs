@@ -28,6 +28,16 @@ pub struct CandidateQuery<'a> {
     pub allowed: Option<&'a EndpointFilter>,
 }
 
+/// Drops the candidates `allowed` avoids, unless nothing else is left:
+/// after every shard has answered, since "nothing else" spans them all.
+pub fn skip_avoided(candidates: &mut Vec<Candidate>, allowed: Option<&EndpointFilter>) {
+    if let Some(filter) = allowed.filter(|f| f.avoids_any())
+        && candidates.iter().any(|c| !filter.avoids(&c.endpoint))
+    {
+        candidates.retain(|c| !filter.avoids(&c.endpoint));
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum BookingError {
     #[error("reservation {0:?} already exists")]

@@ -55,16 +55,17 @@ impl WorkerSpec {
 
 /// The candidates a caller allows (the gateway's subset hint, a conformance
 /// test's header): each entry an `ip:port` or a bare `ip` matching any port.
-/// Endpoints can also be denied, e.g. the decode workers that cannot run a
-/// request whole when it cannot be split (`EndpointFilter::any` allows
-/// every endpoint but those).
+/// Endpoints can also be avoided: picked only when no other allowed endpoint
+/// is eligible, e.g. the decode workers that cannot run a request whole
+/// when it cannot be split (they would refuse it; with nothing else, the
+/// refusal is the answer).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EndpointFilter {
     addrs: Vec<SocketAddr>,
     ips: Vec<IpAddr>,
     /// Every endpoint is allowed, not only those listed.
     any: bool,
-    denied: Vec<SocketAddr>,
+    avoided: Vec<SocketAddr>,
 }
 
 impl EndpointFilter {
@@ -73,7 +74,7 @@ impl EndpointFilter {
         Self::default()
     }
 
-    /// Allows every endpoint not denied.
+    /// Allows every endpoint.
     pub fn any() -> Self {
         EndpointFilter { any: true, ..Self::default() }
     }
@@ -88,20 +89,28 @@ impl EndpointFilter {
         self
     }
 
-    /// Refuses `addr` even if it is allowed otherwise.
-    pub fn deny_addr(&mut self, addr: SocketAddr) -> &mut Self {
-        self.denied.push(addr);
+    /// Lets `addr` be picked only when no other allowed endpoint is
+    /// eligible (`allows` still says yes: avoiding is up to the picker).
+    pub fn avoid_addr(&mut self, addr: SocketAddr) -> &mut Self {
+        self.avoided.push(addr);
         self
     }
 
-    /// Nothing is allowed: no endpoint is listed (denials aside).
+    pub fn avoids(&self, endpoint: &SocketAddr) -> bool {
+        self.avoided.contains(endpoint)
+    }
+
+    pub fn avoids_any(&self) -> bool {
+        !self.avoided.is_empty()
+    }
+
+    /// Nothing is allowed: no endpoint is listed.
     pub fn is_empty(&self) -> bool {
         !self.any && self.addrs.is_empty() && self.ips.is_empty()
     }
 
     pub fn allows(&self, endpoint: &SocketAddr) -> bool {
-        (self.any || self.addrs.contains(endpoint) || self.ips.contains(&endpoint.ip()))
-            && !self.denied.contains(endpoint)
+        self.any || self.addrs.contains(endpoint) || self.ips.contains(&endpoint.ip())
     }
 }
 
@@ -110,17 +119,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_denied_endpoint_is_refused_whatever_allows_it() {
+    fn an_avoided_endpoint_stays_allowed_and_is_marked() {
         let (a, b): (SocketAddr, SocketAddr) = ("10.0.0.1:8000".parse().unwrap(), "10.0.0.1:8001".parse().unwrap());
         let mut by_ip = EndpointFilter::new();
         by_ip.allow_ip(a.ip());
-        assert!(by_ip.allows(&a) && by_ip.allows(&b));
-        by_ip.deny_addr(b);
-        assert!(by_ip.allows(&a) && !by_ip.allows(&b));
+        assert!(by_ip.allows(&a) && by_ip.allows(&b) && !by_ip.avoids_any());
+        by_ip.avoid_addr(b);
+        assert!(by_ip.allows(&b) && by_ip.avoids(&b) && !by_ip.avoids(&a) && by_ip.avoids_any());
         let mut any = EndpointFilter::any();
         assert!(!any.is_empty() && any.allows(&a) && any.allows(&b));
-        any.deny_addr(a);
-        assert!(!any.allows(&a) && any.allows(&b));
+        any.avoid_addr(a);
+        assert!(any.allows(&a) && any.avoids(&a) && !any.avoids(&b));
         let nothing = EndpointFilter::new();
         assert!(nothing.is_empty() && !nothing.allows(&a));
     }

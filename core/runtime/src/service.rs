@@ -58,7 +58,7 @@ use kvpick_core::replica::ReplicaId;
 use kvpick_core::request::{
     Admission, AdmissionEvent, SelectError, SelectRequest, Selection, ServiceStats, WorkerError,
 };
-use kvpick_core::shard::{BookingError, LoadSnapshot, ShardStats, WorkerSnapshot};
+use kvpick_core::shard::{BookingError, LoadSnapshot, ShardStats, WorkerSnapshot, skip_avoided};
 use kvpick_core::worker::{EndpointFilter, WorkerId, WorkerSpec};
 
 /// What a free released: a queued request frees no capacity, a booking does.
@@ -451,6 +451,7 @@ impl ShardedService {
             SelectTiming::shard_answered(&mut timing, shard, Some(answer.len()));
             candidates.extend(answer);
         }
+        skip_avoided(&mut candidates, allowed);
         Ok(candidates)
     }
 

@@ -238,6 +238,32 @@ fn subset_restricts_by_address_or_ip() {
     assert!(matches!(svc.select_and_reserve(req, T0), Ok(Admission::Reserved(s)) if s.worker == WorkerId(2)));
 }
 
+/// An avoided worker (a decode-only one for a request that cannot be
+/// split) is left out while another is eligible, even holding the prefix,
+/// and picked when it is the only one.
+#[test]
+fn an_avoided_worker_is_picked_only_when_no_other_is_eligible() {
+    let mut svc = service(2, 2, RouterConfig::default());
+    let toks = tokens(32, 0);
+    store(&mut svc, 1, &toks);
+    let mut avoid_one = EndpointFilter::any();
+    avoid_one.avoid_addr(addr(1));
+    let req = SelectRequest { allowed: Some(avoid_one.clone()), ..request(&svc, 1, &toks) };
+    assert_eq!(svc.select(&req).unwrap().worker, WorkerId(2));
+    assert!(matches!(svc.select_and_reserve(req, T0), Ok(Admission::Reserved(s)) if s.worker == WorkerId(2)));
+
+    let mut down = spec(2);
+    down.lifecycle = Lifecycle::Unschedulable;
+    svc.upsert_worker(down, T0).unwrap();
+    let req = SelectRequest { allowed: Some(avoid_one.clone()), ..request(&svc, 2, &toks) };
+    assert!(matches!(svc.select_and_reserve(req, T0), Ok(Admission::Reserved(s)) if s.worker == WorkerId(1)));
+    // What the filter does not allow stays out, avoided or not.
+    let mut only_two = EndpointFilter::new();
+    only_two.allow_addr(addr(2)).avoid_addr(addr(1));
+    let req = SelectRequest { allowed: Some(only_two), ..request(&svc, 3, &toks) };
+    assert_eq!(svc.select_and_reserve(req, T0), Err(SelectError::NoEligibleWorkers));
+}
+
 #[test]
 fn leases_expire_and_free_their_load() {
     let cfg = RouterConfig { lease: Duration::from_secs(10), ..RouterConfig::default() };

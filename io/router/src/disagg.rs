@@ -108,7 +108,7 @@ impl DisaggConfig {
 /// bootstrap room, so a request picked onto one is split whatever the
 /// decider would say, waits for a prefill worker if every one is
 /// saturated, and fails with 503 when there is none. When no split is
-/// possible at all, picks leave them out (`deny_in`). Kept by whoever
+/// possible at all, picks avoid them (`avoid_in`). Kept by whoever
 /// applies discovery's updates; read by every pick (uncontended reads:
 /// it changes only when such a worker comes or goes).
 #[derive(Debug, Default)]
@@ -140,12 +140,12 @@ impl DecodeOnly {
         self.any() && self.workers.read().unwrap_or_else(PoisonError::into_inner).contains_key(&worker)
     }
 
-    /// `allowed` (every endpoint if `None`) without the decode-only
+    /// `allowed` (every endpoint if `None`) avoiding the decode-only
     /// workers: the candidates of a request that must run whole.
-    pub fn deny_in(&self, allowed: Option<EndpointFilter>) -> EndpointFilter {
+    pub fn avoid_in(&self, allowed: Option<EndpointFilter>) -> EndpointFilter {
         let mut filter = allowed.unwrap_or_else(EndpointFilter::any);
         for endpoint in self.workers.read().unwrap_or_else(PoisonError::into_inner).values() {
-            filter.deny_addr(*endpoint);
+            filter.avoid_addr(*endpoint);
         }
         filter
     }

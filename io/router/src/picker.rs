@@ -10,7 +10,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvpick_core::{BookingError, HashSeed, Prompt, ReservationId, SelectError, SelectRequest, WorkerId};
+use kvpick_core::{
+    BookingError, EndpointFilter, HashSeed, Prompt, ReservationId, SelectError, SelectRequest, WorkerId,
+};
 use kvpick_ext_proc::metrics::{ExtProcMetrics, Fallback, PdRoute, Phase, ROUTE_CLASSES, SessionPick};
 use kvpick_ext_proc::trace::KeyValue;
 use kvpick_ext_proc::{BodyInput, Pick, PickInput, Picks, RequestError, RequestTrace};
@@ -273,20 +275,11 @@ impl KvPicker {
         let tokens_known = prompt.tokens_known;
         let isl_tokens = prompt.isl_tokens;
         let (_, sticky) = self.session_of(input.session.as_deref());
-        let request = SelectRequest { id: ReservationId(0), prompt, model, allowed: input.allowed, priority, sticky };
-        // As `pick` does: without decode-only workers first when the
-        // request cannot be split.
-        let whole = self
-            .must_run_whole(isl_tokens)
-            .map(|only| SelectRequest { allowed: Some(only.deny_in(request.allowed.clone())), ..request.clone() });
-        let producers = &self.0.producers;
-        let explained = match whole {
-            Some(whole) => match self.service().explain(producers, &whole).await {
-                Err(SelectError::NoEligibleWorkers) => self.service().explain(producers, &request).await,
-                explained => explained,
-            },
-            None => self.service().explain(producers, &request).await,
-        };
+        // As `pick` does: avoiding decode-only workers when the request
+        // cannot be split.
+        let allowed = self.avoid_if_whole(input.allowed, isl_tokens);
+        let request = SelectRequest { id: ReservationId(0), prompt, model, allowed, priority, sticky };
+        let explained = self.service().explain(&self.0.producers, &request).await;
         let (candidates, costs, selection) = explained.map_err(RequestError::from)?;
         Ok(Explained {
             isl_tokens,
@@ -322,31 +315,12 @@ impl KvPicker {
                 inner.metrics.record_pd_route(why);
             }
             // It runs whole (with decode-only workers and a prompt, no split
-            // is tried only for want of a prefill worker: `must_run_whole`),
-            // and a decode-only worker would refuse it: the other workers
-            // are its candidates. Only if none is eligible is one of those
-            // picked, to be refused with a precise 503 (that refusal's
-            // select is then timed and traced twice).
-            let decode_only = inner.prefill.as_ref().map(|(_, _, only)| only).filter(|only| has_prompt && only.any());
-            let leg = match decode_only {
-                None => self.decode_leg(id, (prompt, model, priority), input, false).await,
-                Some(only) => {
-                    let mut input = input;
-                    let again = PickInput {
-                        body: None,
-                        allowed: input.allowed.clone(),
-                        session: input.session.clone(),
-                        trace: input.trace.clone(),
-                    };
-                    let whole = PickInput { allowed: Some(only.deny_in(input.allowed.take())), ..input };
-                    match self.decode_leg(id, (prompt.clone(), model.clone(), priority), whole, false).await {
-                        Err(RequestError::Select(SelectError::NoEligibleWorkers)) => {
-                            self.decode_leg(id, (prompt, model, priority), again, false).await
-                        }
-                        leg => leg,
-                    }
-                }
-            };
+            // is tried only for want of a prefill worker), and a decode-only
+            // worker would refuse it: it is picked only if no other worker
+            // is eligible, to be refused with a precise 503.
+            let mut input = input;
+            input.allowed = self.avoid_if_whole(input.allowed.take(), prompt.isl_tokens);
+            let leg = self.decode_leg(id, (prompt, model, priority), input, false).await;
             let (selection, reservation, _) = leg?;
             if has_prompt && inner.prefill.as_ref().is_some_and(|(_, _, only)| only.contains(selection.worker)) {
                 // Freed as `reservation` drops.
@@ -440,13 +414,17 @@ impl KvPicker {
         Ok(Pick { endpoint: selection.endpoint, fallbacks: selection.fallbacks, prefill, reservation: Some(booking) })
     }
 
-    /// The decode-only workers, when a request with `isl_tokens` must run
-    /// whole though some decode workers cannot run one: there is no
-    /// prefill worker to split it (with decode-only workers, every prompt
-    /// is otherwise tried for a split).
-    fn must_run_whole(&self, isl_tokens: u32) -> Option<&DecodeOnly> {
-        let (prefill, _, only) = self.0.prefill.as_ref()?;
-        (isl_tokens > 0 && only.any() && prefill.service().schedulable_count() == 0).then_some(&**only)
+    /// `allowed`, avoiding the decode-only workers when a request with
+    /// `isl_tokens` must run whole though some decode workers cannot run
+    /// one: there is no prefill worker to split it (with decode-only
+    /// workers, every prompt is otherwise tried for a split).
+    fn avoid_if_whole(&self, allowed: Option<EndpointFilter>, isl_tokens: u32) -> Option<EndpointFilter> {
+        match &self.0.prefill {
+            Some((prefill, _, only)) if isl_tokens > 0 && only.any() && prefill.service().schedulable_count() == 0 => {
+                Some(only.avoid_in(allowed))
+            }
+            _ => allowed,
+        }
     }
 
     /// A request picked onto a decode worker that cannot run it whole,
