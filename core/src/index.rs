@@ -29,10 +29,12 @@ use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
 use crate::slot_set::{Slot, SlotSet, find_matches_by_width};
 
 mod eviction;
+mod holders;
 mod search;
 mod snapshot;
 
 use eviction::EvictionQueue;
+use holders::Holders;
 pub use snapshot::{BlockRecord, ImportError, OrphanRecord, WorkerExport};
 
 /// Probe distance of the jump search. 32 keeps a 512-block prompt at 16
@@ -136,7 +138,7 @@ pub struct Applied {
 
 #[derive(Default, Debug)]
 pub struct KvIndex {
-    holders: U64Map<SequenceHash, SlotSet>,
+    holders: Holders,
     workers: Vec<Option<WorkerBlocks>>,
     /// Slots whose blocks must be scanned one by one (see module docs).
     needs_scan: SlotSet,
@@ -243,7 +245,9 @@ impl KvIndex {
         // from block to block, so consecutive blocks' table misses (a
         // shard's holder table is tens of MB) overlap; most of the gain
         // (perf/results/2026-12-04-core-index-v2-steps.md). Looking every
-        // block up before changing anything adds 5-9%. The hashes assume no
+        // block up before changing anything adds 5-9%; prefetching the
+        // holder buckets instead of looking them up, more at 256 workers
+        // (perf/results/2026-12-05-halves-and-event-window.md). The hashes assume no
         // block is held yet; the loop uses them while that holds and hashes
         // again from the first block it finds held under another sequence
         // hash or seed.
@@ -254,9 +258,12 @@ impl KvIndex {
             *parent = Some(chain(*parent, local_block_hash(tokens, seed)));
             *parent
         }));
+        for &seq in &spec {
+            self.holders.prefetch(seq);
+        }
         if block_hashes.len() > 1 {
-            for (engine, seq) in block_hashes.iter().zip(&spec) {
-                std::hint::black_box((worker.blocks.contains_key(engine), self.holders.contains_key(seq)));
+            for engine in block_hashes {
+                std::hint::black_box(worker.blocks.contains_key(engine));
             }
         }
         let spec_seed = seed;
@@ -303,7 +310,7 @@ impl KvIndex {
             if seed != HashSeed::default() {
                 worker.seeds.insert(engine, seed);
             }
-            let holders = self.holders.entry(seq).or_default();
+            let holders = self.holders.entry_or_default(seq);
             if holders.contains(slot) {
                 *worker.dup_refs.entry(seq).or_default() += 1;
             } else {
@@ -333,7 +340,7 @@ impl KvIndex {
             }
             for engine in block_hashes {
                 if let Some(block) = worker.blocks.get(engine) {
-                    std::hint::black_box(self.holders.contains_key(&block.seq));
+                    self.holders.prefetch(block.seq);
                 }
             }
         }
@@ -389,7 +396,7 @@ impl KvIndex {
                     worker.dup_refs.remove(&block.seq);
                 }
             }
-            None => release_holder(&mut self.holders, block.seq, slot),
+            None => self.holders.release(block.seq, slot),
         }
         self.entries -= 1;
         true
@@ -477,7 +484,7 @@ impl KvIndex {
         };
         let old = std::mem::take(worker);
         for block in old.blocks.values() {
-            release_holder(&mut self.holders, block.seq, slot);
+            self.holders.release(block.seq, slot);
         }
         let removed = old.blocks.len() as u64;
         self.entries -= removed;
@@ -513,17 +520,7 @@ impl KvIndex {
             .flatten()
             .map(|w| table(&w.blocks) + table(&w.dup_refs) + table(&w.orphaned_children) + table(&w.seeds))
             .sum();
-        table(&self.holders) + spilled + workers + self.eviction.capacity_bytes()
-    }
-}
-
-fn release_holder(holders: &mut U64Map<SequenceHash, SlotSet>, seq: SequenceHash, slot: Slot) {
-    if let Some(set) = holders.get_mut(&seq) {
-        set.remove(slot);
-        if set.is_empty() {
-            holders.remove(&seq);
-            shrink_if_sparse(holders);
-        }
+        self.holders.table_bytes() + spilled + workers + self.eviction.capacity_bytes()
     }
 }
 

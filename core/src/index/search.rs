@@ -89,6 +89,9 @@ impl KvIndex {
         out: &mut Vec<(Slot, u32)>,
     ) {
         while !level.is_empty() {
+            for (span, _) in level.iter() {
+                self.holders.prefetch(seq[span.mid() as usize]);
+            }
             for ((span, _), found) in level.iter().zip(found.iter_mut()) {
                 *found = self.holders.get(&seq[span.mid() as usize]);
             }
@@ -163,6 +166,9 @@ impl MatchByWidth for KvIndex {
         let mut batch = 4;
         while lo < last && !live.is_empty() {
             let points = (last - lo).div_ceil(JUMP).min(batch);
+            for k in 0..points {
+                self.holders.prefetch(seq[(lo + (k + 1) * JUMP).min(last)]);
+            }
             for (k, found) in found[..points].iter_mut().enumerate() {
                 *found = self.holders.get(&seq[(lo + (k + 1) * JUMP).min(last)]);
             }

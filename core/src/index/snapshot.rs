@@ -158,7 +158,7 @@ impl KvIndex {
             if let Some(seed) = block.seed.filter(|s| *s != HashSeed::default()) {
                 rebuilt.seeds.insert(block.engine, seed);
             }
-            let holders = self.holders.entry(block.seq).or_default();
+            let holders = self.holders.entry_or_default(block.seq);
             if holders.contains(slot) {
                 *rebuilt.dup_refs.entry(block.seq).or_default() += 1;
             } else {
