@@ -29,12 +29,12 @@ use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
 use crate::slot_set::{Slot, SlotSet, find_matches_by_width};
 
 mod eviction;
-mod holders;
+mod placed;
 mod search;
 mod snapshot;
 
 use eviction::EvictionQueue;
-use holders::Holders;
+use placed::Placed;
 pub use snapshot::{BlockRecord, ImportError, OrphanRecord, WorkerExport};
 
 /// Probe distance of the jump search. 32 keeps a 512-block prompt at 16
@@ -87,7 +87,7 @@ impl StoredBlock {
 
 #[derive(Default, Debug)]
 struct WorkerBlocks {
-    blocks: U64Map<EngineBlockHash, StoredBlock>,
+    blocks: Placed<EngineBlockHash, StoredBlock>,
     /// Extra engine blocks mapping to an already-held sequence hash (the
     /// engine hashed something we do not, e.g. a salt); usually empty.
     dup_refs: U64Map<SequenceHash, u32>,
@@ -138,7 +138,7 @@ pub struct Applied {
 
 #[derive(Default, Debug)]
 pub struct KvIndex {
-    holders: Holders,
+    holders: Placed<SequenceHash, SlotSet>,
     workers: Vec<Option<WorkerBlocks>>,
     /// Slots whose blocks must be scanned one by one (see module docs).
     needs_scan: SlotSet,
@@ -258,13 +258,9 @@ impl KvIndex {
             *parent = Some(chain(*parent, local_block_hash(tokens, seed)));
             *parent
         }));
-        for &seq in &spec {
+        for (&engine, &seq) in block_hashes.iter().zip(&spec) {
+            worker.blocks.prefetch(engine);
             self.holders.prefetch(seq);
-        }
-        if block_hashes.len() > 1 {
-            for engine in block_hashes {
-                std::hint::black_box(worker.blocks.contains_key(engine));
-            }
         }
         let spec_seed = seed;
         let mut on_spec = true;
@@ -335,8 +331,8 @@ impl KvIndex {
             // As in `store`: the lookups first, all of them independent, so
             // their cache misses overlap; the worker's table, then the
             // holder table at the sequence hashes it gave.
-            for engine in block_hashes {
-                std::hint::black_box(worker.blocks.contains_key(engine));
+            for &engine in block_hashes {
+                worker.blocks.prefetch(engine);
             }
             for engine in block_hashes {
                 if let Some(block) = worker.blocks.get(engine) {
@@ -361,7 +357,6 @@ impl KvIndex {
     fn remove_block(&mut self, slot: Slot, engine: EngineBlockHash) -> bool {
         let Some(Some(worker)) = self.workers.get_mut(slot as usize) else { return false };
         let Some(block) = worker.blocks.remove(&engine) else { return false };
-        shrink_if_sparse(&mut worker.blocks);
         if worker.seeds.remove(&engine).is_some() {
             shrink_if_sparse(&mut worker.seeds);
         }
@@ -396,7 +391,7 @@ impl KvIndex {
                     worker.dup_refs.remove(&block.seq);
                 }
             }
-            None => self.holders.release(block.seq, slot),
+            None => release_holder(&mut self.holders, block.seq, slot),
         }
         self.entries -= 1;
         true
@@ -484,7 +479,7 @@ impl KvIndex {
         };
         let old = std::mem::take(worker);
         for block in old.blocks.values() {
-            self.holders.release(block.seq, slot);
+            release_holder(&mut self.holders, block.seq, slot);
         }
         let removed = old.blocks.len() as u64;
         self.entries -= removed;
@@ -518,20 +513,34 @@ impl KvIndex {
             .workers
             .iter()
             .flatten()
-            .map(|w| table(&w.blocks) + table(&w.dup_refs) + table(&w.orphaned_children) + table(&w.seeds))
+            .map(|w| w.blocks.table_bytes() + table(&w.dup_refs) + table(&w.orphaned_children) + table(&w.seeds))
             .sum();
         self.holders.table_bytes() + spilled + workers + self.eviction.capacity_bytes()
+    }
+}
+
+fn release_holder(holders: &mut Placed<SequenceHash, SlotSet>, seq: SequenceHash, slot: Slot) {
+    if let Some(set) = holders.get_mut(&seq) {
+        set.remove(slot);
+        if set.is_empty() {
+            holders.remove(&seq);
+        }
     }
 }
 
 /// Hash tables keep their largest size: one that once held a worker's
 /// whole cache (a replay, a burst before eviction caught up) would keep
 /// that memory after the blocks left. A quarter full, it halves to twice
-/// its length, so shrinking costs O(1) amortised per removal.
-fn shrink_if_sparse<K: std::hash::Hash + Eq, V>(map: &mut U64Map<K, V>) {
+/// its length, so shrinking costs O(1) amortised per removal. `None`: it
+/// stays as it is.
+fn shrunk_capacity(len: usize, capacity: usize) -> Option<usize> {
     const SMALL: usize = 1024;
-    if map.capacity() > SMALL && map.len() * 4 < map.capacity() {
-        map.shrink_to(map.len() * 2);
+    (capacity > SMALL && len * 4 < capacity).then_some(len * 2)
+}
+
+fn shrink_if_sparse<K: std::hash::Hash + Eq, V>(map: &mut U64Map<K, V>) {
+    if let Some(capacity) = shrunk_capacity(map.len(), map.capacity()) {
+        map.shrink_to(capacity);
     }
 }
 

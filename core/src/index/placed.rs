@@ -1,0 +1,226 @@
+//! The index's big tables (holders by sequence hash, each worker's blocks
+//! by engine hash), as hash tables whose buckets can be prefetched.
+//!
+//! A lookup through a map is a full probe that keeps the core waiting for
+//! its load, so a round of lookups has only about two cache misses in
+//! flight (perf/results/2026-12-05-halves-and-event-window.md). A prefetch
+//! of the bucket a key hashes to retires at once: a round prefetches all
+//! its keys first, and their misses overlap.
+//!
+//! hashbrown's `HashTable` gives bucket indices but not addresses; the
+//! address of one full bucket and its index place the others (hashbrown
+//! stores bucket `i` at `data_end - (i + 1) × size`, control byte `i` at
+//! `data_end + i`). That is hashbrown's layout, not its API: were it to
+//! change, prefetches would miss their target and cost a wasted load,
+//! never a wrong answer, since nothing is read through those addresses
+//! (a unit test below checks the aim).
+
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
+use rustc_hash::FxBuildHasher;
+
+use super::shrunk_capacity;
+use crate::event::EngineBlockHash;
+use crate::hashing::SequenceHash;
+
+pub(super) trait Key: Copy + Eq {
+    fn hash(self) -> u64;
+}
+
+/// Our xxh3 outputs, uniform already: a sequence hash hashes as itself.
+impl Key for SequenceHash {
+    fn hash(self) -> u64 {
+        self.0
+    }
+}
+
+/// An engine's hash is its scheme, not ours (not always uniform): mixed.
+impl Key for EngineBlockHash {
+    fn hash(self) -> u64 {
+        FxBuildHasher.hash_one(self)
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct Placed<K, V> {
+    table: HashTable<(K, V)>,
+    /// `data_end` and the bucket mask of the table's allocation when last
+    /// placed (`None`: empty, or not placed since it moved).
+    place: Option<(usize, usize)>,
+}
+
+impl<K, V> Default for Placed<K, V> {
+    fn default() -> Self {
+        Placed { table: HashTable::new(), place: None }
+    }
+}
+
+impl<K: Key, V> Placed<K, V> {
+    pub(super) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Heap bytes: buckets and one control byte each.
+    pub(super) fn table_bytes(&self) -> usize {
+        self.table.num_buckets() * (std::mem::size_of::<(K, V)>() + 1)
+    }
+
+    pub(super) fn get(&self, key: &K) -> Option<&V> {
+        self.table.find(key.hash(), |(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    pub(super) fn get_mut(&mut self, key: &K) -> Option<&mut V> {
+        self.table.find_mut(key.hash(), |(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    pub(super) fn contains_key(&self, key: &K) -> bool {
+        self.get(key).is_some()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.table.iter().map(|(k, v)| (k, v))
+    }
+
+    pub(super) fn keys(&self) -> impl Iterator<Item = &K> {
+        self.table.iter().map(|(k, _)| k)
+    }
+
+    pub(super) fn values(&self) -> impl Iterator<Item = &V> {
+        self.table.iter().map(|(_, v)| v)
+    }
+
+    pub(super) fn reserve(&mut self, additional: usize) {
+        self.table.reserve(additional, |(k, _)| k.hash());
+        self.place = None;
+    }
+
+    /// The value under `key`, inserted by `new` if absent.
+    pub(super) fn get_or_insert_with(&mut self, key: K, new: impl FnOnce() -> V) -> &mut V {
+        let index = match self.table.entry(key.hash(), |(k, _)| *k == key, |(k, _)| k.hash()) {
+            Entry::Occupied(entry) => entry.bucket_index(),
+            Entry::Vacant(entry) => entry.insert((key, new())).bucket_index(),
+        };
+        &mut self.place_by(index).1
+    }
+
+    /// Inserts or replaces `key`'s value.
+    pub(super) fn insert(&mut self, key: K, value: V) {
+        let index = match self.table.entry(key.hash(), |(k, _)| *k == key, |(k, _)| k.hash()) {
+            Entry::Occupied(mut entry) => {
+                entry.get_mut().1 = value;
+                entry.bucket_index()
+            }
+            Entry::Vacant(entry) => entry.insert((key, value)).bucket_index(),
+        };
+        self.place_by(index);
+    }
+
+    /// Places the table by the full bucket `index` (cheap, and done after
+    /// every insert: a grown table moves) and hands that bucket back.
+    fn place_by(&mut self, index: usize) -> &mut (K, V) {
+        let mask = self.table.num_buckets() - 1;
+        let bucket = self.table.get_bucket_mut(index).expect("the index was just found or filled");
+        let data_end = (std::ptr::from_mut(bucket) as usize) + (index + 1) * std::mem::size_of::<(K, V)>();
+        self.place = Some((data_end, mask));
+        bucket
+    }
+
+    /// Removes `key`, shrinking a table left sparse (see `shrunk_capacity`).
+    pub(super) fn remove(&mut self, key: &K) -> Option<V> {
+        let Ok(entry) = self.table.find_entry(key.hash(), |(k, _)| k == key) else { return None };
+        let ((_, value), _) = entry.remove();
+        if let Some(capacity) = shrunk_capacity(self.table.len(), self.table.capacity()) {
+            self.table.shrink_to(capacity, |(k, _)| k.hash());
+            self.place = None;
+        }
+        Some(value)
+    }
+
+    /// Asks the CPU for the control byte and the bucket `key` hashes to.
+    #[inline(always)]
+    pub(super) fn prefetch(&self, key: K) {
+        let Some((data_end, mask)) = self.place else { return };
+        let index = key.hash() as usize & mask;
+        prefetch_line(data_end.wrapping_add(index));
+        prefetch_line(data_end.wrapping_sub((index + 1) * std::mem::size_of::<(K, V)>()));
+    }
+}
+
+impl<K: Key, V: Default> Placed<K, V> {
+    /// The value under `key`, inserted as the default if absent.
+    pub(super) fn entry_or_default(&mut self, key: K) -> &mut V {
+        self.get_or_insert_with(key, V::default)
+    }
+}
+
+#[inline(always)]
+fn prefetch_line(address: usize) {
+    // SAFETY: a prefetch reads nothing the program sees and never faults,
+    // whatever the address; SSE is in every x86-64 CPU.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(address as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = address;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slot_set::SlotSet;
+
+    /// Where `prefetch` aims for every key, against where the table keeps
+    /// it: if hashbrown lays buckets out otherwise, this says so.
+    fn assert_placed<K: Key, V>(placed: &Placed<K, V>) {
+        let (data_end, mask) = placed.place.expect("placed by the last insert");
+        assert_eq!(mask + 1, placed.table.num_buckets());
+        for bucket in placed.table.iter() {
+            let key = bucket.0;
+            let index = placed.table.find_bucket_index(key.hash(), |(k, _)| *k == key).expect("a key it holds");
+            let aimed = data_end - (index + 1) * std::mem::size_of::<(K, V)>();
+            assert_eq!(aimed, std::ptr::from_ref(bucket) as usize, "bucket {index} of {}", mask + 1);
+        }
+    }
+
+    #[test]
+    fn prefetches_aim_at_the_buckets_the_table_keeps_through_growth_and_shrinking() {
+        let mut holders: Placed<SequenceHash, SlotSet> = Placed::default();
+        let key = |i: u64| SequenceHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        for i in 0..10_000 {
+            holders.entry_or_default(key(i)).insert((i % 300) as u32);
+            if i.is_power_of_two() {
+                assert_placed(&holders);
+            }
+        }
+        assert_placed(&holders);
+        for i in 0..9_900 {
+            assert!(holders.remove(&key(i)).is_some_and(|set| set.contains((i % 300) as u32)));
+        }
+        assert_eq!(holders.len(), 100);
+        assert!(holders.table.num_buckets() <= 1024, "emptied to a quarter, the table shrinks");
+        // Moved by the shrink: not placed until the next insert places it.
+        assert_eq!(holders.place, None);
+        holders.entry_or_default(key(20_000)).insert(1);
+        assert_placed(&holders);
+        assert!(holders.get(&key(9_950)).is_some_and(|set| set.contains((9_950 % 300) as u32)));
+        assert!(holders.get(&key(5)).is_none() && holders.remove(&key(5)).is_none());
+    }
+
+    #[test]
+    fn engine_hashes_of_any_shape_are_placed_and_replaced() {
+        // Small, sequential engine hashes: mixed before they pick a bucket.
+        let mut blocks: Placed<EngineBlockHash, u32> = Placed::default();
+        for i in 0..5_000u64 {
+            blocks.insert(i, i as u32);
+        }
+        assert_placed(&blocks);
+        blocks.insert(7, 70);
+        assert_eq!((blocks.get(&7), blocks.len()), (Some(&70), 5_000));
+        *blocks.get_mut(&8).expect("held") += 1;
+        assert_eq!(blocks.get(&8), Some(&9));
+        assert_eq!(blocks.keys().count(), 5_000);
+    }
+}
