@@ -5,7 +5,7 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use kvpick_app::app::settings::{self as var, Values};
@@ -28,10 +28,30 @@ use crate::ext_proc_support::{Call, chat_headers, destination, finish_response, 
 const TOKEN: &str = "replica-test-token";
 
 /// A port free now, for a replica whose peers must know it before it
-/// starts (each lists the other).
+/// starts (each lists the other). Taken below the kernel's ephemeral
+/// range, which every bind to port 0 draws from: the apps' own listeners
+/// (ext-proc, metrics) bind port 0 and could be given a port handed out
+/// here before its replica binds it (a replica of the partition test once
+/// failed to start). Handed out once per process, counting down from the
+/// range's start.
 pub(crate) fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("bind: {e}"));
-    listener.local_addr().map(|a| a.port()).unwrap_or_else(|e| panic!("{e}"))
+    static NEXT: Mutex<Option<u16>> = Mutex::new(None);
+    let mut next = NEXT.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut candidate = next.unwrap_or_else(|| {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+        let ephemeral = range.split_whitespace().next().and_then(|low| low.parse::<u16>().ok()).unwrap_or(32_768);
+        // Apart from another test process's ports, should one run at once.
+        ephemeral.saturating_sub(1 + (std::process::id() % 64) as u16 * 200)
+    });
+    loop {
+        assert!(candidate > 1024, "no free port below the ephemeral range");
+        let port = candidate;
+        candidate -= 1;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            *next = Some(candidate);
+            return port;
+        }
+    }
 }
 
 async fn replica(workers: &Path, port: u16, peers: &str) -> App {
