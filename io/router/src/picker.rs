@@ -277,7 +277,7 @@ impl KvPicker {
         let (_, sticky) = self.session_of(input.session.as_deref());
         // As `pick` does: avoiding decode-only workers when the request
         // cannot be split.
-        let allowed = self.avoid_if_whole(input.allowed, isl_tokens);
+        let allowed = self.avoid_if_whole(input.allowed, isl_tokens, self.no_prefill_worker());
         let request = SelectRequest { id: ReservationId(0), prompt, model, allowed, priority, sticky };
         let explained = self.service().explain(&self.0.producers, &request).await;
         let (candidates, costs, selection) = explained.map_err(RequestError::from)?;
@@ -298,8 +298,8 @@ impl KvPicker {
         // Why the prefill leg is not even tried, if it is not. With decode
         // workers that cannot run a request whole, it is tried for every
         // prompt: the decode pick is not known yet.
-        let skip = inner.prefill.as_ref().map(|(picker, config, decode_only)| {
-            if picker.service().schedulable_count() == 0 {
+        let skip = inner.prefill.as_ref().map(|(_, config, decode_only)| {
+            if self.no_prefill_worker() {
                 Some(PdRoute::NoPrefillWorker)
             } else if !(config.may_split(prompt.isl_tokens) || decode_only.any() && prompt.isl_tokens > 0) {
                 Some(PdRoute::ShortUncached)
@@ -318,8 +318,11 @@ impl KvPicker {
             // is tried only for want of a prefill worker), and a decode-only
             // worker would refuse it: it is picked only if no other worker
             // is eligible, to be refused with a precise 503.
+            // The decision taken above, not a fresh count: a prefill worker
+            // arriving meanwhile must not let a decode-only one be picked.
+            let no_prefill_worker = matches!(skip, Some(Some(PdRoute::NoPrefillWorker)));
             let mut input = input;
-            input.allowed = self.avoid_if_whole(input.allowed.take(), prompt.isl_tokens);
+            input.allowed = self.avoid_if_whole(input.allowed.take(), prompt.isl_tokens, no_prefill_worker);
             let leg = self.decode_leg(id, (prompt, model, priority), input, false).await;
             let (selection, reservation, _) = leg?;
             if has_prompt && inner.prefill.as_ref().is_some_and(|(_, _, only)| only.contains(selection.worker)) {
@@ -414,17 +417,25 @@ impl KvPicker {
         Ok(Pick { endpoint: selection.endpoint, fallbacks: selection.fallbacks, prefill, reservation: Some(booking) })
     }
 
-    /// `allowed`, avoiding the decode-only workers when a request with
-    /// `isl_tokens` must run whole though some decode workers cannot run
-    /// one: there is no prefill worker to split it (with decode-only
-    /// workers, every prompt is otherwise tried for a split).
-    fn avoid_if_whole(&self, allowed: Option<EndpointFilter>, isl_tokens: u32) -> Option<EndpointFilter> {
+    /// `allowed`, avoiding the decode-only workers for a request with a
+    /// prompt that runs whole for want of a prefill worker: they would
+    /// refuse it (with decode-only workers, every prompt is otherwise
+    /// tried for a split).
+    fn avoid_if_whole(
+        &self,
+        allowed: Option<EndpointFilter>,
+        isl_tokens: u32,
+        no_prefill_worker: bool,
+    ) -> Option<EndpointFilter> {
         match &self.0.prefill {
-            Some((prefill, _, only)) if isl_tokens > 0 && only.any() && prefill.service().schedulable_count() == 0 => {
-                Some(only.avoid_in(allowed))
-            }
+            Some((_, _, only)) if no_prefill_worker && isl_tokens > 0 && only.any() => Some(only.avoid_in(allowed)),
             _ => allowed,
         }
+    }
+
+    /// A split fleet with no schedulable prefill worker.
+    fn no_prefill_worker(&self) -> bool {
+        self.0.prefill.as_ref().is_some_and(|(prefill, _, _)| prefill.service().schedulable_count() == 0)
     }
 
     /// A request picked onto a decode worker that cannot run it whole,
