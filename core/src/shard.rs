@@ -29,12 +29,24 @@ pub struct CandidateQuery<'a> {
 }
 
 /// Drops the candidates `allowed` avoids, unless nothing else is left:
-/// after every shard has answered, since "nothing else" spans them all.
+/// done by a service once every shard has answered, since "nothing else"
+/// spans them all. Each shard does it to its own answer first (a pick
+/// may ask one shard only); the service's pass then gives what one pass
+/// over all the answers would.
 pub fn skip_avoided(candidates: &mut Vec<Candidate>, allowed: Option<&EndpointFilter>) {
+    skip_avoided_from(candidates, 0, allowed);
+}
+
+/// `skip_avoided` on `candidates[from..]`, keeping their order.
+fn skip_avoided_from(candidates: &mut Vec<Candidate>, from: usize, allowed: Option<&EndpointFilter>) {
     if let Some(filter) = allowed.filter(|f| f.avoids_any())
-        && candidates.iter().any(|c| !filter.avoids(&c.endpoint))
+        && candidates[from..].iter().any(|c| !filter.avoids(&c.endpoint))
     {
-        candidates.retain(|c| !filter.avoids(&c.endpoint));
+        let mut i = 0;
+        candidates.retain(|c| {
+            i += 1;
+            i <= from || !filter.avoids(&c.endpoint)
+        });
     }
 }
 
@@ -314,6 +326,7 @@ impl Shard {
 
     /// Appends one candidate per schedulable worker serving the query.
     pub fn candidates(&mut self, query: &CandidateQuery<'_>, out: &mut Vec<Candidate>) {
+        let from = out.len();
         self.matches.clear();
         self.index.find_matches(query.seq_hashes, &mut self.matches);
         self.overlap_by_slot.clear();
@@ -346,6 +359,7 @@ impl Shard {
                 eviction_pressure: churn.pressure(),
             });
         }
+        skip_avoided_from(out, from, query.allowed);
     }
 
     /// Sets a worker's calibrated speed; false when it is not here.

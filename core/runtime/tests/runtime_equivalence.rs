@@ -140,10 +140,24 @@ fn equivalent(seed: u64, shards: usize, kind: RuntimeKind, cfg: RouterConfig) {
                 tokens.extend((0..rng.usize(0..40)).map(|_| rng.u32(0..3)));
                 next_id += 1;
                 let mut allowed = None;
-                if rng.u8(0..10) == 0 {
-                    let mut filter = EndpointFilter::new();
-                    filter.allow_ip(addr(rng.u64(1..7)).ip());
-                    allowed = Some(filter);
+                match rng.u8(0..10) {
+                    0 => {
+                        let mut filter = EndpointFilter::new();
+                        filter.allow_ip(addr(rng.u64(1..7)).ip());
+                        allowed = Some(filter);
+                    }
+                    // Workers a request avoids (decode-only ones, for a
+                    // request that cannot be split): one, or most of them.
+                    1 | 2 => {
+                        let mut filter = EndpointFilter::any();
+                        for avoided in 1..7 {
+                            if rng.u8(0..3) > 0 {
+                                filter.avoid_addr(addr(avoided));
+                            }
+                        }
+                        allowed = Some(filter);
+                    }
+                    _ => {}
                 }
                 let request = SelectRequest {
                     id: ReservationId(next_id),
