@@ -28,23 +28,25 @@ use crate::ext_proc_support::{Call, chat_headers, destination, finish_response, 
 const TOKEN: &str = "replica-test-token";
 
 /// A port free now, for a replica whose peers must know it before it
-/// starts (each lists the other). Taken below the kernel's ephemeral
+/// starts (each lists the other). Taken outside the kernel's ephemeral
 /// range, which every bind to port 0 draws from: the apps' own listeners
 /// (ext-proc, metrics) bind port 0 and could be given a port handed out
 /// here before its replica binds it (a replica of the partition test once
-/// failed to start). Handed out once per process, counting down from the
-/// range's start.
+/// failed to start). Below the range if there is room, else above it;
+/// handed out once per process.
 pub(crate) fn free_port() -> u16 {
     static NEXT: Mutex<Option<u16>> = Mutex::new(None);
     let mut next = NEXT.lock().unwrap_or_else(PoisonError::into_inner);
     let mut candidate = next.unwrap_or_else(|| {
         let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
-        let ephemeral = range.split_whitespace().next().and_then(|low| low.parse::<u16>().ok()).unwrap_or(32_768);
+        let mut bounds = range.split_whitespace().map(|bound| bound.parse::<u16>().ok());
+        let (low, high) = (bounds.next().flatten().unwrap_or(32_768), bounds.next().flatten().unwrap_or(60_999));
         // Apart from another test process's ports, should one run at once.
-        ephemeral.saturating_sub(1 + (std::process::id() % 64) as u16 * 200)
+        let offset = (std::process::id() % 16) as u16 * 200;
+        if low > 5_000 + offset { low - 1 - offset } else { high.saturating_add(4_000 + offset) }
     });
     loop {
-        assert!(candidate > 1024, "no free port below the ephemeral range");
+        assert!(candidate > 1024, "no free port outside the ephemeral range");
         let port = candidate;
         candidate -= 1;
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
