@@ -110,14 +110,11 @@ impl<K: Key, V> Placed<K, V> {
 
     /// Inserts or replaces `key`'s value.
     pub(super) fn insert(&mut self, key: K, value: V) {
-        let index = match self.table.entry(key.hash(), |(k, _)| *k == key, |(k, _)| k.hash()) {
-            Entry::Occupied(mut entry) => {
-                entry.get_mut().1 = value;
-                entry.bucket_index()
-            }
-            Entry::Vacant(entry) => entry.insert((key, value)).bucket_index(),
-        };
-        self.place_by(index);
+        let mut fresh = Some(value);
+        let held = self.get_or_insert_with(key, || fresh.take().expect("taken once, only when absent"));
+        if let Some(value) = fresh {
+            *held = value;
+        }
     }
 
     /// Places the table by the full bucket `index` (cheap, and done after
