@@ -28,3 +28,13 @@ pub enum KvEvent {
     /// Everything the worker held is gone (cache reset, engine restart).
     Cleared,
 }
+
+impl KvEvent {
+    /// Blocks the event stores or removes (none for `Cleared`).
+    pub fn blocks(&self) -> usize {
+        match self {
+            KvEvent::Stored { block_hashes, .. } | KvEvent::Removed { block_hashes } => block_hashes.len(),
+            KvEvent::Cleared => 0,
+        }
+    }
+}

@@ -30,6 +30,7 @@ use crate::slot_set::{Slot, SlotSet, find_matches_by_width};
 
 mod eviction;
 mod placed;
+mod prefetch;
 mod search;
 mod snapshot;
 
@@ -247,10 +248,10 @@ impl KvIndex {
         // (perf/results/2026-12-04-core-index-v2-steps.md). Looking every
         // block up before changing anything adds 5-9%; prefetching the
         // holder buckets instead of looking them up, more at 256 workers
-        // (perf/results/2026-12-05-halves-and-event-window.md). The hashes assume no
-        // block is held yet; the loop uses them while that holds and hashes
-        // again from the first block it finds held under another sequence
-        // hash or seed.
+        // (perf/results/2026-12-05-halves-and-event-window.md). The hashes
+        // assume no block is held yet; the loop uses them while that holds
+        // and hashes again from the first block it finds held under another
+        // sequence hash or seed.
         let chunks = token_ids.chunks_exact(block_size as usize);
         let mut spec = std::mem::take(&mut self.chain_scratch);
         spec.clear();

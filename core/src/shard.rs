@@ -15,10 +15,18 @@ use crate::index::{Applied, EventError, KvIndex};
 use crate::load::WorkerLoad;
 use crate::slot_set::Slot;
 
+#[cfg(test)]
+mod tests;
 mod warm;
 
 use crate::worker::{EndpointFilter, Lifecycle, WorkerId, WorkerSpec};
 pub use warm::WorkerSnapshot;
+
+/// Most blocks one prefetch window (`Shard::prefetch_head`) covers: enough
+/// events for their cache misses to overlap, few enough that the lines
+/// fetched first are still cached when applied. Measured in
+/// `perf/results/2026-12-05-event-prefetch.md`.
+pub const PREFETCH_BLOCKS: usize = 64;
 
 /// Who may serve a prompt, as every shard is asked.
 #[derive(Clone, Copy, Debug)]
@@ -298,6 +306,31 @@ impl Shard {
             Err(_) => self.stats.events_rejected += 1,
         }
         result
+    }
+
+    /// Prefetches what applying the events at the head of `events` will
+    /// read, changing nothing (see `KvIndex::prefetch`), and returns how
+    /// many it covered: those that fit in `PREFETCH_BLOCKS` blocks, at
+    /// least one if there is any. They pay only if applied next, in order.
+    /// A lone event is left alone: its store already prefetches its blocks.
+    pub fn prefetch_head<'a>(&self, events: impl IntoIterator<Item = (WorkerId, &'a KvEvent)>) -> usize {
+        let mut blocks = 0;
+        let mut covered = 0;
+        let mut slotted: smallvec::SmallVec<[(Slot, &KvEvent); 32]> = smallvec::SmallVec::new();
+        for (worker, event) in events {
+            blocks += event.blocks();
+            if covered > 0 && blocks > PREFETCH_BLOCKS {
+                break;
+            }
+            covered += 1;
+            if let Some(&slot) = self.by_id.get(&worker) {
+                slotted.push((slot, event));
+            }
+        }
+        if covered > 1 {
+            self.index.prefetch(&slotted);
+        }
+        covered
     }
 
     fn apply_event_inner(&mut self, worker: WorkerId, event: &KvEvent) -> Result<Applied, EventError> {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::event::KvEvent;
 use crate::hashing::sequence_hashes;
 
 const BS: u32 = 4;
@@ -305,3 +306,69 @@ fn continuations_inherit_their_chains_seed() {
 
 mod budget;
 mod snapshot;
+
+/// Every slot's export (sorted) and the matches of each prompt.
+type IndexState = (Vec<Option<WorkerExport>>, Vec<Vec<(Slot, u32)>>);
+
+/// Every slot's export, sorted, and the matches of `prompts`: what two
+/// indexes must agree on to be the same.
+fn state(index: &KvIndex, slots: &[Slot], prompts: &[Vec<SequenceHash>]) -> IndexState {
+    let exports = slots.iter().map(|&slot| index.export_worker(slot).map(WorkerExport::sorted)).collect();
+    (exports, prompts.iter().map(|p| matches(index, p)).collect())
+}
+
+#[test]
+fn prefetching_a_window_changes_nothing_and_passes_over_bad_events() {
+    let toks = tokens(12, 0);
+    let setup = |index: &mut KvIndex| {
+        index.add_worker(0);
+        index.add_worker(1);
+        store(index, 0, None, 100, &toks[..(4 * BS) as usize]);
+        store(index, 1, None, 200, &toks[..(2 * BS) as usize]);
+    };
+    let stored = |parent: Option<u64>, hashes: Vec<u64>, token_ids: Vec<u32>, block_size: u32| KvEvent::Stored {
+        block_hashes: hashes,
+        parent,
+        token_ids,
+        block_size,
+        seed: HashSeed::default(),
+    };
+    let window = [
+        // A chain continued by the next event, before either is stored.
+        (0, stored(Some(103), vec![104, 105], toks[(4 * BS) as usize..(6 * BS) as usize].to_vec(), BS)),
+        (0, stored(Some(105), vec![106], toks[(6 * BS) as usize..(7 * BS) as usize].to_vec(), BS)),
+        (7, stored(None, vec![1], tokens(1, 0), BS)),
+        (1, stored(None, vec![300], tokens(1, 50), 0)),
+        (1, stored(None, vec![301, 302], tokens(1, 50), BS)),
+        (1, stored(Some(999), vec![303], tokens(1, 50), BS)),
+        (1, KvEvent::Removed { block_hashes: vec![201, 999] }),
+        (7, KvEvent::Removed { block_hashes: vec![1] }),
+        (0, KvEvent::Cleared),
+    ];
+    let slotted: Vec<(Slot, &KvEvent)> = window.iter().map(|(slot, event)| (*slot, event)).collect();
+    let prompts = [prompt(&toks), prompt(&toks[..(3 * BS) as usize]), prompt(&tokens(1, 50))];
+
+    let mut plain = KvIndex::default();
+    setup(&mut plain);
+    let mut prefetched = KvIndex::default();
+    setup(&mut prefetched);
+    prefetched.prefetch(&slotted);
+    assert_eq!(state(&prefetched, &[0, 1, 7], &prompts), state(&plain, &[0, 1, 7], &prompts));
+
+    // Applied after the prefetch, the window gives what it gives without.
+    let apply = |index: &mut KvIndex| -> Vec<Result<Applied, EventError>> {
+        slotted
+            .iter()
+            .map(|&(slot, event)| match event {
+                KvEvent::Stored { block_hashes, parent, token_ids, block_size, seed } => {
+                    index.store(slot, *parent, block_hashes, token_ids, *block_size, *seed)
+                }
+                KvEvent::Removed { block_hashes } => index.remove(slot, block_hashes),
+                KvEvent::Cleared => Ok(index.clear(slot)),
+            })
+            .collect()
+    };
+    assert_eq!(apply(&mut prefetched), apply(&mut plain));
+    assert_eq!(state(&prefetched, &[0, 1, 7], &prompts), state(&plain, &[0, 1, 7], &prompts));
+    prefetched.prefetch(&[]);
+}

@@ -1,0 +1,89 @@
+//! Prefetching what a window of events will touch before applying them.
+//!
+//! A one-block store misses the worker's table and then the holder table,
+//! and nothing else is in flight; prefetching the next events' buckets
+//! first (true prefetches, which retire at once) overlaps those misses.
+
+use super::KvIndex;
+use crate::event::{EngineBlockHash, KvEvent};
+use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
+use crate::slot_set::Slot;
+
+/// A removal of this many blocks overlaps its own holder misses (`remove`
+/// prefetches them all before it changes anything); reading its worker
+/// table here too only costs: 9% of the rate with 16-block removals
+/// (perf/results/2026-12-05-event-prefetch.md).
+const LONG_REMOVAL: usize = 8;
+
+/// The last block a stored event of the window chained: the next event of
+/// the same chain hashes from it, though it is not stored yet.
+#[derive(Clone, Copy)]
+struct ChainEnd {
+    slot: Slot,
+    engine: EngineBlockHash,
+    seq: SequenceHash,
+    seed: HashSeed,
+}
+
+impl KvIndex {
+    /// Prefetches what applying `events` in this order will read, changing
+    /// nothing. Events `store` or `remove` would refuse are passed over.
+    pub fn prefetch(&self, events: &[(Slot, &KvEvent)]) {
+        // First the worker-table buckets: the blocks, and the parents whose
+        // sequence hashes the second pass reads.
+        for &(slot, event) in events {
+            let Some(worker) = self.worker(slot) else { continue };
+            match event {
+                KvEvent::Stored { block_hashes, parent, .. } => {
+                    if let Some(parent) = parent {
+                        worker.blocks.prefetch(*parent);
+                    }
+                    for &engine in block_hashes {
+                        worker.blocks.prefetch(engine);
+                    }
+                }
+                KvEvent::Removed { block_hashes } => {
+                    for &engine in block_hashes {
+                        worker.blocks.prefetch(engine);
+                    }
+                }
+                KvEvent::Cleared => {}
+            }
+        }
+        let mut end: Option<ChainEnd> = None;
+        for &(slot, event) in events {
+            let Some(worker) = self.worker(slot) else { continue };
+            match event {
+                KvEvent::Stored { block_hashes, parent, token_ids, block_size, seed } => {
+                    if *block_size == 0 || token_ids.len() != block_hashes.len() * *block_size as usize {
+                        continue;
+                    }
+                    let (mut seq, seed) = match (*parent, end) {
+                        (None, _) => (None, *seed),
+                        (Some(parent), Some(end)) if end.slot == slot && end.engine == parent => {
+                            (Some(end.seq), end.seed)
+                        }
+                        (Some(parent), _) => match worker.blocks.get(&parent) {
+                            Some(held) => (Some(held.seq), worker.seeds.get(&parent).copied().unwrap_or_default()),
+                            None => continue,
+                        },
+                    };
+                    for tokens in token_ids.chunks_exact(*block_size as usize) {
+                        let hashed = chain(seq, local_block_hash(tokens, seed));
+                        self.holders.prefetch(hashed);
+                        seq = Some(hashed);
+                    }
+                    end = block_hashes.last().zip(seq).map(|(&engine, seq)| ChainEnd { slot, engine, seq, seed });
+                }
+                KvEvent::Removed { block_hashes } if block_hashes.len() < LONG_REMOVAL => {
+                    for engine in block_hashes {
+                        if let Some(held) = worker.blocks.get(engine) {
+                            self.holders.prefetch(held.seq);
+                        }
+                    }
+                }
+                KvEvent::Removed { .. } | KvEvent::Cleared => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,41 @@
+use super::*;
+use crate::hashing::HashSeed;
+use crate::worker::WorkerSpec;
+
+fn stored(blocks: usize) -> KvEvent {
+    KvEvent::Stored {
+        block_hashes: (1..=blocks as u64).collect(),
+        parent: None,
+        token_ids: vec![7; blocks * 4],
+        block_size: 4,
+        seed: HashSeed::default(),
+    }
+}
+
+/// How many events from the head of `sizes` (blocks per event, on
+/// `worker`) one prefetch window covers.
+fn covered(shard: &Shard, worker: WorkerId, sizes: &[usize]) -> usize {
+    let events: Vec<KvEvent> = sizes.iter().map(|&blocks| stored(blocks)).collect();
+    shard.prefetch_head(events.iter().map(|event| (worker, event)))
+}
+
+#[test]
+fn a_prefetch_window_covers_the_head_events_that_fit_its_blocks() {
+    let mut shard = Shard::new();
+    let known = WorkerId(1);
+    shard.upsert_worker(WorkerSpec::new(known, "127.0.0.1:8000".parse().expect("literal address"), 4));
+    assert_eq!(covered(&shard, known, &[]), 0);
+    assert_eq!(covered(&shard, known, &[1, 1, 1]), 3);
+    assert_eq!(covered(&shard, known, &[32, 32, 1]), 2);
+    // At least one event, however large; a large one after small ones
+    // waits for the next window.
+    assert_eq!(covered(&shard, known, &[PREFETCH_BLOCKS + 1, 1]), 1);
+    assert_eq!(covered(&shard, known, &[1, PREFETCH_BLOCKS]), 1);
+    // Clears and removals of nothing count as events of no blocks.
+    let few = [KvEvent::Cleared, KvEvent::Removed { block_hashes: vec![] }, stored(PREFETCH_BLOCKS)];
+    assert_eq!(shard.prefetch_head(few.iter().map(|event| (known, event))), 3);
+    // An unknown worker's events are covered (applying them is refused
+    // in order), not prefetched, and nothing changes.
+    assert_eq!(covered(&shard, WorkerId(9), &[1, 2]), 2);
+    assert_eq!(shard.stats().events_applied, 0);
+}
