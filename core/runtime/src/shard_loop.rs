@@ -242,9 +242,17 @@ impl ShardLoop {
 
     /// Runs up to `FAIR_SHARE` commands from the head of ring `i` while
     /// `take` accepts them; returns how many ran.
+    /// A run of KV events at the head is prefetched first, a window at a
+    /// time, so their cache misses overlap instead of queueing one by one.
     fn drain(&mut self, i: usize, take: impl Fn(&Command) -> bool) -> usize {
         let mut handled = 0;
+        // Commands at the head whose reads are already prefetched.
+        let mut ahead = 0;
         while handled < FAIR_SHARE && self.rings[i].peek().is_ok_and(&take) {
+            if ahead == 0 {
+                ahead = prefetch_events_at_head(&self.shard, &mut self.rings[i], FAIR_SHARE - handled);
+            }
+            ahead = ahead.saturating_sub(1);
             let Ok(command) = self.rings[i].pop() else { break };
             let context = PickContext {
                 admissions: &self.admissions,
@@ -390,6 +398,21 @@ impl ShardLoop {
             }
         }
     }
+}
+
+/// Prefetches the run of KV events at the head of `ring` (at most `most`
+/// commands), without taking them; returns how many the window covered.
+fn prefetch_events_at_head(shard: &Shard, ring: &mut Consumer<Command>, most: usize) -> usize {
+    if !ring.peek().is_ok_and(|command| matches!(command, Command::Event(..))) {
+        return 0;
+    }
+    let Ok(chunk) = ring.read_chunk(ring.slots().min(most)) else { return 0 };
+    let (first, second) = chunk.as_slices();
+    // Dropped uncommitted: the commands stay in the ring for `pop`.
+    shard.prefetch_head(first.iter().chain(second).map_while(|command| match command {
+        Command::Event(worker, event) => Some((*worker, event)),
+        _ => None,
+    }))
 }
 
 enum Idle {
