@@ -778,8 +778,14 @@ fn apply_to_shard(shard: &mut Shard, events: &[BlockEvent], throughput: &mut Thr
         let blocks = batch.iter().map(BlockEvent::blocks).sum::<usize>() as u64;
         let converted: Vec<_> = batch.iter().map(setup::kv_event).collect();
         let start = Instant::now();
-        for (worker, event) in converted {
-            refused += u64::from(shard.apply_event(worker, &event).is_err());
+        let mut rest = &converted[..];
+        while !rest.is_empty() {
+            let covered = shard.prefetch_head(rest.iter().map(|(worker, event)| (*worker, event)));
+            let (window, after) = rest.split_at(covered);
+            rest = after;
+            for (worker, event) in window {
+                refused += u64::from(shard.apply_event(*worker, event).is_err());
+            }
         }
         throughput.add(blocks, batch.len() as u64, start.elapsed());
     }

@@ -6,7 +6,7 @@
 //! 1.6.1) with the same thread count, fed the same events and queried with
 //! the same prompts.
 //!
-//! `cargo run --release -p kvpick-perf --bin kvpick-bench-runtime [--features dynamo] [-- --quick]`
+//! `cargo run --release -p kvpick-perf --bin kvpick-bench-runtime [--features dynamo] [-- --quick | --ingest-rounds N]`
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -33,12 +33,17 @@ const CACHED_BLOCKS: usize = 32;
 
 /// Events storing `BLOCKS_PER_EVENT`-block chains, round-robin over workers.
 fn events(count: usize, seed: u64) -> Vec<(WorkerId, KvEvent)> {
+    events_of(BLOCKS_PER_EVENT, count, seed)
+}
+
+/// `count` events storing `blocks`-block chains, round-robin over workers.
+fn events_of(blocks: usize, count: usize, seed: u64) -> Vec<(WorkerId, KvEvent)> {
     let mut rng = fastrand::Rng::with_seed(seed);
     (0..count)
         .map(|i| {
             let worker = WorkerId((i % WORKERS as usize) as u64);
-            let tokens: Vec<u32> = (0..BLOCKS_PER_EVENT * BLOCK_SIZE as usize).map(|_| rng.u32(..50_000)).collect();
-            let hashes = (0..BLOCKS_PER_EVENT as u64).map(|b| (i as u64) << 8 | b).collect();
+            let tokens: Vec<u32> = (0..blocks * BLOCK_SIZE as usize).map(|_| rng.u32(..50_000)).collect();
+            let hashes = (0..blocks as u64).map(|b| (i as u64) << 8 | b).collect();
             (
                 worker,
                 KvEvent::Stored {
@@ -586,6 +591,67 @@ mod dynamo {
     }
 }
 
+/// `--ingest-rounds N`: only the threaded ingest at two threads, N
+/// interleaved rounds of kvpick's runtimes and (with `dynamo`) Dynamo's
+/// compressed radix tree, with 1- and 16-block events of the same total
+/// blocks: the one-off table above moves 1.5× between runs on this host.
+fn ingest_rounds(rounds: usize, kinds: &[RuntimeKind]) {
+    const BLOCKS: usize = 640_000;
+    let mut table = Table::new(
+        format!("Threaded ingest, 2 threads, {BLOCKS} blocks over {WORKERS} workers, {rounds} interleaved rounds"),
+        &["blocks per event", "round", "indexer", "M blocks/s", "÷ Dynamo CRTC"],
+    );
+    let mut ratios: Vec<(usize, String, f64)> = Vec::new();
+    for round in 1..=rounds {
+        for blocks in [1, BLOCKS_PER_EVENT] {
+            let source = events_of(blocks, BLOCKS / blocks, round as u64);
+            #[cfg(feature = "dynamo")]
+            let theirs = {
+                use kvpick_perf::dynamo::ThreadPool;
+                let routed = dynamo::router_events(&source);
+                Some(dynamo::ingest(&ThreadPool::compressed_radix(2), routed, blocks_of(&source)))
+            };
+            #[cfg(not(feature = "dynamo"))]
+            let theirs: Option<f64> = None;
+            for &kind in kinds {
+                let service = start(2, kind, SPIN);
+                let rate = threaded_ingest(&service, source.clone());
+                service.shutdown();
+                let versus = theirs.map_or(String::new(), |theirs| {
+                    ratios.push((blocks, format!("kvpick {kind:?}"), rate / theirs));
+                    format!("{:.2}x", rate / theirs)
+                });
+                let row = [blocks.to_string(), round.to_string(), format!("kvpick {kind:?}"), millions(rate), versus];
+                table.row(row);
+            }
+            if let Some(theirs) = theirs {
+                let row = [
+                    blocks.to_string(),
+                    round.to_string(),
+                    "Dynamo CRTC".to_owned(),
+                    millions(theirs),
+                    "1.00x".to_owned(),
+                ];
+                table.row(row);
+            }
+        }
+    }
+    let mut keys: Vec<(usize, String)> = ratios.iter().map(|(b, k, _)| (*b, k.clone())).collect();
+    keys.sort();
+    keys.dedup();
+    for (blocks, kind) in keys {
+        let mut of: Vec<f64> = ratios.iter().filter(|(b, k, _)| *b == blocks && *k == kind).map(|r| r.2).collect();
+        of.sort_by(f64::total_cmp);
+        table.note(format!(
+            "{kind}, {blocks}-block events: median {:.2}x Dynamo CRTC (range {:.2}–{:.2}x; #21 target ≥ 1.5x)",
+            of[of.len() / 2],
+            of[0],
+            of[of.len() - 1]
+        ));
+    }
+    println!("{table}");
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let (ingest_events, select_iters, ring_messages) =
@@ -598,6 +664,11 @@ fn main() {
             vec![RuntimeKind::StdThreads]
         }
     };
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--ingest-rounds") {
+        let rounds = args.get(at + 1).and_then(|n| n.parse().ok()).expect("--ingest-rounds takes a count");
+        return ingest_rounds(rounds, &kinds);
+    }
 
     let mut table = Table::new(
         format!(
