@@ -6,6 +6,8 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use smallvec::SmallVec;
+
 use crate::booking::{Booking, BookingEvent, ReservationId};
 use crate::clock::Millis;
 use crate::cost::Candidate;
@@ -15,8 +17,6 @@ use crate::index::{Applied, EventError, KvIndex};
 use crate::load::WorkerLoad;
 use crate::slot_set::Slot;
 
-#[cfg(test)]
-mod tests;
 mod warm;
 
 use crate::worker::{EndpointFilter, Lifecycle, WorkerId, WorkerSpec};
@@ -312,18 +312,28 @@ impl Shard {
     /// read, changing nothing (see `KvIndex::prefetch`), and returns how
     /// many it covered: those that fit in `PREFETCH_BLOCKS` blocks, at
     /// least one if there is any. They pay only if applied next, in order.
-    /// A lone event is left alone: its store already prefetches its blocks.
+    /// A lone event is left alone: it has nothing to overlap with but its
+    /// own blocks, which its store or removal prefetches. Events `apply_event`
+    /// refuses before the index sees them (unknown worker, block size not
+    /// the worker's) are covered but not prefetched: hashing the tokens of
+    /// a misconfigured worker's every event would cost, for nothing.
     pub fn prefetch_head<'a>(&self, events: impl IntoIterator<Item = (WorkerId, &'a KvEvent)>) -> usize {
         let mut blocks = 0;
         let mut covered = 0;
-        let mut slotted: smallvec::SmallVec<[(Slot, &KvEvent); 32]> = smallvec::SmallVec::new();
+        // Inline up to a window of one-block events: no allocation.
+        let mut slotted: SmallVec<[(Slot, &KvEvent); PREFETCH_BLOCKS]> = SmallVec::new();
         for (worker, event) in events {
             blocks += event.blocks();
             if covered > 0 && blocks > PREFETCH_BLOCKS {
                 break;
             }
             covered += 1;
-            if let Some(&slot) = self.by_id.get(&worker) {
+            let Some(&slot) = self.by_id.get(&worker) else { continue };
+            let refused = match event {
+                KvEvent::Stored { block_size, .. } => *block_size != self.entry(slot).spec.block_size,
+                KvEvent::Removed { .. } | KvEvent::Cleared => false,
+            };
+            if !refused {
                 slotted.push((slot, event));
             }
         }
@@ -522,3 +532,6 @@ impl Shard {
         self.by_id.get(&id).map(|&slot| &self.entry(slot).spec)
     }
 }
+
+#[cfg(test)]
+mod tests;

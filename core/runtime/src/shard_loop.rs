@@ -246,7 +246,7 @@ impl ShardLoop {
     /// time, so their cache misses overlap instead of queueing one by one.
     fn drain(&mut self, i: usize, take: impl Fn(&Command) -> bool) -> usize {
         let mut handled = 0;
-        // Commands at the head whose reads are already prefetched.
+        // Events at the head the current prefetch window covers.
         let mut ahead = 0;
         while handled < FAIR_SHARE && self.rings[i].peek().is_ok_and(&take) {
             if ahead == 0 {

@@ -11,8 +11,9 @@ use crate::slot_set::Slot;
 
 /// A removal of this many blocks overlaps its own holder misses (`remove`
 /// prefetches them all before it changes anything); reading its worker
-/// table here too only costs: 9% of the rate with 16-block removals
-/// (perf/results/2026-12-05-event-prefetch.md).
+/// table here too only costs: 9% of the rate with 16-block removals, where
+/// one-block removals gained 47-65% (perf/results/2026-12-05-event-prefetch.md;
+/// sizes between were not measured apart).
 const LONG_REMOVAL: usize = 8;
 
 /// The last block a stored event of the window chained: the next event of
@@ -27,7 +28,8 @@ struct ChainEnd {
 
 impl KvIndex {
     /// Prefetches what applying `events` in this order will read, changing
-    /// nothing. Events `store` or `remove` would refuse are passed over.
+    /// nothing. An event `store` or `remove` would refuse costs at most a
+    /// wasted prefetch.
     pub fn prefetch(&self, events: &[(Slot, &KvEvent)]) {
         // First the worker-table buckets: the blocks, and the parents whose
         // sequence hashes the second pass reads.
@@ -50,6 +52,15 @@ impl KvIndex {
                 KvEvent::Cleared => {}
             }
         }
+        // Then the holder-table buckets of the blocks' sequence hashes.
+        self.holder_keys(events, |seq| self.holders.prefetch(seq));
+    }
+
+    /// The sequence hashes whose holder buckets applying `events` in this
+    /// order reads: a stored chain's (hashed from its parent, or from the
+    /// end of the window's previous event of the same chain, not stored
+    /// yet) and a short removal's (from the worker's table).
+    pub(super) fn holder_keys(&self, events: &[(Slot, &KvEvent)], mut key: impl FnMut(SequenceHash)) {
         let mut end: Option<ChainEnd> = None;
         for &(slot, event) in events {
             let Some(worker) = self.worker(slot) else { continue };
@@ -70,7 +81,7 @@ impl KvIndex {
                     };
                     for tokens in token_ids.chunks_exact(*block_size as usize) {
                         let hashed = chain(seq, local_block_hash(tokens, seed));
-                        self.holders.prefetch(hashed);
+                        key(hashed);
                         seq = Some(hashed);
                     }
                     end = block_hashes.last().zip(seq).map(|(&engine, seq)| ChainEnd { slot, engine, seq, seed });
@@ -78,7 +89,7 @@ impl KvIndex {
                 KvEvent::Removed { block_hashes } if block_hashes.len() < LONG_REMOVAL => {
                     for engine in block_hashes {
                         if let Some(held) = worker.blocks.get(engine) {
-                            self.holders.prefetch(held.seq);
+                            key(held.seq);
                         }
                     }
                 }

@@ -372,3 +372,58 @@ fn prefetching_a_window_changes_nothing_and_passes_over_bad_events() {
     assert_eq!(state(&prefetched, &[0, 1, 7], &prompts), state(&plain, &[0, 1, 7], &prompts));
     prefetched.prefetch(&[]);
 }
+
+/// The prefetch aims where applying the window reads: the sequence hashes
+/// `store` records for each stored block (a chain continued across events
+/// of the window, from a held parent, under a LoRA seed) and those of the
+/// blocks a short removal names.
+#[test]
+fn a_window_prefetches_the_holder_keys_store_and_remove_use() {
+    let lora = HashSeed::new(Some("adapter"), None);
+    let toks = tokens(8, 0);
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    index.add_worker(1);
+    index.store(0, None, &[100, 101], &toks[..(2 * BS) as usize], BS, lora).expect("stored");
+    store(&mut index, 1, None, 200, &toks[..(3 * BS) as usize]);
+    let stored = |parent: Option<u64>, hashes: &[u64], from: u32, seed: HashSeed| KvEvent::Stored {
+        block_hashes: hashes.to_vec(),
+        parent,
+        token_ids: toks[(from * BS) as usize..((from + hashes.len() as u32) * BS) as usize].to_vec(),
+        block_size: BS,
+        seed,
+    };
+    let window = [
+        // Below a held block: its seed is the parent's, not the event's.
+        (0, stored(Some(101), &[102, 103], 2, HashSeed::default())),
+        // Below the previous event's last block, not stored yet.
+        (0, stored(Some(103), &[104], 4, HashSeed::default())),
+        (1, KvEvent::Removed { block_hashes: vec![201, 999] }),
+        (1, stored(None, &[300], 5, lora)),
+    ];
+    let slotted: Vec<(Slot, &KvEvent)> = window.iter().map(|(slot, event)| (*slot, event)).collect();
+    let mut keys = Vec::new();
+    index.holder_keys(&slotted, |seq| keys.push(seq));
+
+    let removed_seq = index.export_worker(1).expect("worker 1").blocks.iter().find(|b| b.engine == 201).map(|b| b.seq);
+    for &(slot, event) in &slotted {
+        match event {
+            KvEvent::Stored { block_hashes, parent, token_ids, block_size, seed } => {
+                index.store(slot, *parent, block_hashes, token_ids, *block_size, *seed).expect("stored");
+            }
+            KvEvent::Removed { block_hashes } => {
+                index.remove(slot, block_hashes).expect("removed");
+            }
+            KvEvent::Cleared => unreachable!("none in the window"),
+        }
+    }
+    let seq_of = |slot: Slot, engine: u64| {
+        index.export_worker(slot).and_then(|w| w.blocks.iter().find(|b| b.engine == engine).map(|b| b.seq))
+    };
+    let want: Vec<SequenceHash> =
+        [seq_of(0, 102), seq_of(0, 103), seq_of(0, 104), removed_seq, seq_of(1, 300)].into_iter().flatten().collect();
+    assert_eq!(want.len(), 5, "every block of the window is recorded");
+    assert_eq!(keys, want);
+    // Chained under the adapter's seed, they are not the plain chain's.
+    assert_ne!(keys[..3], prompt(&toks)[2..5]);
+}

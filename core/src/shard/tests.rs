@@ -34,8 +34,12 @@ fn a_prefetch_window_covers_the_head_events_that_fit_its_blocks() {
     // Clears and removals of nothing count as events of no blocks.
     let few = [KvEvent::Cleared, KvEvent::Removed { block_hashes: vec![] }, stored(PREFETCH_BLOCKS)];
     assert_eq!(shard.prefetch_head(few.iter().map(|event| (known, event))), 3);
-    // An unknown worker's events are covered (applying them is refused
-    // in order), not prefetched, and nothing changes.
+    // Events applying refuses (an unknown worker's, a block size not the
+    // worker's) are covered too: they are refused in order.
     assert_eq!(covered(&shard, WorkerId(9), &[1, 2]), 2);
-    assert_eq!(shard.stats().events_applied, 0);
+    let mut wrong_size = stored(2);
+    if let KvEvent::Stored { block_size, .. } = &mut wrong_size {
+        *block_size = 2;
+    }
+    assert_eq!(shard.prefetch_head([(known, &wrong_size), (known, &stored(1))]), 2);
 }
