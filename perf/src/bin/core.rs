@@ -956,10 +956,10 @@ fn apply_table(rows: &[ApplyRow], hashing_ns: f64) -> Table {
         ]);
     }
     t.note(format!(
-        "kvpick: `Shard::apply_event` on the full population; stores are new {TURN_BLOCKS}-block turns after a held system prompt, then removed leaf first."
+        "kvpick: `Shard::apply_event` on the full population, each window of events prefetched first (`Shard::prefetch_head`) as a shard thread does; stores are new {TURN_BLOCKS}-block turns after a held system prompt, then removed leaf first."
     ));
-    t.note("KvIndex direct: the same events on an identical bare `KvIndex` through `store`/`remove` from borrowed slices (no `Shard`, no `KvEvent`).");
-    t.note(format!("Events are converted untimed and applied timed {APPLY_BATCH} at a time, so each is cache-warm, as after decoding; freeing an event is timed."));
+    t.note("KvIndex direct: the same events on an identical bare `KvIndex` through `store`/`remove` from borrowed slices (no `Shard`, no `KvEvent`, no window prefetch).");
+    t.note(format!("Events are converted untimed and applied timed {APPLY_BATCH} at a time, so each is cache-warm, as after decoding (so a window holds at most {APPLY_BATCH} events; a shard thread's, up to 64); freeing an event is timed."));
     t.note(format!(
         "kvpick hashes each stored block's tokens itself (local + chain xxh3: {hashing_ns:.0} ns/block of the store cost); Dynamo's events carry precomputed hashes."
     ));
