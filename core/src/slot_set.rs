@@ -6,17 +6,11 @@
 //! is 16 bytes inline for any number of holders below slot 64 (one word of
 //! bits; a shard hands out the lowest free slot first) and for up to seven
 //! holders below slot 65,536 (a sorted list: a block of a 256-worker shard
-//! with few holders stays inline). Otherwise it is a heap bitmap behind one
-//! thin pointer, its length beside the words: with a `Box<Vec>` (the only
-//! other 8-byte handle) a lookup waited on the vector's header, then on its
-//! words, and that second load drew 13% of `find_matches`' samples at 256
-//! workers.
+//! with few holders stays inline). Otherwise it is a heap bitmap.
 //!
 //! A lookup's working set ([`Live`]) is a bitmap as wide as the shard:
 //! copying, intersecting and comparing it never allocates while the shard
 //! has at most 1,024 slots (the index picks the width per lookup).
-
-use thin_vec::ThinVec;
 
 use crate::hashing::SequenceHash;
 
@@ -40,7 +34,7 @@ pub enum SlotSet {
         len: u8,
         slots: [u16; FEW],
     },
-    Spilled(ThinVec<u64>),
+    Spilled(Box<Vec<u64>>),
 }
 
 const _: () = assert!(std::mem::size_of::<SlotSet>() == 16);
@@ -118,7 +112,7 @@ impl SlotSet {
                 }
                 _ => {
                     // Spill: the bitmap arm above sets every slot.
-                    let mut spilled = SlotSet::Spilled(thin_vec::thin_vec![0; word + 1]);
+                    let mut spilled = SlotSet::Spilled(Box::new(vec![0; word + 1]));
                     for held in self.iter().chain(std::iter::once(slot)) {
                         spilled.insert(held);
                     }
@@ -176,8 +170,7 @@ impl SlotSet {
     /// Heap bytes the set holds besides its 16 inline ones.
     pub fn heap_bytes(&self) -> usize {
         match self {
-            // The words and the two-word header (length, capacity) before them.
-            SlotSet::Spilled(words) => words.capacity() * 8 + 16,
+            SlotSet::Spilled(words) => words.capacity() * 8 + std::mem::size_of::<Vec<u64>>(),
             _ => 0,
         }
     }
