@@ -57,9 +57,11 @@ impl KvIndex {
     }
 
     /// The sequence hashes whose holder buckets applying `events` in this
-    /// order reads: a stored chain's (hashed from its parent, or from the
-    /// end of the window's previous event of the same chain, not stored
-    /// yet) and a short removal's (from the worker's table).
+    /// order reads: a stored chain's (hashed from its held parent, or from
+    /// the end of the window's last stored event when it continues that
+    /// event's chain: not stored yet) and a short removal's (from the
+    /// worker's table). A chain continued past another chain's event is
+    /// not followed; it only goes without prefetches.
     pub(super) fn holder_keys(&self, events: &[(Slot, &KvEvent)], mut key: impl FnMut(SequenceHash)) {
         let mut end: Option<ChainEnd> = None;
         for &(slot, event) in events {
