@@ -619,4 +619,94 @@ mod tests {
         // The freed lease stays in the heap until due; it is the only deadline left.
         assert_eq!(shard_loop.deadline(), shard_loop.clock.instant_of(lease_until));
     }
+
+    /// A pass that finds many KV events queued applies them through
+    /// prefetch windows (chains continued across events and windows,
+    /// removals, refused events, a clear) exactly as one by one, and an
+    /// export between them answers at its place in the ring.
+    #[test]
+    fn queued_events_apply_through_prefetch_windows_as_one_by_one() {
+        use kvpick_core::event::KvEvent;
+        use kvpick_core::hashing::{HashSeed, sequence_hashes};
+
+        const BS: u32 = 4;
+        let workers = [WorkerId(1), WorkerId(2), WorkerId(3)];
+        let mut shard_loop = shard_loop();
+        let mut reference = Shard::new();
+        for (i, &worker) in workers.iter().enumerate() {
+            let spec = WorkerSpec::new(worker, format!("10.0.0.{}:8000", i + 1).parse().unwrap(), BS);
+            shard_loop.shard.upsert_worker(spec.clone());
+            reference.upsert_worker(spec);
+        }
+        let tokens: Vec<u32> = (0..200 * BS).map(|t| t % 7).collect();
+        let stored = |parent: Option<u64>, first: u64, from: usize, blocks: usize| KvEvent::Stored {
+            block_hashes: (first..first + blocks as u64).collect(),
+            parent,
+            token_ids: tokens[from * BS as usize..(from + blocks) * BS as usize].to_vec(),
+            block_size: BS,
+            seed: HashSeed::default(),
+        };
+        let mut events = Vec::new();
+        // Worker 1 stores one chain in one-block events (windows of many
+        // events), worker 2 in 5-block ones interleaved with it.
+        for b in 0..150usize {
+            let parent = (b > 0).then(|| 1000 + b as u64 - 1);
+            events.push((workers[0], stored(parent, 1000 + b as u64, b, 1)));
+            if b % 5 == 0 && b < 100 {
+                let parent = (b > 0).then(|| 2000 + b as u64 - 1);
+                events.push((workers[1], stored(parent, 2000 + b as u64, b, 5)));
+            }
+        }
+        events.push((workers[0], KvEvent::Removed { block_hashes: vec![1149, 1148, 77] }));
+        events.push((workers[2], stored(Some(5), 3000, 0, 2))); // unknown parent: refused
+        let mut wrong_size = stored(None, 3100, 0, 1);
+        if let KvEvent::Stored { block_size, .. } = &mut wrong_size {
+            *block_size = 8;
+        }
+        events.push((workers[2], wrong_size));
+        events.push((WorkerId(9), stored(None, 3200, 0, 1))); // unknown worker
+        let export_at = events.len();
+        events.push((workers[1], KvEvent::Cleared));
+        events.extend(
+            (0..40usize).map(|b| (workers[2], stored((b > 0).then(|| 4000 + b as u64 - 1), 4000 + b as u64, b, 1))),
+        );
+
+        let (mut producer, consumer) = rtrb::RingBuffer::new(events.len() + 1);
+        shard_loop.rings.push(consumer);
+        let (export_reply, export) = oneshot::channel();
+        let mut export_reply = Some(export_reply);
+        for (i, (worker, event)) in events.iter().enumerate() {
+            if let Some(reply) = export_reply.take_if(|_| i == export_at) {
+                assert!(producer.push(Command::Export(workers[1], reply)).is_ok(), "room in the ring");
+            }
+            assert!(producer.push(Command::Event(*worker, event.clone())).is_ok(), "room in the ring");
+        }
+        let mut at_export = None;
+        for (i, (worker, event)) in events.iter().enumerate() {
+            if i == export_at {
+                at_export = Some(reference.export_worker(workers[1]));
+            }
+            let _ = reference.apply_event(*worker, event);
+        }
+        while shard_loop.pass() > 0 {}
+
+        assert_eq!(export.recv().expect("answered"), at_export.expect("exported"));
+        assert!(at_export_held_blocks(&reference, workers[1]) == 0, "the clear after the export applied");
+        assert_eq!(shard_loop.shard.stats(), reference.stats());
+        for &worker in &workers {
+            assert_eq!(shard_loop.shard.export_worker(worker), reference.export_worker(worker), "{worker:?}");
+        }
+        for end in [1, 40, 99, 148, 150, 200] {
+            let probe = sequence_hashes(&tokens[..end * BS as usize], BS, HashSeed::default());
+            assert_eq!(shard_loop.shard.overlaps(&probe), reference.overlaps(&probe), "prefix of {end} blocks");
+        }
+        assert_eq!(
+            reference.overlaps(&sequence_hashes(&tokens[..150 * BS as usize], BS, HashSeed::default())).len(),
+            2
+        );
+    }
+
+    fn at_export_held_blocks(shard: &Shard, worker: WorkerId) -> usize {
+        shard.export_worker(worker).map_or(0, |snapshot| snapshot.blocks.blocks.len())
+    }
 }
