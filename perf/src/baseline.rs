@@ -43,14 +43,14 @@ impl MatchByWidth for HolderTable {
             if still != live {
                 let mut dropped = live;
                 dropped.subtract(&still);
-                out.extend(dropped.iter().map(|slot| (slot, depth as u32)));
+                dropped.emit(depth as u32, out);
                 live = still;
                 if live.is_empty() {
                     return;
                 }
             }
         }
-        out.extend(live.iter().map(|slot| (slot, seq.len() as u32)));
+        live.emit(seq.len() as u32, out);
     }
 }
 
