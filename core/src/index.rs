@@ -24,7 +24,7 @@ use std::collections::HashMap;
 
 use rustc_hash::FxBuildHasher;
 
-use crate::event::EngineBlockHash;
+use crate::event::{EngineBlockHash, KvEvent};
 use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
 use crate::slot_set::{Slot, SlotSet, find_matches_by_width};
 
@@ -322,6 +322,18 @@ impl KvIndex {
         self.refresh_scan_flag(slot);
         applied.evicted += self.enforce_budget();
         Ok(applied)
+    }
+
+    /// Applies one event of the worker in `slot`. The caller checks the
+    /// event's block size against the worker's (the index does not know it).
+    pub fn apply(&mut self, slot: Slot, event: &KvEvent) -> Result<Applied, EventError> {
+        match event {
+            KvEvent::Stored { block_hashes, parent, token_ids, block_size, seed } => {
+                self.store(slot, *parent, block_hashes, token_ids, *block_size, *seed)
+            }
+            KvEvent::Removed { block_hashes } => self.remove(slot, block_hashes),
+            KvEvent::Cleared => Ok(self.clear(slot)),
+        }
     }
 
     pub fn remove(&mut self, slot: Slot, block_hashes: &[EngineBlockHash]) -> Result<Applied, EventError> {

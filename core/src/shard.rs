@@ -24,8 +24,8 @@ pub use warm::WorkerSnapshot;
 
 /// Most blocks one prefetch window (`Shard::prefetch_head`) covers: enough
 /// events for their cache misses to overlap, few enough that the lines
-/// fetched first are still cached when applied. Measured in
-/// `perf/results/2026-12-05-event-prefetch.md`.
+/// fetched first are still cached when applied. Only 64 has been measured
+/// (`perf/results/2026-12-05-event-prefetch.md`); other sizes are untried.
 pub const PREFETCH_BLOCKS: usize = 64;
 
 /// Who may serve a prompt, as every shard is asked.
@@ -345,17 +345,13 @@ impl Shard {
 
     fn apply_event_inner(&mut self, worker: WorkerId, event: &KvEvent) -> Result<Applied, EventError> {
         let slot = *self.by_id.get(&worker).ok_or(EventError::UnknownWorker)?;
-        match event {
-            KvEvent::Stored { block_hashes, parent, token_ids, block_size, seed } => {
-                let worker_block_size = self.entry(slot).spec.block_size;
-                if *block_size != worker_block_size {
-                    return Err(EventError::BlockSizeMismatch { event: *block_size, worker: worker_block_size });
-                }
-                self.index.store(slot, *parent, block_hashes, token_ids, *block_size, *seed)
+        if let KvEvent::Stored { block_size, .. } = event {
+            let worker_block_size = self.entry(slot).spec.block_size;
+            if *block_size != worker_block_size {
+                return Err(EventError::BlockSizeMismatch { event: *block_size, worker: worker_block_size });
             }
-            KvEvent::Removed { block_hashes } => self.index.remove(slot, block_hashes),
-            KvEvent::Cleared => Ok(self.index.clear(slot)),
         }
+        self.index.apply(slot, event)
     }
 
     fn entry(&self, slot: Slot) -> &WorkerEntry {

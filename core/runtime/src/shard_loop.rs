@@ -691,7 +691,8 @@ mod tests {
         while shard_loop.pass() > 0 {}
 
         assert_eq!(export.recv().expect("answered"), at_export.expect("exported"));
-        assert!(at_export_held_blocks(&reference, workers[1]) == 0, "the clear after the export applied");
+        let held_after = reference.export_worker(workers[1]).map_or(0, |snapshot| snapshot.blocks.blocks.len());
+        assert_eq!(held_after, 0, "the clear after the export applied");
         assert_eq!(shard_loop.shard.stats(), reference.stats());
         for &worker in &workers {
             assert_eq!(shard_loop.shard.export_worker(worker), reference.export_worker(worker), "{worker:?}");
@@ -704,9 +705,5 @@ mod tests {
             reference.overlaps(&sequence_hashes(&tokens[..150 * BS as usize], BS, HashSeed::default())).len(),
             2
         );
-    }
-
-    fn at_export_held_blocks(shard: &Shard, worker: WorkerId) -> usize {
-        shard.export_worker(worker).map_or(0, |snapshot| snapshot.blocks.blocks.len())
     }
 }

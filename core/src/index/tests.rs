@@ -357,16 +357,7 @@ fn prefetching_a_window_changes_nothing_and_passes_over_bad_events() {
 
     // Applied after the prefetch, the window gives what it gives without.
     let apply = |index: &mut KvIndex| -> Vec<Result<Applied, EventError>> {
-        slotted
-            .iter()
-            .map(|&(slot, event)| match event {
-                KvEvent::Stored { block_hashes, parent, token_ids, block_size, seed } => {
-                    index.store(slot, *parent, block_hashes, token_ids, *block_size, *seed)
-                }
-                KvEvent::Removed { block_hashes } => index.remove(slot, block_hashes),
-                KvEvent::Cleared => Ok(index.clear(slot)),
-            })
-            .collect()
+        slotted.iter().map(|&(slot, event)| index.apply(slot, event)).collect()
     };
     assert_eq!(apply(&mut prefetched), apply(&mut plain));
     assert_eq!(state(&prefetched, &[0, 1, 7], &prompts), state(&plain, &[0, 1, 7], &prompts));
