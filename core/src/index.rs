@@ -260,8 +260,8 @@ impl KvIndex {
             *parent
         }));
         for (&engine, &seq) in block_hashes.iter().zip(&spec) {
-            worker.blocks.prefetch(engine);
-            self.holders.prefetch(seq);
+            worker.blocks.prefetch_run(engine);
+            self.holders.prefetch_run(seq);
         }
         let spec_seed = seed;
         let mut on_spec = true;
@@ -345,11 +345,11 @@ impl KvIndex {
             // their cache misses overlap; the worker's table, then the
             // holder table at the sequence hashes it gave.
             for &engine in block_hashes {
-                worker.blocks.prefetch(engine);
+                worker.blocks.prefetch_run(engine);
             }
             for engine in block_hashes {
                 if let Some(block) = worker.blocks.get(engine) {
-                    self.holders.prefetch(block.seq);
+                    self.holders.prefetch_run(block.seq);
                 }
             }
         }

@@ -38,22 +38,22 @@ impl KvIndex {
             match event {
                 KvEvent::Stored { block_hashes, parent, .. } => {
                     if let Some(parent) = parent {
-                        worker.blocks.prefetch(*parent);
+                        worker.blocks.prefetch_run(*parent);
                     }
                     for &engine in block_hashes {
-                        worker.blocks.prefetch(engine);
+                        worker.blocks.prefetch_run(engine);
                     }
                 }
                 KvEvent::Removed { block_hashes } => {
                     for &engine in block_hashes {
-                        worker.blocks.prefetch(engine);
+                        worker.blocks.prefetch_run(engine);
                     }
                 }
                 KvEvent::Cleared => {}
             }
         }
         // Then the holder-table buckets of the blocks' sequence hashes.
-        self.holder_keys(events, |seq| self.holders.prefetch(seq));
+        self.holder_keys(events, |seq| self.holders.prefetch_run(seq));
     }
 
     /// The sequence hashes whose holder buckets applying `events` in this

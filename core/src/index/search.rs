@@ -60,7 +60,7 @@ impl KvIndex {
     fn look_up<'a>(&'a self, keys: impl Iterator<Item = SequenceHash>, round: &mut Round<'a>) {
         let mut n = 0;
         for (key, kept) in keys.zip(round.keys.iter_mut()) {
-            self.holders.prefetch(key);
+            self.holders.prefetch_home(key);
             *kept = key;
             n += 1;
         }
