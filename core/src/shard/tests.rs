@@ -26,7 +26,8 @@ fn a_prefetch_window_covers_the_head_events_that_fit_its_blocks() {
     shard.upsert_worker(WorkerSpec::new(known, "127.0.0.1:8000".parse().expect("literal address"), 4));
     assert_eq!(covered(&shard, known, &[]), 0);
     assert_eq!(covered(&shard, known, &[1, 1, 1]), 3);
-    assert_eq!(covered(&shard, known, &[32, 32, 1]), 2);
+    let half = PREFETCH_BLOCKS / 2;
+    assert_eq!(covered(&shard, known, &[half, half, 1]), 2);
     // At least one event, however large; a large one after small ones
     // waits for the next window.
     assert_eq!(covered(&shard, known, &[PREFETCH_BLOCKS + 1, 1]), 1);
