@@ -24,13 +24,13 @@ pub use warm::WorkerSnapshot;
 
 /// Most blocks one prefetch window (`Shard::prefetch_head`) covers: enough
 /// events for their cache misses to overlap, few enough that the lines
-/// fetched first are still cached when applied. 128 against 64 (medians):
-/// one-block events and 16-block stores the same; 16-block removals +11%,
-/// 64-block stores +24% and removals +7% (two 64-block events now share a
-/// window), the steady state +8%; 32 was no better than 64, larger sizes
-/// are untried (perf/README, "Prefetch windows of 32, 64 and 128 blocks").
-/// The runtime's shard loop also ends a window at its fair share of 64
-/// commands.
+/// fetched first are still cached when applied. 128 against 64, medians
+/// of three runs each: one-block events the same, 16-block stores +6%,
+/// 16-block removals +11%, 64-block stores +24% and removals +7% (two
+/// 64-block events now share a window), the steady state +8%. 32 was no
+/// better than 64; larger sizes are untried (perf/README, "Prefetch
+/// windows of 32, 64 and 128 blocks"). The runtime's shard loop also ends
+/// a window at its fair share of 64 commands.
 pub const PREFETCH_BLOCKS: usize = 128;
 
 /// Who may serve a prompt, as every shard is asked.

@@ -308,7 +308,7 @@ impl<B: Bitmap> Live<B> {
     /// emitted by a plain loop: `extend` over [`Live::iter`], an iterator of
     /// unknown length, was an out-of-line call per settled group and 10% of
     /// a 64-worker warm `find_matches`. Wider sets keep `extend`: the loop
-    /// over their words made a 256-worker lookup 5-19% slower (perf/README,
+    /// over their words made a 256-worker lookup 5-20% slower (perf/README,
     /// "Emitting a lookup's answers").
     #[inline(always)]
     pub fn emit(&self, depth: u32, out: &mut Vec<(Slot, u32)>) {

@@ -158,11 +158,15 @@ impl<K: Key, V> Placed<K, V> {
     /// often on another cache line): a new key goes to the first free
     /// bucket from its home, and a held key sits past its home whenever its
     /// home was taken when it came; at the tables' load that is often. For
-    /// event apply at 64 workers: +10-26% on every row; at 256, up to +18%,
-    /// one- and 64-block stores unchanged. A second bucket more added
-    /// nothing (perf/README, "Prefetching the bucket after the home").
+    /// event apply at 64 workers: +11-24% on every row; at 256, +4-12% on
+    /// most rows, one-block stores the same and 64-block stores 3-7% lower.
+    /// A second bucket more added nothing (perf/README, "Prefetching the
+    /// bucket after the home").
+    /// (From the last bucket, a probe wraps to bucket 0; this prefetches
+    /// the line below the table instead: a wasted prefetch, never a read.)
     #[inline(always)]
     pub(super) fn prefetch_run(&self, key: K) {
+        const { assert!(2 * std::mem::size_of::<(K, V)>() <= 64, "two buckets fit in two cache lines") };
         let Some((data_end, mask)) = self.place else { return };
         let index = key.hash() as usize & mask;
         prefetch_line(data_end.wrapping_add(index));

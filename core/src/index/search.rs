@@ -58,6 +58,9 @@ impl KvIndex {
     /// and kept for its lookup: reading it again after the prefetch cost
     /// 4-6% of a warm lookup (perf/README, "Emitting a lookup's answers").
     fn look_up<'a>(&'a self, keys: impl Iterator<Item = SequenceHash>, round: &mut Round<'a>) {
+        // Callers cap a level and a jump batch at `ROUND`; a key past it
+        // would go unread.
+        debug_assert!(keys.size_hint().1.is_some_and(|most| most <= ROUND));
         let mut n = 0;
         for (key, kept) in keys.zip(round.keys.iter_mut()) {
             self.holders.prefetch_home(key);

@@ -27,7 +27,7 @@ fn a_prefetch_window_covers_the_head_events_that_fit_its_blocks() {
     assert_eq!(covered(&shard, known, &[]), 0);
     assert_eq!(covered(&shard, known, &[1, 1, 1]), 3);
     let half = PREFETCH_BLOCKS / 2;
-    assert_eq!(covered(&shard, known, &[half, half, 1]), 2);
+    assert_eq!(covered(&shard, known, &[half, PREFETCH_BLOCKS - half, 1]), 2);
     // At least one event, however large; a large one after small ones
     // waits for the next window.
     assert_eq!(covered(&shard, known, &[PREFETCH_BLOCKS + 1, 1]), 1);
