@@ -334,11 +334,7 @@ impl Shard {
             }
             covered += 1;
             let Some(&slot) = self.by_id.get(&worker) else { continue };
-            let refused = match event {
-                KvEvent::Stored { block_size, .. } => *block_size != self.entry(slot).spec.block_size,
-                KvEvent::Removed { .. } | KvEvent::Cleared => false,
-            };
-            if !refused {
+            if self.check_block_size(slot, event).is_ok() {
                 slotted.push((slot, event));
             }
         }
@@ -350,13 +346,19 @@ impl Shard {
 
     fn apply_event_inner(&mut self, worker: WorkerId, event: &KvEvent) -> Result<Applied, EventError> {
         let slot = *self.by_id.get(&worker).ok_or(EventError::UnknownWorker)?;
-        if let KvEvent::Stored { block_size, .. } = event {
-            let worker_block_size = self.entry(slot).spec.block_size;
-            if *block_size != worker_block_size {
-                return Err(EventError::BlockSizeMismatch { event: *block_size, worker: worker_block_size });
-            }
-        }
+        self.check_block_size(slot, event)?;
         self.index.apply(slot, event)
+    }
+
+    /// A stored event's blocks must be the worker's size: the index hashes
+    /// them as given and does not know the worker's.
+    fn check_block_size(&self, slot: Slot, event: &KvEvent) -> Result<(), EventError> {
+        match event {
+            KvEvent::Stored { block_size, .. } if *block_size != self.entry(slot).spec.block_size => {
+                Err(EventError::BlockSizeMismatch { event: *block_size, worker: self.entry(slot).spec.block_size })
+            }
+            _ => Ok(()),
+        }
     }
 
     fn entry(&self, slot: Slot) -> &WorkerEntry {

@@ -398,15 +398,7 @@ fn a_window_prefetches_the_holder_keys_store_and_remove_use() {
 
     let removed_seq = index.export_worker(1).expect("worker 1").blocks.iter().find(|b| b.engine == 201).map(|b| b.seq);
     for &(slot, event) in &slotted {
-        match event {
-            KvEvent::Stored { block_hashes, parent, token_ids, block_size, seed } => {
-                index.store(slot, *parent, block_hashes, token_ids, *block_size, *seed).expect("stored");
-            }
-            KvEvent::Removed { block_hashes } => {
-                index.remove(slot, block_hashes).expect("removed");
-            }
-            KvEvent::Cleared => unreachable!("none in the window"),
-        }
+        index.apply(slot, event).expect("applied");
     }
     let seq_of = |slot: Slot, engine: u64| {
         index.export_worker(slot).and_then(|w| w.blocks.iter().find(|b| b.engine == engine).map(|b| b.seq))
