@@ -26,15 +26,17 @@ use rustc_hash::FxBuildHasher;
 
 use crate::event::{EngineBlockHash, KvEvent};
 use crate::hashing::{HashSeed, SequenceHash, chain, local_block_hash};
-use crate::slot_set::{Slot, SlotSet, find_matches_by_width};
+use crate::slot_set::{Slot, SlotSet};
 
 mod eviction;
+mod holders;
 mod placed;
 mod prefetch;
 mod search;
 mod snapshot;
 
 use eviction::EvictionQueue;
+use holders::Holders;
 use placed::Placed;
 pub use snapshot::{BlockRecord, ImportError, OrphanRecord, WorkerExport};
 
@@ -139,7 +141,7 @@ pub struct Applied {
 
 #[derive(Default, Debug)]
 pub struct KvIndex {
-    holders: Placed<SequenceHash, SlotSet>,
+    holders: Holders,
     workers: Vec<Option<WorkerBlocks>>,
     /// Slots whose blocks must be scanned one by one (see module docs).
     needs_scan: SlotSet,
@@ -176,6 +178,7 @@ impl KvIndex {
             self.workers.resize_with(slot + 1, || None);
         }
         self.workers[slot].get_or_insert_with(WorkerBlocks::default);
+        self.holders.fit(self.workers.len());
     }
 
     pub fn remove_worker(&mut self, slot: Slot) {
@@ -196,7 +199,7 @@ impl KvIndex {
     }
 
     pub fn holds(&self, slot: Slot, seq: SequenceHash) -> bool {
-        self.holders.get(&seq).is_some_and(|set| set.contains(slot))
+        self.holders.contains(seq, slot)
     }
 
     /// Blocks held by one worker.
@@ -307,11 +310,8 @@ impl KvIndex {
             if seed != HashSeed::default() {
                 worker.seeds.insert(engine, seed);
             }
-            let holders = self.holders.entry_or_default(seq);
-            if holders.contains(slot) {
+            if !self.holders.insert(seq, slot) {
                 *worker.dup_refs.entry(seq).or_default() += 1;
-            } else {
-                holders.insert(slot);
             }
             applied.stored += 1;
             parent_seq = Some(seq);
@@ -404,7 +404,7 @@ impl KvIndex {
                     worker.dup_refs.remove(&block.seq);
                 }
             }
-            None => release_holder(&mut self.holders, block.seq, slot),
+            None => self.holders.release(block.seq, slot),
         }
         self.entries -= 1;
         true
@@ -492,7 +492,7 @@ impl KvIndex {
         };
         let old = std::mem::take(worker);
         for block in old.blocks.values() {
-            release_holder(&mut self.holders, block.seq, slot);
+            self.holders.release(block.seq, slot);
         }
         let removed = old.blocks.len() as u64;
         self.entries -= removed;
@@ -511,7 +511,7 @@ impl KvIndex {
     /// Appends `(slot, n)` for every worker holding the first `n ≥ 1` blocks
     /// of `seq` (and not block `n`). Workers holding nothing are left out.
     pub fn find_matches(&self, seq: &[SequenceHash], out: &mut Vec<(Slot, u32)>) {
-        find_matches_by_width(self, self.workers.len(), seq, out)
+        search::find_matches(self, seq, out)
     }
 
     /// Heap bytes of the index's tables (capacity, not length: what the
@@ -521,23 +521,13 @@ impl KvIndex {
             // hashbrown: one control byte per bucket; buckets ≈ capacity × 8/7.
             map.capacity() * 8 / 7 * (std::mem::size_of::<(K, V)>() + 1)
         }
-        let spilled: usize = self.holders.values().map(SlotSet::heap_bytes).sum();
         let workers: usize = self
             .workers
             .iter()
             .flatten()
             .map(|w| w.blocks.table_bytes() + table(&w.dup_refs) + table(&w.orphaned_children) + table(&w.seeds))
             .sum();
-        self.holders.table_bytes() + spilled + workers + self.eviction.capacity_bytes()
-    }
-}
-
-fn release_holder(holders: &mut Placed<SequenceHash, SlotSet>, seq: SequenceHash, slot: Slot) {
-    if let Some(set) = holders.get_mut(&seq) {
-        set.remove(slot);
-        if set.is_empty() {
-            holders.remove(&seq);
-        }
+        self.holders.bytes() + workers + self.eviction.capacity_bytes()
     }
 }
 

@@ -2,11 +2,13 @@
 //! one a lookup narrows down.
 //!
 //! Every block in a shard's index carries the set of slots holding it, so
-//! that set must be small: most blocks have one or two holders. [`SlotSet`]
-//! is 16 bytes inline for any number of holders below slot 64 (one word of
-//! bits; a shard hands out the lowest free slot first) and for up to seven
-//! holders below slot 65,536 (a sorted list: a block of a 256-worker shard
-//! with few holders stays inline). Otherwise it is a heap bitmap.
+//! that set must be small: most blocks have one or two holders. A shard of
+//! at most 64 slots keeps it as one word of bits (8 bytes; a shard hands
+//! out the lowest free slot first). A wider shard keeps a [`SlotSet`]: 16
+//! bytes inline for any number of holders below slot 64 and for up to
+//! seven holders below slot 65,536 (a sorted list: a block of a 256-worker
+//! shard with few holders stays inline), otherwise a heap bitmap. Both are
+//! a [`HolderSet`].
 //!
 //! A lookup's working set ([`Live`]) is a bitmap as wide as the shard:
 //! copying, intersecting and comparing it never allocates while the shard
@@ -203,6 +205,73 @@ impl SlotSet {
     }
 }
 
+/// The slots holding one block of the index, as a lookup reads them.
+/// [`SlotSet`] serves any shard. A shard of at most 64 slots keeps a bare
+/// word of bits (`u64`) instead: its holder table's buckets are then 16
+/// bytes instead of 24, and intersecting is one `&`.
+pub trait HolderSet: Default {
+    fn insert(&mut self, slot: Slot);
+    fn remove(&mut self, slot: Slot);
+    fn contains(&self, slot: Slot) -> bool;
+    fn is_empty(&self) -> bool;
+    /// Heap bytes the set holds besides its inline ones.
+    fn heap_bytes(&self) -> usize;
+    /// `among ∩ self`, as wide as `among`.
+    fn and<B: Bitmap>(&self, among: &Live<B>) -> Live<B>;
+}
+
+impl HolderSet for SlotSet {
+    fn insert(&mut self, slot: Slot) {
+        SlotSet::insert(self, slot)
+    }
+    fn remove(&mut self, slot: Slot) {
+        SlotSet::remove(self, slot)
+    }
+    fn contains(&self, slot: Slot) -> bool {
+        SlotSet::contains(self, slot)
+    }
+    fn is_empty(&self) -> bool {
+        SlotSet::is_empty(self)
+    }
+    fn heap_bytes(&self) -> usize {
+        SlotSet::heap_bytes(self)
+    }
+    #[inline(always)]
+    fn and<B: Bitmap>(&self, among: &Live<B>) -> Live<B> {
+        SlotSet::and(self, among)
+    }
+}
+
+/// Slots 0 to 63 as bits. The index widens a shard's table to [`SlotSet`]s
+/// before it hands out slot 64, so no slot here is past 63; one that were
+/// would be left out (in a debug build, an assertion fails).
+impl HolderSet for u64 {
+    fn insert(&mut self, slot: Slot) {
+        debug_assert!(slot < 64, "slot {slot} in a one-word holder set");
+        *self |= 1u64.checked_shl(slot).unwrap_or(0);
+    }
+    fn remove(&mut self, slot: Slot) {
+        *self &= !1u64.checked_shl(slot).unwrap_or(0);
+    }
+    fn contains(&self, slot: Slot) -> bool {
+        *self & 1u64.checked_shl(slot).unwrap_or(0) != 0
+    }
+    fn is_empty(&self) -> bool {
+        *self == 0
+    }
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+    #[inline(always)]
+    fn and<B: Bitmap>(&self, among: &Live<B>) -> Live<B> {
+        let mut out = Live(B::zeroed(among.0.words().len()));
+        if let (Some(o), Some(t)) = (out.0.words_mut().first_mut(), among.0.words().first()) {
+            *o = t & self;
+        }
+        out
+    }
+}
+
 /// The slots of a bitmap, ascending.
 fn bits(words: &[u64]) -> impl Iterator<Item = Slot> + '_ {
     words.iter().enumerate().flat_map(|(i, &word)| {
@@ -282,7 +351,8 @@ pub struct Live<B>(B);
 impl<B: Bitmap> Live<B> {
     /// Slots of `set` that fit the bitmap (`words` words for a vector; an
     /// array is as wide as its type).
-    pub fn of(set: &SlotSet, words: usize) -> Self {
+    #[inline]
+    pub fn of<H: HolderSet>(set: &H, words: usize) -> Self {
         let mut all = Live(B::zeroed(words));
         all.0.words_mut().fill(u64::MAX);
         set.and(&all)
@@ -392,7 +462,7 @@ mod tests {
 
     #[test]
     fn live_sets_intersect_every_representation() {
-        let wide = Live::<[u64; 4]>::of(&[0, 5, 63, 64, 200].into_iter().collect(), 4);
+        let wide = Live::<[u64; 4]>::of(&[0, 5, 63, 64, 200].into_iter().collect::<SlotSet>(), 4);
         assert_eq!(wide.iter().collect::<Vec<_>>(), vec![0, 5, 63, 64, 200]);
         let bits = SlotSet::single(5);
         let few: SlotSet = [5, 200, 201].into_iter().collect();
@@ -410,6 +480,29 @@ mod tests {
         rest.subtract(&few.and(&heap));
         assert_eq!(rest.iter().collect::<Vec<_>>(), vec![0, 64, 65, 66, 67, 68, 69, 9_000]);
         assert!(!rest.is_empty() && SlotSet::default().and(&heap).is_empty());
+        // A word of bits intersects any width in its first word.
+        let word: u64 = (1 << 5) | (1 << 6) | (1 << 63);
+        assert_eq!(HolderSet::and(&word, &wide).iter().collect::<Vec<_>>(), vec![5, 63]);
+        assert_eq!(HolderSet::and(&word, &heap).iter().collect::<Vec<_>>(), vec![5]);
+        assert_eq!(Live::<[u64; 1]>::of(&word, 1).iter().collect::<Vec<_>>(), vec![5, 6, 63]);
+        assert!(HolderSet::and(&0u64, &wide).is_empty());
+    }
+
+    #[test]
+    fn a_word_of_bits_is_a_holder_set_of_slots_below_64() {
+        let mut word = 0u64;
+        for slot in [0, 7, 63, 7] {
+            HolderSet::insert(&mut word, slot);
+        }
+        assert_eq!(word, (1 << 0) | (1 << 7) | (1 << 63));
+        assert!(HolderSet::contains(&word, 63) && !HolderSet::contains(&word, 8) && !HolderSet::contains(&word, 64));
+        HolderSet::remove(&mut word, 64);
+        HolderSet::remove(&mut word, 0);
+        HolderSet::remove(&mut word, 7);
+        assert_eq!(word, 1 << 63);
+        HolderSet::remove(&mut word, 63);
+        assert!(HolderSet::is_empty(&word));
+        assert_eq!(HolderSet::heap_bytes(&word), 0);
     }
 
     /// Every sequence of inserts and removes agrees with a sorted set.

@@ -14,9 +14,11 @@
 
 use smallvec::SmallVec;
 
+use super::holders::Holders;
+use super::placed::Placed;
 use super::{JUMP, KvIndex};
 use crate::hashing::SequenceHash;
-use crate::slot_set::{Bitmap, Live, MatchByWidth, Slot, SlotSet};
+use crate::slot_set::{Bitmap, HolderSet, Live, MatchByWidth, Slot, SlotSet, find_matches_by_width};
 
 /// Probes in one round. 64 covers every group a one-word shard can have
 /// and bounds the stack the groups take (their arrays are not initialised,
@@ -47,17 +49,33 @@ type Groups<B> = SmallVec<[(Span, Live<B>); ROUND]>;
 
 /// One round's lookups, in the order of its groups or jump points: the
 /// keys, then what each found.
-struct Round<'a> {
+struct Round<'a, H> {
     keys: [SequenceHash; ROUND],
-    found: [Option<&'a SlotSet>; ROUND],
+    found: [Option<&'a H>; ROUND],
 }
 
-impl KvIndex {
+/// A lookup in a holder table of sets of type `H`. Passed by value (three
+/// words): behind a reference, every probe would load the table's address
+/// before the table.
+struct Search<'a, H> {
+    holders: &'a Placed<SequenceHash, H>,
+    seq: &'a [SequenceHash],
+}
+
+impl<H> Clone for Search<'_, H> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<H> Copy for Search<'_, H> {}
+
+impl<'a, H: HolderSet> Search<'a, H> {
     /// Looks `keys` up (at most `ROUND`): all prefetched before any is read,
     /// so their cache misses overlap. Each key is read from the prompt once
     /// and kept for its lookup: reading it again after the prefetch cost
     /// 4-6% of a warm lookup (perf/README, "Emitting a lookup's answers").
-    fn look_up<'a>(&'a self, keys: impl Iterator<Item = SequenceHash>, round: &mut Round<'a>) {
+    fn look_up(self, keys: impl Iterator<Item = SequenceHash>, round: &mut Round<'a, H>) {
         // Callers cap a level and a jump batch at `ROUND`; a key past it
         // would go unread.
         debug_assert!(keys.size_hint().1.is_some_and(|most| most <= ROUND));
@@ -74,49 +92,42 @@ impl KvIndex {
 
     /// Depth-first bisection of one unsettled group, for a level that is
     /// full.
-    fn bisect<B: Bitmap>(&self, seq: &[SequenceHash], group: (Span, Live<B>), out: &mut Vec<(Slot, u32)>) {
-        let holders_of_mid = self.holders.get(&seq[group.0.mid() as usize]);
+    fn bisect<B: Bitmap>(self, group: (Span, Live<B>), out: &mut Vec<(Slot, u32)>) {
+        let holders_of_mid = self.holders.get(&self.seq[group.0.mid() as usize]);
         let [upper, lower] = halves(group, holders_of_mid);
         if let Some(upper) = settle(upper, out) {
-            self.bisect(seq, upper, out);
+            self.bisect(upper, out);
         }
         if let Some(lower) = settle(lower, out) {
-            self.bisect(seq, lower, out);
+            self.bisect(lower, out);
         }
     }
 
     /// Files a group for the next level, unless it is settled or the level
     /// is full (then it is bisected at once).
-    fn file<B: Bitmap>(
-        &self,
-        seq: &[SequenceHash],
-        level: &mut Groups<B>,
-        group: (Span, Live<B>),
-        out: &mut Vec<(Slot, u32)>,
-    ) {
+    fn file<B: Bitmap>(self, level: &mut Groups<B>, group: (Span, Live<B>), out: &mut Vec<(Slot, u32)>) {
         let Some(group) = settle(group, out) else { return };
         if level.len() < ROUND {
             level.push(group);
         } else {
-            self.bisect(seq, group, out);
+            self.bisect(group, out);
         }
     }
 
     /// Bisects every group a level at a time, each level's probes looked
     /// up together. Leaves both levels empty.
-    fn bisect_in_rounds<'a, B: Bitmap>(
-        &'a self,
-        seq: &[SequenceHash],
+    fn bisect_in_rounds<B: Bitmap>(
+        self,
         (mut level, mut next): (&mut Groups<B>, &mut Groups<B>),
-        round: &mut Round<'a>,
+        round: &mut Round<'a, H>,
         out: &mut Vec<(Slot, u32)>,
     ) {
         while !level.is_empty() {
-            self.look_up(level.iter().map(|(span, _)| seq[span.mid() as usize]), round);
+            self.look_up(level.iter().map(|(span, _)| self.seq[span.mid() as usize]), round);
             for (group, &found) in level.drain(..).zip(round.found.iter()) {
                 let [upper, lower] = halves(group, found);
-                self.file(seq, next, upper, out);
-                self.file(seq, next, lower, out);
+                self.file(next, upper, out);
+                self.file(next, lower, out);
             }
             std::mem::swap(&mut level, &mut next);
         }
@@ -143,7 +154,7 @@ fn settle<B: Bitmap>((span, set): (Span, Live<B>), out: &mut Vec<(Slot, u32)>) -
 /// two by name: a loop over the array made a warm lookup at 256 workers
 /// 16-19% slower (the same at 64).
 #[inline(always)]
-fn halves<B: Bitmap>((span, set): (Span, Live<B>), holders_of_mid: Option<&SlotSet>) -> [(Span, Live<B>); 2] {
+fn halves<B: Bitmap, H: HolderSet>((span, set): (Span, Live<B>), holders_of_mid: Option<&H>) -> [(Span, Live<B>); 2] {
     let mid = span.mid();
     let deeper = and(holders_of_mid, &set);
     let mut shallower = set;
@@ -151,17 +162,41 @@ fn halves<B: Bitmap>((span, set): (Span, Live<B>), holders_of_mid: Option<&SlotS
     [(Span { lo: mid, hi: span.hi }, deeper), (Span { lo: span.lo, hi: mid }, shallower)]
 }
 
-fn and<B: Bitmap>(holders: Option<&SlotSet>, among: &Live<B>) -> Live<B> {
+fn and<B: Bitmap, H: HolderSet>(holders: Option<&H>, among: &Live<B>) -> Live<B> {
     match holders {
         Some(holders) => holders.and(among),
-        None => SlotSet::default().and(among),
+        None => H::default().and(among),
     }
 }
 
-impl MatchByWidth for KvIndex {
+/// Finds the matches of `seq` in the index's table: a one-word table with
+/// one-word sets; a wider one with sets as wide as the shard. (Compiling
+/// every width's search for both tables, behind a second match on the
+/// table, made 256 workers' warm lookups 5-10% slower; this way, 3%.)
+pub(super) fn find_matches(index: &KvIndex, seq: &[SequenceHash], out: &mut Vec<(Slot, u32)>) {
+    match &index.holders {
+        Holders::Narrow(holders) => index.find_in::<[u64; 1], u64>(Search { holders, seq }, 1, out),
+        Holders::Wide(holders) => find_matches_by_width(&Wide { index, holders }, index.workers.len(), seq, out),
+    }
+}
+
+/// A lookup in a table of [`SlotSet`]s, at the width the shard needs.
+struct Wide<'a> {
+    index: &'a KvIndex,
+    holders: &'a Placed<SequenceHash, SlotSet>,
+}
+
+impl MatchByWidth for Wide<'_> {
     fn find_matches_in<B: Bitmap>(&self, seq: &[SequenceHash], words: usize, out: &mut Vec<(Slot, u32)>) {
+        self.index.find_in::<B, SlotSet>(Search { holders: self.holders, seq }, words, out)
+    }
+}
+
+impl KvIndex {
+    fn find_in<B: Bitmap, H: HolderSet>(&self, search: Search<'_, H>, words: usize, out: &mut Vec<(Slot, u32)>) {
+        let seq = search.seq;
         let Some(first) = seq.first() else { return };
-        let Some(holders) = self.holders.get(first) else { return };
+        let Some(holders) = search.holders.get(first) else { return };
         let mut live = Live::<B>::of(holders, words);
         if !self.needs_scan.is_empty() {
             let suspects = self.needs_scan.and(&live);
@@ -184,14 +219,14 @@ impl MatchByWidth for KvIndex {
         let mut batch = 4;
         while lo < last && !live.is_empty() {
             let points = (last - lo).div_ceil(JUMP).min(batch);
-            self.look_up((1..=points).map(|k| seq[(lo + k * JUMP).min(last)]), &mut round);
+            search.look_up((1..=points).map(|k| seq[(lo + k * JUMP).min(last)]), &mut round);
             for &found in &round.found[..points] {
                 let hi = (lo + JUMP).min(last);
                 let still = and(found, &live);
                 if still != live {
                     let mut gone = live;
                     gone.subtract(&still);
-                    self.file(seq, &mut dropped, (Span { lo: lo as u32, hi: hi as u32 }, gone), out);
+                    search.file(&mut dropped, (Span { lo: lo as u32, hi: hi as u32 }, gone), out);
                     live = still;
                 }
                 lo = hi;
@@ -202,6 +237,6 @@ impl MatchByWidth for KvIndex {
             batch = (batch * 2).min(ROUND);
         }
         live.emit(lo as u32 + 1, out);
-        self.bisect_in_rounds(seq, (&mut dropped, &mut next), &mut round, out);
+        search.bisect_in_rounds((&mut dropped, &mut next), &mut round, out);
     }
 }

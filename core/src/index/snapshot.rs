@@ -158,11 +158,8 @@ impl KvIndex {
             if let Some(seed) = block.seed.filter(|s| *s != HashSeed::default()) {
                 rebuilt.seeds.insert(block.engine, seed);
             }
-            let holders = self.holders.entry_or_default(block.seq);
-            if holders.contains(slot) {
+            if !self.holders.insert(block.seq, slot) {
                 *rebuilt.dup_refs.entry(block.seq).or_default() += 1;
-            } else {
-                holders.insert(slot);
             }
         }
         // Children counts and orphans, from the parent links alone.

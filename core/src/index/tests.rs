@@ -178,6 +178,8 @@ fn clear_and_remove_worker_forget_only_that_worker() {
     assert_eq!(index.clear(9), Applied::default());
 }
 
+/// Slots 0-63 store into a one-word holder table, which slot 64 widens:
+/// their blocks must still match after it.
 #[test]
 fn many_workers_spill_past_one_word() {
     let mut index = KvIndex::default();
