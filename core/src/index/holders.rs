@@ -90,12 +90,10 @@ impl Holders {
     #[inline]
     pub(super) fn release(&mut self, seq: SequenceHash, slot: Slot) {
         fn release<H: HolderSet>(table: &mut Placed<SequenceHash, H>, seq: SequenceHash, slot: Slot) {
-            if let Some(set) = table.get_mut(&seq) {
+            table.change_or_remove(&seq, |set| {
                 set.remove(slot);
-                if set.is_empty() {
-                    table.remove(&seq);
-                }
-            }
+                !set.is_empty()
+            });
         }
         match self {
             Holders::Narrow(table) => release(table, seq, slot),
