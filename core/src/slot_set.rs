@@ -243,8 +243,9 @@ impl HolderSet for SlotSet {
 }
 
 /// Slots 0 to 63 as bits. The index widens a shard's table to [`SlotSet`]s
-/// before it hands out slot 64, so no slot here is past 63; one that were
-/// would be left out (in a debug build, an assertion fails).
+/// when it hands out slot 64, before any block can name that slot, so no
+/// slot here is past 63. One that were would not be held: its block would
+/// keep an empty set and match no one (a debug build asserts instead).
 impl HolderSet for u64 {
     fn insert(&mut self, slot: Slot) {
         debug_assert!(slot < 64, "slot {slot} in a one-word holder set");

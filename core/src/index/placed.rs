@@ -137,7 +137,7 @@ impl<K: Key, V> Placed<K, V> {
 
     /// Changes `key`'s value, if held, and removes it if `change` says it
     /// is not to be kept: one probe, where `get_mut` and then `remove`
-    /// took two (removals at 64 workers +1-8%, perf/README, "A one-word
+    /// took two (removals at 64 workers +0.5-8%, perf/README, "A one-word
     /// holder table").
     pub(super) fn change_or_remove(&mut self, key: &K, change: impl FnOnce(&mut V) -> bool) {
         let Ok(mut entry) = self.table.find_entry(key.hash(), |(k, _)| k == key) else { return };

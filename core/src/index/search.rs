@@ -172,7 +172,7 @@ fn and<B: Bitmap, H: HolderSet>(holders: Option<&H>, among: &Live<B>) -> Live<B>
 /// Finds the matches of `seq` in the index's table: a one-word table with
 /// one-word sets; a wider one with sets as wide as the shard. (Compiling
 /// every width's search for both tables, behind a second match on the
-/// table, made 256 workers' warm lookups 5-10% slower; this way, 3%.)
+/// table, made 256 workers' warm lookups 5-10% slower; this way, 3-5%.)
 pub(super) fn find_matches(index: &KvIndex, seq: &[SequenceHash], out: &mut Vec<(Slot, u32)>) {
     match &index.holders {
         Holders::Narrow(holders) => index.find_in::<[u64; 1], u64>(Search { holders, seq }, 1, out),
