@@ -214,8 +214,6 @@ pub trait HolderSet: Default {
     fn remove(&mut self, slot: Slot);
     fn contains(&self, slot: Slot) -> bool;
     fn is_empty(&self) -> bool;
-    /// Heap bytes the set holds besides its inline ones.
-    fn heap_bytes(&self) -> usize;
     /// `among ∩ self`, as wide as `among`.
     fn and<B: Bitmap>(&self, among: &Live<B>) -> Live<B>;
 }
@@ -232,9 +230,6 @@ impl HolderSet for SlotSet {
     }
     fn is_empty(&self) -> bool {
         SlotSet::is_empty(self)
-    }
-    fn heap_bytes(&self) -> usize {
-        SlotSet::heap_bytes(self)
     }
     #[inline(always)]
     fn and<B: Bitmap>(&self, among: &Live<B>) -> Live<B> {
@@ -259,9 +254,6 @@ impl HolderSet for u64 {
     }
     fn is_empty(&self) -> bool {
         *self == 0
-    }
-    fn heap_bytes(&self) -> usize {
-        0
     }
     #[inline(always)]
     fn and<B: Bitmap>(&self, among: &Live<B>) -> Live<B> {
@@ -503,7 +495,6 @@ mod tests {
         assert_eq!(word, 1 << 63);
         HolderSet::remove(&mut word, 63);
         assert!(HolderSet::is_empty(&word));
-        assert_eq!(HolderSet::heap_bytes(&word), 0);
     }
 
     /// Every sequence of inserts and removes agrees with a sorted set.
