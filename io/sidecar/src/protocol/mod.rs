@@ -106,6 +106,11 @@ impl Body {
         self.0.contains_key(key)
     }
 
+    /// The top-level field names, sorted.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
     /// Sets a field (a value of our own: it always serializes).
     pub fn insert(&mut self, key: &str, value: Value) {
         if let Ok(raw) = serde_json::value::to_raw_value(&value) {
@@ -157,6 +162,23 @@ mod tests {
             r#"{"stream":false,"tools":[{"function":{"parameters":{"properties":{"zeta":{},"alpha":{}}}}}]}"#
         );
         assert!(Body::parse(b"[1]").is_err() && Body::parse(b"{").is_err());
+    }
+
+    #[test]
+    fn a_number_past_f64_goes_to_the_engine_as_written() {
+        // Found by fuzzing (`sidecar_request`): RFC 8259 sets no range on
+        // numbers, and the engines' Python `json` reads this one as `inf`
+        // and lets the engine answer for it, as it does when the request is
+        // not split. A `serde_json::Value` refuses it, so the sidecar must
+        // never pass a client's value through one.
+        let text = b"{\"\":\r8888888888888888e888888888880}";
+        let body = Body::parse(text).unwrap_or_default();
+        assert_eq!(body.raw(""), Some("8888888888888888e888888888880"));
+        assert_eq!(body.keys().collect::<Vec<_>>(), [""]);
+        assert_eq!(body.to_vec(), b"{\"\":8888888888888888e888888888880}");
+        assert!(serde_json::from_slice::<Value>(&body.to_vec()).is_err());
+        let leg = trtllm::context_body(&body, true);
+        assert_eq!(Body::parse(&leg.to_vec()).ok().and_then(|b| b.raw("").map(str::to_owned)).as_deref(), body.raw(""));
     }
 
     #[test]
