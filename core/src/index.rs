@@ -34,11 +34,12 @@ mod placed;
 mod prefetch;
 mod search;
 mod snapshot;
+mod worker_table;
 
 use eviction::EvictionQueue;
 use holders::Holders;
-use placed::Placed;
 pub use snapshot::{BlockRecord, ImportError, OrphanRecord, WorkerExport};
+use worker_table::WorkerTable;
 
 /// Probe distance of the jump search. 32 keeps a 512-block prompt at 16
 /// probes plus 5 per drop-out group (perf/ measures 16, 32 and 64).
@@ -90,7 +91,7 @@ impl StoredBlock {
 
 #[derive(Default, Debug)]
 struct WorkerBlocks {
-    blocks: Placed<EngineBlockHash, StoredBlock>,
+    blocks: WorkerTable,
     /// Extra engine blocks mapping to an already-held sequence hash (the
     /// engine hashed something we do not, e.g. a salt); usually empty.
     dup_refs: U64Map<SequenceHash, u32>,

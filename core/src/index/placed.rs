@@ -1,5 +1,6 @@
-//! The index's big tables (holders by sequence hash, each worker's blocks
-//! by engine hash), as hash tables whose buckets can be prefetched.
+//! Hash tables whose buckets can be prefetched: `Placed`, the holder table
+//! (sequence hash → holders), and `Place`, which the per-worker id tables
+//! (`worker_table`) use as well.
 //!
 //! A lookup through a map is a full probe that keeps the core waiting for
 //! its load, so a round of lookups has only about two cache misses in
@@ -48,9 +49,9 @@ impl Key for EngineBlockHash {
 #[derive(Debug)]
 pub(super) struct Placed<K, V> {
     table: HashTable<(K, V)>,
-    /// `data_end` and the bucket mask of the table's allocation when last
-    /// placed (`None`: never filled, or emptied by a shrink).
-    place: Option<(usize, usize)>,
+    /// Where the table's buckets were when last placed (`None`: never
+    /// filled, or emptied by a shrink).
+    place: Option<Place>,
 }
 
 impl<K, V> Default for Placed<K, V> {
@@ -73,20 +74,8 @@ impl<K: Key, V> Placed<K, V> {
         self.table.find(key.hash(), |(k, _)| k == key).map(|(_, v)| v)
     }
 
-    pub(super) fn get_mut(&mut self, key: &K) -> Option<&mut V> {
-        self.table.find_mut(key.hash(), |(k, _)| k == key).map(|(_, v)| v)
-    }
-
-    pub(super) fn contains_key(&self, key: &K) -> bool {
-        self.get(key).is_some()
-    }
-
     pub(super) fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
         self.table.iter().map(|(k, v)| (k, v))
-    }
-
-    pub(super) fn keys(&self) -> impl Iterator<Item = &K> {
-        self.table.iter().map(|(k, _)| k)
     }
 
     pub(super) fn values(&self) -> impl Iterator<Item = &V> {
@@ -108,31 +97,12 @@ impl<K: Key, V> Placed<K, V> {
         &mut self.place_by(index).1
     }
 
-    /// Inserts or replaces `key`'s value.
-    pub(super) fn insert(&mut self, key: K, value: V) {
-        let mut fresh = Some(value);
-        let held = self.get_or_insert_with(key, || fresh.take().expect("taken once, only when absent"));
-        if let Some(value) = fresh {
-            *held = value;
-        }
-    }
-
     /// Places the table by the full bucket `index` (cheap, and done after
     /// every insert: a grown table moves) and hands that bucket back.
     fn place_by(&mut self, index: usize) -> &mut (K, V) {
-        let mask = self.table.num_buckets() - 1;
-        let bucket = self.table.get_bucket_mut(index).expect("the index was just found or filled");
-        let data_end = (std::ptr::from_mut(bucket) as usize) + (index + 1) * std::mem::size_of::<(K, V)>();
-        self.place = Some((data_end, mask));
+        let (place, bucket) = Place::of(&mut self.table, index);
+        self.place = Some(place);
         bucket
-    }
-
-    /// Removes `key`, shrinking a table left sparse (see `shrunk_capacity`).
-    pub(super) fn remove(&mut self, key: &K) -> Option<V> {
-        let Ok(entry) = self.table.find_entry(key.hash(), |(k, _)| k == key) else { return None };
-        let ((_, value), _) = entry.remove();
-        self.shrink_if_sparse();
-        Some(value)
     }
 
     /// Changes `key`'s value, if held, and removes it if `change` says it
@@ -164,10 +134,51 @@ impl<K: Key, V> Placed<K, V> {
     /// a warm `find_matches` 8-10% slower and a cold one no faster.
     #[inline(always)]
     pub(super) fn prefetch_home(&self, key: K) {
-        let Some((data_end, mask)) = self.place else { return };
-        let index = key.hash() as usize & mask;
-        prefetch_line(data_end.wrapping_add(index));
-        prefetch_line(data_end.wrapping_sub((index + 1) * std::mem::size_of::<(K, V)>()));
+        if let Some(place) = self.place {
+            place.prefetch_home::<(K, V)>(key.hash());
+        }
+    }
+
+    /// See [`Place::prefetch_run`].
+    #[inline(always)]
+    pub(super) fn prefetch_run(&self, key: K) {
+        if let Some(place) = self.place {
+            place.prefetch_run::<(K, V)>(key.hash());
+        }
+    }
+}
+
+impl<K: Key, V: Default> Placed<K, V> {
+    /// The value under `key`, inserted as the default if absent.
+    pub(super) fn entry_or_default(&mut self, key: K) -> &mut V {
+        self.get_or_insert_with(key, V::default)
+    }
+}
+
+/// Where a `HashTable`'s buckets are, read off one full bucket: hashbrown
+/// stores bucket `i` at `data_end - (i + 1) × size`, control byte `i` at
+/// `data_end + i` (see the module docs).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Place {
+    data_end: usize,
+    mask: usize,
+}
+
+impl Place {
+    /// The table's place, from its full bucket `index`, and that bucket.
+    pub(super) fn of<T>(table: &mut HashTable<T>, index: usize) -> (Place, &mut T) {
+        let mask = table.num_buckets() - 1;
+        let bucket = table.get_bucket_mut(index).expect("the index was just found or filled");
+        let data_end = (std::ptr::from_mut(bucket) as usize) + (index + 1) * std::mem::size_of::<T>();
+        (Place { data_end, mask }, bucket)
+    }
+
+    /// Asks the CPU for the control byte and the bucket `hash` points to.
+    #[inline(always)]
+    pub(super) fn prefetch_home<T>(self, hash: u64) {
+        let index = hash as usize & self.mask;
+        prefetch_line(self.data_end.wrapping_add(index));
+        prefetch_line(self.data_end.wrapping_sub((index + 1) * std::mem::size_of::<T>()));
     }
 
     /// `prefetch_home`, and the bucket after the home (below it in memory,
@@ -181,23 +192,16 @@ impl<K: Key, V> Placed<K, V> {
     /// (From the last bucket, a probe wraps to bucket 0; this prefetches
     /// the line below the table instead: a wasted prefetch, never a read.)
     #[inline(always)]
-    pub(super) fn prefetch_run(&self, key: K) {
-        const { assert!(2 * std::mem::size_of::<(K, V)>() <= 64, "two buckets fit in two cache lines") };
-        let Some((data_end, mask)) = self.place else { return };
-        let index = key.hash() as usize & mask;
+    pub(super) fn prefetch_run<T>(self, hash: u64) {
+        const { assert!(2 * std::mem::size_of::<T>() <= 64, "two buckets fit in two cache lines") };
+        let (data_end, mask) = (self.data_end, self.mask);
+        let index = hash as usize & mask;
         prefetch_line(data_end.wrapping_add(index));
-        let size = std::mem::size_of::<(K, V)>();
+        let size = std::mem::size_of::<T>();
         // The two buckets span at most 64 bytes, so at most two lines.
         let home_end = data_end.wrapping_sub(index * size);
         prefetch_line(home_end.wrapping_sub(2 * size));
         prefetch_line(home_end.wrapping_sub(1));
-    }
-}
-
-impl<K: Key, V: Default> Placed<K, V> {
-    /// The value under `key`, inserted as the default if absent.
-    pub(super) fn entry_or_default(&mut self, key: K) -> &mut V {
-        self.get_or_insert_with(key, V::default)
     }
 }
 
@@ -221,7 +225,7 @@ mod tests {
     /// Where `prefetch` aims for every key, against where the table keeps
     /// it: if hashbrown lays buckets out otherwise, this says so.
     fn assert_placed<K: Key, V>(placed: &Placed<K, V>) {
-        let (data_end, mask) = placed.place.expect("placed by the last insert");
+        let Place { data_end, mask } = placed.place.expect("placed by the last insert");
         assert_eq!(mask + 1, placed.table.num_buckets());
         for bucket in placed.table.iter() {
             let key = bucket.0;
@@ -243,7 +247,12 @@ mod tests {
         }
         assert_placed(&holders);
         for i in 0..9_900 {
-            assert!(holders.remove(&key(i)).is_some_and(|set| set.contains((i % 300) as u32)));
+            let mut held = false;
+            holders.change_or_remove(&key(i), |set| {
+                held = set.contains((i % 300) as u32);
+                false
+            });
+            assert!(held, "{i}");
         }
         assert_eq!(holders.len(), 100);
         assert!(holders.table.num_buckets() <= 1024, "emptied to a quarter, the table shrinks");
@@ -252,7 +261,7 @@ mod tests {
         holders.entry_or_default(key(20_000)).insert(1);
         assert_placed(&holders);
         assert!(holders.get(&key(9_950)).is_some_and(|set| set.contains((9_950 % 300) as u32)));
-        assert!(holders.get(&key(5)).is_none() && holders.remove(&key(5)).is_none());
+        assert!(holders.get(&key(5)).is_none());
     }
 
     #[test]
@@ -260,7 +269,7 @@ mod tests {
         let mut counts: Placed<SequenceHash, u32> = Placed::default();
         let key = |i: u64| SequenceHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         for i in 0..8_000 {
-            counts.insert(key(i), 2);
+            *counts.entry_or_default(key(i)) = 2;
         }
         for i in 0..8_000 {
             let keep = |count: &mut u32| {
@@ -277,20 +286,5 @@ mod tests {
         assert!((0..100).all(|i| counts.get(&key(i)) == Some(&1)));
         assert!(counts.table.num_buckets() <= 1024, "emptied to a quarter, the table shrinks");
         assert_placed(&counts);
-    }
-
-    #[test]
-    fn engine_hashes_of_any_shape_are_placed_and_replaced() {
-        // Small, sequential engine hashes: mixed before they pick a bucket.
-        let mut blocks: Placed<EngineBlockHash, u32> = Placed::default();
-        for i in 0..5_000u64 {
-            blocks.insert(i, i as u32);
-        }
-        assert_placed(&blocks);
-        blocks.insert(7, 70);
-        assert_eq!((blocks.get(&7), blocks.len()), (Some(&70), 5_000));
-        *blocks.get_mut(&8).expect("held") += 1;
-        assert_eq!(blocks.get(&8), Some(&9));
-        assert_eq!(blocks.keys().count(), 5_000);
     }
 }
