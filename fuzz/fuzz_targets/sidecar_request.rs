@@ -22,7 +22,7 @@ use kvpick_sidecar::flow::{OWN_FIELDS, own_fields_removed};
 use kvpick_sidecar::prefiller::Prefiller;
 use kvpick_sidecar::protocol::{Body, Route, sglang, trtllm, vllm};
 use libfuzzer_sys::fuzz_target;
-use serde_json::{Value, json};
+use serde_json::json;
 
 fuzz_target!(|data: &[u8]| {
     // The first line is the header's value(s), split on '\n' into repeats;
@@ -47,20 +47,36 @@ fuzz_target!(|data: &[u8]| {
 
     // A body that may name the fields but cannot be read is refused.
     let Ok((cleaned, parsed)) = own_fields_removed(Bytes::copy_from_slice(body)) else { return };
-    if let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&cleaned) {
-        assert!(!OWN_FIELDS.iter().any(|f| map.contains_key(*f)), "{map:?}");
+    // Read as the sidecar reads it (a `Value` would refuse numbers past
+    // f64's range, which JSON allows and the engines read).
+    if let Ok(read) = Body::parse(&cleaned) {
+        assert!(!OWN_FIELDS.iter().any(|f| read.contains_key(f)), "{:?}", read.keys().collect::<Vec<_>>());
     }
     let Some(body) = parsed.or_else(|| Body::parse(&cleaned).ok()) else {
         return;
     };
     for route in [Route::Chat, Route::Completions, Route::VllmGenerate, Route::SglangGenerate] {
         let prefill = vllm::prefill_body(&body, route);
+        let vllm_rewrites = [
+            "kv_transfer_params",
+            "stream",
+            "stream_options",
+            "sampling_params",
+            "max_tokens",
+            "max_completion_tokens",
+            "min_tokens",
+            "min_completion_tokens",
+        ];
+        as_written_but(&body, &prefill, &vllm_rewrites);
+        as_written_but(&prefill, &body, &vllm_rewrites);
         assert_eq!(prefill.get("stream"), Some(json!(false)));
         assert_eq!(
             prefill.get("kv_transfer_params").and_then(|p| p.get("do_remote_decode").cloned()),
             Some(json!(true))
         );
         let both = sglang::with_bootstrap(&body, route, [10, 0, 0, 1].into(), 8998);
+        as_written_but(&both, &body, &["bootstrap_host", "bootstrap_port", "bootstrap_room"]);
+        as_written_but(&body, &both, &["bootstrap_host", "bootstrap_port", "bootstrap_room"]);
         assert!(both.contains_key("bootstrap_room"));
         let answer = body.to_value();
         if let Ok(params) = vllm::transfer_params(&answer) {
@@ -80,10 +96,19 @@ fuzz_target!(|data: &[u8]| {
     // allows and the engines read), and the client's fields the leg does not
     // rewrite are as written.
     let rewritten = ["disaggregated_params", "stream", "stream_options", "max_tokens", "max_completion_tokens"];
-    let sent = Body::parse(&context.to_vec());
-    assert!(sent.is_ok(), "{:?}", String::from_utf8_lossy(&context.to_vec()));
-    let sent = sent.unwrap_or_default();
-    for key in body.keys().filter(|k| !rewritten.contains(k)) {
-        assert_eq!(sent.raw(key), body.raw(key), "{key}");
-    }
+    as_written_but(&body, &context, &rewritten);
+    as_written_but(&context, &body, &rewritten);
 });
+
+/// What `leg` sends reads back as a JSON object, as the sidecar reads a
+/// client's; every field of `from` but the `rewritten` ones is in it as
+/// written, byte for byte. (Called both ways: the client's fields reach
+/// the leg, and the leg adds none but its rewrites.)
+fn as_written_but(from: &Body, leg: &Body, rewritten: &[&str]) {
+    let sent = Body::parse(&leg.to_vec());
+    assert!(sent.is_ok(), "{:?}", String::from_utf8_lossy(&leg.to_vec()));
+    let sent = sent.unwrap_or_default();
+    for key in from.keys().filter(|k| !rewritten.contains(k)) {
+        assert_eq!(sent.raw(key), from.raw(key), "{key}");
+    }
+}

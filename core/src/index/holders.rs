@@ -2,8 +2,9 @@
 //! holding it.
 //!
 //! It is one of the index's two big tables (at the bench's 64 workers, 26
-//! of 95.4 bytes per entry with `SlotSet`s, 18 of 87 with words), and the
-//! only one a lookup reads. A shard of at most 64 slots keeps each
+//! of 95.4 bytes per entry with `SlotSet`s, 18 of 87 with words; the
+//! per-worker tables took the rest, before their slab), and the only one a
+//! lookup reads. A shard of at most 64 slots keeps each
 //! block's holders as one word of bits: 16-byte buckets instead of the
 //! 24 a [`SlotSet`] takes, so 4 buckets to a cache line instead of 2.7
 //! (perf/README, "A one-word holder table"). The shard's 65th slot widens

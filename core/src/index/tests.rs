@@ -110,6 +110,26 @@ fn removal_of_a_middle_block_cuts_the_overlap_there() {
 }
 
 #[test]
+fn a_leaf_removed_and_stored_again_with_other_content_answers_for_the_new_content() {
+    // The removed leaf's record is reused; nothing of the old one may leak.
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let toks = tokens(3, 0);
+    store(&mut index, 0, None, 1, &toks);
+    index.remove(0, &[3]).unwrap();
+    let mut other = toks.clone();
+    other[(2 * BS) as usize..].copy_from_slice(&tokens(1, 900));
+    store(&mut index, 0, Some(2), 3, &other[(2 * BS) as usize..]);
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 2)]);
+    assert_eq!(matches(&index, &prompt(&other)), vec![(0, 3)]);
+    let export = index.export_worker(0).expect("worker 0").sorted();
+    let seqs: Vec<(u64, SequenceHash)> = export.blocks.iter().map(|b| (b.engine, b.seq)).collect();
+    let other_seqs = prompt(&other);
+    assert_eq!(seqs, vec![(1, other_seqs[0]), (2, other_seqs[1]), (3, other_seqs[2])]);
+    assert_eq!(index.entries(), 3);
+}
+
+#[test]
 fn engine_hash_reused_for_other_content_falls_back_to_scanning() {
     let mut index = KvIndex::default();
     index.add_worker(0);

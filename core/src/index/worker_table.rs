@@ -1,19 +1,21 @@
-//! One worker's blocks by engine hash: the blocks themselves in a dense
-//! slab, and a hash table of 4-byte slab ids.
+//! One worker's blocks by engine hash: the blocks themselves in a slab,
+//! and a hash table of 4-byte slab ids.
 //!
 //! Why not a `Placed<EngineBlockHash, StoredBlock>` (until 2026-12-05):
-//! its 32-byte buckets, at the 44-88% load a doubling hash table keeps,
-//! cost 36-73 bytes per block, 69 of the index's 87 bytes per entry at the
-//! bench's 1,000,000 entries. Here a block costs its 32-byte record in a
-//! slab kept 80-100% full (it grows by a quarter; a removed record's place
-//! is reused first), plus a 5-byte bucket (id and control byte) at that
-//! load: 87 → 63 bytes per entry at 1,000,000, 72 → 66 on average over
-//! population sizes (perf/results/2026-12-05-tables-tried.md).
+//! its 32-byte buckets and control bytes, at the 44-88% load a doubling
+//! hash table keeps, cost 38-75 bytes per block, 69 of the index's 87
+//! bytes per entry at the bench's 1,000,000 entries. Here a block costs its
+//! 32-byte record in a slab that grows by a quarter (80-100% full while a
+//! worker's cache grows; a removed record's place is reused first), plus a
+//! 5-byte bucket (id and control byte) at that load: 87 -> 63 bytes per
+//! entry at 1,000,000, 72 -> 66 on average over population sizes
+//! (perf/results/2026-12-05-tables-tried.md).
 //!
 //! The price is a second place in memory per lookup of a held block: the
-//! table finds candidate ids by hashbrown's one-byte tags, and the record
-//! says whether the engine hash is the one asked for. A new block (most
-//! stores) matches no tag, so its lookup reads no record.
+//! table finds candidate ids by hashbrown's 7-bit tags, and the record says
+//! whether the engine hash is the one asked for. A new block (most stores)
+//! rarely matches a tag (1 in 128 per full bucket scanned), so its lookup
+//! rarely reads a record.
 
 use hashbrown::HashTable;
 
@@ -82,6 +84,7 @@ impl WorkerTable {
     pub(super) fn reserve(&mut self, additional: usize) {
         let records = &self.records;
         self.ids.reserve(additional, |&id| records[id as usize].0.hash());
+        self.records.reserve_exact(additional.saturating_sub(self.free.len()));
         self.place = None;
     }
 
@@ -106,10 +109,10 @@ impl WorkerTable {
                     // worker's cache grows, not at its steady size.
                     self.records.reserve_exact((self.records.len() / 4).max(16));
                 }
-                // A worker holds far fewer than 2^32 blocks: the index's
-                // budget and memory (32 bytes a record) stop it long before.
-                debug_assert!(self.records.len() < u32::MAX as usize);
-                let id = u32::try_from(self.records.len()).unwrap_or(u32::MAX);
+                // 2^32 records are 128 GiB on one worker: the index's
+                // budget (a quarter of the machine's memory by default)
+                // stops a worker long before, whatever its engine sends.
+                let id = u32::try_from(self.records.len()).expect("fewer than 2^32 records per worker");
                 self.records.push((engine, block));
                 id
             }
@@ -133,15 +136,16 @@ impl WorkerTable {
     }
 
     /// A table left a quarter full (see `shrunk_capacity`) is rebuilt
-    /// dense: records in a fresh slab, ids to match, the free list gone.
+    /// dense: records in a fresh slab with a quarter to spare, ids to
+    /// match, the free list gone.
     fn compact_if_sparse(&mut self) {
         if shrunk_capacity(self.ids.len(), self.records.len()).is_none() {
             return;
         }
         let live: Vec<(EngineBlockHash, StoredBlock)> =
             self.ids.iter().map(|&id| self.records[id as usize].clone()).collect();
-        self.ids = HashTable::with_capacity(live.len() * 2);
-        self.records = Vec::with_capacity(live.len() * 2);
+        self.ids = HashTable::with_capacity(live.len() + live.len() / 4);
+        self.records = Vec::with_capacity(live.len() + live.len() / 4);
         self.free = Vec::new();
         self.place = None;
         for (engine, block) in live {
@@ -211,5 +215,59 @@ mod tests {
         assert!((0..100).all(|i| table.get(&key(i)).map(|b| b.seq) == Some(SequenceHash(i))));
         assert!(table.values().all(|b| b.seq.0 < 100));
         assert!(table.table_bytes() * 4 < full, "{} of {full} bytes", table.table_bytes());
+    }
+
+    /// Every id is either in the table or free, never both, and every
+    /// record is one or the other.
+    fn assert_ids_partition_the_slab(table: &WorkerTable) {
+        let mut seen = vec![false; table.records.len()];
+        for &id in table.ids.iter().chain(&table.free) {
+            assert!(!std::mem::replace(&mut seen[id as usize], true), "id {id} twice");
+        }
+        assert!(seen.iter().all(|&s| s), "an id lost");
+    }
+
+    #[test]
+    fn random_stores_removals_and_restores_agree_with_a_map_through_growth_and_rebuilds() {
+        // A small key space, so keys come back (with other content) after
+        // their removal, and the table grows past 1,024 records and empties
+        // to a quarter several times.
+        let mut table = WorkerTable::default();
+        let mut model = std::collections::HashMap::new();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let mut rebuilds = 0;
+        for round in 0..120_000u64 {
+            // Phases: mostly stores, then mostly removals.
+            let storing = (round / 20_000) % 2 == 0;
+            let key = next() % 3_000;
+            if next() % 10 < if storing { 8 } else { 1 } {
+                table.insert(key, block(round, None, key));
+                model.insert(key, round);
+            } else {
+                let before = table.records.len();
+                assert_eq!(table.remove(&key).map(|b| b.seq.0), model.remove(&key));
+                rebuilds += usize::from(table.records.len() < before);
+            }
+            if round % 4_000 == 0 {
+                assert_ids_partition_the_slab(&table);
+            }
+        }
+        assert!(rebuilds >= 2, "{rebuilds} rebuilds");
+        assert_ids_partition_the_slab(&table);
+        assert_eq!(table.len(), model.len());
+        for key in 0..3_000 {
+            assert_eq!(table.get(&key).map(|b| b.seq.0), model.get(&key).copied(), "{key}");
+        }
+        let mut held: Vec<(u64, u64)> = table.iter().map(|(k, b)| (*k, b.seq.0)).collect();
+        held.sort_unstable();
+        let mut expected: Vec<(u64, u64)> = model.into_iter().collect();
+        expected.sort_unstable();
+        assert_eq!(held, expected);
     }
 }

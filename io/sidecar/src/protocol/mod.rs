@@ -169,14 +169,14 @@ mod tests {
         // Found by fuzzing (`sidecar_request`): RFC 8259 sets no range on
         // numbers, and the engines' Python `json` reads this one as `inf`
         // and lets the engine answer for it, as it does when the request is
-        // not split. A `serde_json::Value` refuses it, so the sidecar must
-        // never pass a client's value through one.
+        // not split. A `serde_json::Value` (without serde_json's
+        // `arbitrary_precision`) refuses it, so the sidecar must never pass
+        // a client's value through one.
         let text = b"{\"\":\r8888888888888888e888888888880}";
         let body = Body::parse(text).unwrap_or_default();
         assert_eq!(body.raw(""), Some("8888888888888888e888888888880"));
         assert_eq!(body.keys().collect::<Vec<_>>(), [""]);
         assert_eq!(body.to_vec(), b"{\"\":8888888888888888e888888888880}");
-        assert!(serde_json::from_slice::<Value>(&body.to_vec()).is_err());
         let leg = trtllm::context_body(&body, true);
         assert_eq!(Body::parse(&leg.to_vec()).ok().and_then(|b| b.raw("").map(str::to_owned)).as_deref(), body.raw(""));
     }
