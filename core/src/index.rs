@@ -305,9 +305,10 @@ impl KvIndex {
                 parent.children += 1;
             }
             let stamp = if self.max_entries.is_some() { self.eviction.push_back(slot, engine) } else { 0 };
+            // Not held: looked up above.
             worker
                 .blocks
-                .insert(engine, StoredBlock { children, ..StoredBlock::new(engine, seq, parent_engine, stamp) });
+                .insert_new(engine, StoredBlock { children, ..StoredBlock::new(engine, seq, parent_engine, stamp) });
             if seed != HashSeed::default() {
                 worker.seeds.insert(engine, seed);
             }

@@ -154,7 +154,8 @@ impl KvIndex {
         rebuilt.blocks.reserve(export.blocks.len());
         for block in &export.blocks {
             let stamp = if budget { self.eviction.push_back(slot, block.engine) } else { 0 };
-            rebuilt.blocks.insert(block.engine, StoredBlock::new(block.engine, block.seq, block.parent, stamp));
+            // `check` proved the engine hashes distinct.
+            rebuilt.blocks.insert_new(block.engine, StoredBlock::new(block.engine, block.seq, block.parent, stamp));
             if let Some(seed) = block.seed.filter(|s| *s != HashSeed::default()) {
                 rebuilt.seeds.insert(block.engine, seed);
             }

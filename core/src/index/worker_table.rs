@@ -24,12 +24,15 @@ use super::placed::{Key, Place};
 use super::shrunk_capacity;
 use crate::event::EngineBlockHash;
 
+/// A block and the engine hash it is held under.
+type Record = (EngineBlockHash, StoredBlock);
+
 #[derive(Debug, Default)]
 pub(super) struct WorkerTable {
     /// Slab ids, found by the engine hash of the record they name.
     ids: HashTable<u32>,
     /// Every record, live or free (`free` lists the free ones).
-    records: Vec<(EngineBlockHash, StoredBlock)>,
+    records: Vec<Record>,
     /// Records of removed blocks, reused first.
     free: Vec<u32>,
     /// Where `ids`' buckets were when last placed, for prefetching.
@@ -44,13 +47,12 @@ impl WorkerTable {
     /// Heap bytes: the id table (a control byte each), records, free list.
     pub(super) fn table_bytes(&self) -> usize {
         self.ids.num_buckets() * (std::mem::size_of::<u32>() + 1)
-            + self.records.capacity() * std::mem::size_of::<(EngineBlockHash, StoredBlock)>()
+            + self.records.capacity() * std::mem::size_of::<Record>()
             + self.free.capacity() * std::mem::size_of::<u32>()
     }
 
     fn id(&self, engine: EngineBlockHash) -> Option<u32> {
-        let records = &self.records;
-        self.ids.find(engine.hash(), |&id| records[id as usize].0 == engine).copied()
+        self.ids.find(engine.hash(), names(&self.records, engine)).copied()
     }
 
     pub(super) fn get(&self, engine: &EngineBlockHash) -> Option<&StoredBlock> {
@@ -82,18 +84,24 @@ impl WorkerTable {
 
     /// Room for `additional` more blocks.
     pub(super) fn reserve(&mut self, additional: usize) {
-        let records = &self.records;
-        self.ids.reserve(additional, |&id| records[id as usize].0.hash());
+        self.ids.reserve(additional, hash_of(&self.records));
         self.records.reserve_exact(additional.saturating_sub(self.free.len()));
         self.place = None;
     }
 
     /// Inserts or replaces `engine`'s block.
     pub(super) fn insert(&mut self, engine: EngineBlockHash, block: StoredBlock) {
-        if let Some(id) = self.id(engine) {
-            self.records[id as usize].1 = block;
-            return;
+        match self.id(engine) {
+            Some(id) => self.records[id as usize].1 = block,
+            None => self.insert_new(engine, block),
         }
+    }
+
+    /// Inserts a block the caller knows is not held (a store that just
+    /// looked it up, an import of distinct hashes, a rebuild): one probe
+    /// fewer than `insert`.
+    pub(super) fn insert_new(&mut self, engine: EngineBlockHash, block: StoredBlock) {
+        debug_assert!(self.id(engine).is_none(), "{engine:#x} is held already");
         let id = match self.free.pop() {
             Some(id) => {
                 self.records[id as usize] = (engine, block);
@@ -117,15 +125,13 @@ impl WorkerTable {
                 id
             }
         };
-        let records = &self.records;
-        let bucket = self.ids.insert_unique(engine.hash(), id, |&id| records[id as usize].0.hash()).bucket_index();
+        let bucket = self.ids.insert_unique(engine.hash(), id, hash_of(&self.records)).bucket_index();
         self.place = Some(Place::of(&mut self.ids, bucket).0);
     }
 
     /// Removes `engine`'s block; its record is reused by the next insert.
     pub(super) fn remove(&mut self, engine: &EngineBlockHash) -> Option<StoredBlock> {
-        let records = &self.records;
-        let Ok(entry) = self.ids.find_entry(engine.hash(), |&id| records[id as usize].0 == *engine) else {
+        let Ok(entry) = self.ids.find_entry(engine.hash(), names(&self.records, *engine)) else {
             return None;
         };
         let (id, _) = entry.remove();
@@ -142,14 +148,13 @@ impl WorkerTable {
         if shrunk_capacity(self.ids.len(), self.records.len()).is_none() {
             return;
         }
-        let live: Vec<(EngineBlockHash, StoredBlock)> =
-            self.ids.iter().map(|&id| self.records[id as usize].clone()).collect();
+        let live: Vec<Record> = self.ids.iter().map(|&id| self.records[id as usize].clone()).collect();
         self.ids = HashTable::with_capacity(live.len() + live.len() / 4);
         self.records = Vec::with_capacity(live.len() + live.len() / 4);
         self.free = Vec::new();
         self.place = None;
         for (engine, block) in live {
-            self.insert(engine, block);
+            self.insert_new(engine, block);
         }
     }
 
@@ -161,6 +166,16 @@ impl WorkerTable {
             place.prefetch_run::<u32>(engine.hash());
         }
     }
+}
+
+/// Whether an id names `engine`'s record: the table's equality.
+fn names(records: &[Record], engine: EngineBlockHash) -> impl Fn(&u32) -> bool + '_ {
+    move |&id| records[id as usize].0 == engine
+}
+
+/// The hash of the record an id names: the table's hasher on growth.
+fn hash_of(records: &[Record]) -> impl Fn(&u32) -> u64 + '_ {
+    |&id| records[id as usize].0.hash()
 }
 
 #[cfg(test)]
