@@ -39,17 +39,18 @@ mod worker_table;
 use eviction::EvictionQueue;
 use holders::Holders;
 pub use snapshot::{BlockRecord, ImportError, OrphanRecord, WorkerExport};
-use worker_table::WorkerTable;
+use worker_table::{StoredBlock, WorkerTable};
 
 /// Probe distance of the jump search. 32 keeps a 512-block prompt at 16
 /// probes plus 5 per drop-out group (perf/ measures 16, 32 and 64).
 pub const JUMP: usize = 32;
 
 /// Bytes one (block, worker) entry costs, for turning a memory budget into
-/// an entry cap: the index's tables by capacity plus the eviction queue,
-/// with headroom for the tables' doubling (perf/README.md, "Index memory
-/// budget", measures it by resident memory).
-pub const ENTRY_BYTES: u64 = 224;
+/// an entry cap: resident memory per held entry under eviction churn (the
+/// tables, the eviction queue, allocator slack), 120-159 bytes at 100,000
+/// to 4,000,000 entries on 2026-12-07, with a fifth for margin
+/// (perf/README.md, "Index memory budget").
+pub const ENTRY_BYTES: u64 = 192;
 
 /// A shard's entry cap when `max_bytes` is shared by `shards` shards.
 pub fn max_entries_per_shard(max_bytes: Option<u64>, shards: usize) -> Option<u64> {
@@ -60,44 +61,12 @@ pub fn max_entries_per_shard(max_bytes: Option<u64>, shards: usize) -> Option<u6
 // one-multiply hasher (FxHash) is enough and cheaper than SipHash or aHash.
 type U64Map<K, V> = HashMap<K, V, FxBuildHasher>;
 
-/// One block a worker holds, under its engine hash. 24 bytes: the per-worker
-/// tables hold one per (block, worker) entry, most of the index's memory.
-#[derive(Clone, Debug)]
-struct StoredBlock {
-    seq: SequenceHash,
-    /// The parent's engine hash, or the block's own for none: no event can
-    /// make a block its own parent (see `WorkerExport::check`), and an
-    /// `Option` would cost 8 bytes more per entry. Read through `parent`.
-    parent_or_own: EngineBlockHash,
-    /// Held blocks whose parent is this one.
-    children: u32,
-    /// Its newest entry in the eviction queue (0 with no budget).
-    stamp: u32,
-}
-
-const _: () = assert!(std::mem::size_of::<StoredBlock>() == 24);
-
-impl StoredBlock {
-    fn new(engine: EngineBlockHash, seq: SequenceHash, parent: Option<EngineBlockHash>, stamp: u32) -> Self {
-        debug_assert_ne!(parent, Some(engine), "a block is never its own parent");
-        StoredBlock { seq, parent_or_own: parent.unwrap_or(engine), children: 0, stamp }
-    }
-
-    /// The parent of this block, stored under `engine`.
-    fn parent(&self, engine: EngineBlockHash) -> Option<EngineBlockHash> {
-        (self.parent_or_own != engine).then_some(self.parent_or_own)
-    }
-}
-
 #[derive(Default, Debug)]
 struct WorkerBlocks {
     blocks: WorkerTable,
     /// Extra engine blocks mapping to an already-held sequence hash (the
     /// engine hashed something we do not, e.g. a salt); usually empty.
     dup_refs: U64Map<SequenceHash, u32>,
-    /// Evicted blocks that still have held children: how many, and the
-    /// sequence hash the children were chained from.
-    orphaned_children: U64Map<EngineBlockHash, (u32, SequenceHash)>,
     /// Seeds of held blocks hashed with a seed other than the default (a
     /// LoRA adapter or a cache salt); usually empty.
     seeds: U64Map<EngineBlockHash, HashSeed>,
@@ -231,10 +200,14 @@ impl KvIndex {
                 block_size,
             });
         }
+        let mut parent_id = None;
         let mut parent_seq = match parent {
             None => None,
-            Some(hash) => match worker.blocks.get(&hash) {
-                Some(block) => Some(block.seq),
+            Some(hash) => match worker.blocks.held_id(hash) {
+                Some(id) => {
+                    parent_id = Some(id);
+                    Some(worker.blocks.at(id).seq())
+                }
                 None => return Err(EventError::UnknownParent(hash)),
             },
         };
@@ -244,7 +217,6 @@ impl KvIndex {
             None => seed,
             Some(hash) => worker.seeds.get(&hash).copied().unwrap_or_default(),
         };
-        let mut parent_engine = parent;
         let mut applied = Applied::default();
         // Hash the whole chain first: the loop below then carries no hash
         // from block to block, so consecutive blocks' table misses (a
@@ -285,30 +257,35 @@ impl KvIndex {
                 }
                 break;
             }
-            if let Some(existing) = worker.blocks.get(&engine) {
+            let record = worker.blocks.find(engine);
+            if let Some(id) = record.filter(|&id| worker.blocks.at(id).is_held()) {
                 // Already held: the chain continues from what we recorded, so
                 // a child's parent sequence hash is always its parent's.
-                parent_seq = Some(existing.seq);
-                parent_engine = Some(engine);
+                let existing = worker.blocks.at(id);
+                parent_seq = Some(existing.seq());
+                parent_id = Some(id);
                 seed = worker.seeds.get(&engine).copied().unwrap_or_default();
-                on_spec &= existing.seq == spec[i] && seed == spec_seed;
+                on_spec &= existing.seq() == spec[i] && seed == spec_seed;
                 continue;
             }
             let seq = if on_spec { spec[i] } else { chain(parent_seq, local_block_hash(tokens, seed)) };
-            let mut children = 0;
-            if let Some((adopted, seq_they_chained_from)) = worker.orphaned_children.remove(&engine) {
-                children = adopted;
-                worker.orphans -= u64::from(adopted);
-                worker.tainted |= seq_they_chained_from != seq;
-            }
-            if let Some(parent) = parent_engine.and_then(|p| worker.blocks.get_mut(&p)) {
-                parent.children += 1;
-            }
             let stamp = if self.max_entries.is_some() { self.eviction.push_back(slot, engine) } else { 0 };
-            // Not held: looked up above.
-            worker
-                .blocks
-                .insert_new(engine, StoredBlock { children, ..StoredBlock::new(engine, seq, parent_engine, stamp) });
+            let block = StoredBlock::new(engine, seq, parent_id, stamp);
+            let id = match record {
+                // Removed while children of it stayed held: it takes them
+                // back, and its record (their parent id) with them.
+                Some(gone) => {
+                    let old = *worker.blocks.at(gone);
+                    worker.orphans -= u64::from(old.children());
+                    worker.tainted |= old.seq() != seq;
+                    worker.blocks.revive(gone, block.with_children(old.children()));
+                    gone
+                }
+                None => worker.blocks.insert_new(block),
+            };
+            if let Some(parent) = parent_id {
+                worker.blocks.at_mut(parent).add_child();
+            }
             if seed != HashSeed::default() {
                 worker.seeds.insert(engine, seed);
             }
@@ -317,7 +294,7 @@ impl KvIndex {
             }
             applied.stored += 1;
             parent_seq = Some(seq);
-            parent_engine = Some(engine);
+            parent_id = Some(id);
         }
         self.chain_scratch = spec;
         self.entries += applied.stored;
@@ -351,7 +328,7 @@ impl KvIndex {
             }
             for engine in block_hashes {
                 if let Some(block) = worker.blocks.get(engine) {
-                    self.holders.prefetch_run(block.seq);
+                    self.holders.prefetch_run(block.seq());
                 }
             }
         }
@@ -371,42 +348,42 @@ impl KvIndex {
     /// Forgets one block of one worker; false if it did not hold it.
     fn remove_block(&mut self, slot: Slot, engine: EngineBlockHash) -> bool {
         let Some(Some(worker)) = self.workers.get_mut(slot as usize) else { return false };
-        let Some(block) = worker.blocks.remove(&engine) else { return false };
+        let Some(id) = worker.blocks.held_id(engine) else { return false };
+        let block = *worker.blocks.at(id);
         if worker.seeds.remove(&engine).is_some() {
             shrink_if_sparse(&mut worker.seeds);
         }
-        if let Some(parent) = block.parent(engine) {
-            match worker.blocks.get_mut(&parent) {
-                Some(held) => {
-                    held.children -= 1;
-                    if held.children == 0 && self.max_entries.is_some() {
-                        held.stamp = self.eviction.push_front(slot, parent);
-                    }
+        if let Some(parent_id) = block.parent() {
+            let parent = worker.blocks.at_mut(parent_id);
+            parent.remove_child();
+            if parent.is_held() {
+                if parent.children() == 0 && self.max_entries.is_some() {
+                    parent.stamp = self.eviction.push_front(slot, parent.engine());
                 }
-                None => {
-                    // This block was an orphan; one fewer hangs off `parent`.
-                    worker.orphans -= 1;
-                    if let Some((count, _)) = worker.orphaned_children.get_mut(&parent) {
-                        *count -= 1;
-                        if *count == 0 {
-                            worker.orphaned_children.remove(&parent);
-                        }
-                    }
+            } else {
+                // This block was an orphan; one fewer hangs off `parent`,
+                // whose record goes with its last child.
+                worker.orphans -= 1;
+                if parent.children() == 0 {
+                    worker.blocks.remove(parent_id);
                 }
             }
         }
-        if block.children > 0 {
-            worker.orphans += u64::from(block.children);
-            worker.orphaned_children.insert(engine, (block.children, block.seq));
+        if block.children() > 0 {
+            worker.orphans += u64::from(block.children());
+            worker.blocks.retire(id);
+        } else {
+            worker.blocks.remove(id);
         }
-        match worker.dup_refs.get_mut(&block.seq) {
+        worker.blocks.compact_if_sparse();
+        match worker.dup_refs.get_mut(&block.seq()) {
             Some(refs) => {
                 *refs -= 1;
                 if *refs == 0 {
-                    worker.dup_refs.remove(&block.seq);
+                    worker.dup_refs.remove(&block.seq());
                 }
             }
-            None => self.holders.release(block.seq, slot),
+            None => self.holders.release(block.seq(), slot),
         }
         self.entries -= 1;
         true
@@ -442,7 +419,7 @@ impl KvIndex {
                     .get(q.slot as usize)
                     .and_then(Option::as_ref)
                     .and_then(|w| w.blocks.get(&q.engine))
-                    .is_some_and(|b| b.stamp == q.stamp && b.children == 0)
+                    .is_some_and(|b| b.stamp == q.stamp && b.children() == 0)
             });
         }
     }
@@ -460,7 +437,7 @@ impl KvIndex {
         if let (Some(log), Some(worker)) =
             (&mut self.evicted_log, self.workers.get(slot as usize).and_then(Option::as_ref))
         {
-            log.extend(worker.blocks.keys().map(|&hash| (slot, hash)));
+            log.extend(worker.blocks.keys().map(|hash| (slot, hash)));
         }
         self.clear(slot).removed
     }
@@ -469,7 +446,7 @@ impl KvIndex {
     fn next_victim(&mut self) -> Option<(Slot, EngineBlockHash)> {
         while let Some(q) = self.eviction.pop() {
             let held = self.worker(q.slot).and_then(|w| w.blocks.get(&q.engine));
-            if held.is_some_and(|b| b.stamp == q.stamp && b.children == 0) {
+            if held.is_some_and(|b| b.stamp == q.stamp && b.children() == 0) {
                 return Some((q.slot, q.engine));
             }
         }
@@ -483,7 +460,7 @@ impl KvIndex {
             .enumerate()
             .filter_map(|(slot, w)| Some((slot, w.as_ref()?)))
             .max_by_key(|(_, w)| w.blocks.len())?;
-        let engine = *worker.blocks.keys().next()?;
+        let engine = worker.blocks.keys().next()?;
         Some((slot as Slot, engine))
     }
 
@@ -494,7 +471,7 @@ impl KvIndex {
         };
         let old = std::mem::take(worker);
         for block in old.blocks.values() {
-            self.holders.release(block.seq, slot);
+            self.holders.release(block.seq(), slot);
         }
         let removed = old.blocks.len() as u64;
         self.entries -= removed;
@@ -523,12 +500,8 @@ impl KvIndex {
             // hashbrown: one control byte per bucket; buckets ≈ capacity × 8/7.
             map.capacity() * 8 / 7 * (std::mem::size_of::<(K, V)>() + 1)
         }
-        let workers: usize = self
-            .workers
-            .iter()
-            .flatten()
-            .map(|w| w.blocks.table_bytes() + table(&w.dup_refs) + table(&w.orphaned_children) + table(&w.seeds))
-            .sum();
+        let workers: usize =
+            self.workers.iter().flatten().map(|w| w.blocks.table_bytes() + table(&w.dup_refs) + table(&w.seeds)).sum();
         self.holders.bytes() + workers + self.eviction.capacity_bytes()
     }
 }

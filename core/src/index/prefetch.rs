@@ -77,7 +77,7 @@ impl KvIndex {
                             (Some(end.seq), end.seed)
                         }
                         (Some(parent), _) => match worker.blocks.get(&parent) {
-                            Some(held) => (Some(held.seq), worker.seeds.get(&parent).copied().unwrap_or_default()),
+                            Some(held) => (Some(held.seq()), worker.seeds.get(&parent).copied().unwrap_or_default()),
                             None => continue,
                         },
                     };
@@ -91,7 +91,7 @@ impl KvIndex {
                 KvEvent::Removed { block_hashes } if block_hashes.len() < LONG_REMOVAL => {
                     for engine in block_hashes {
                         if let Some(held) = worker.blocks.get(engine) {
-                            key(held.seq);
+                            key(held.seq());
                         }
                     }
                 }

@@ -103,11 +103,11 @@ impl KvIndex {
     /// The worker's blocks; `None` for a slot with no worker.
     pub fn export_worker(&self, slot: Slot) -> Option<WorkerExport> {
         let worker = self.worker(slot)?;
-        let record = |engine: EngineBlockHash, block: &StoredBlock| BlockRecord {
-            engine,
-            parent: block.parent(engine),
-            seq: block.seq,
-            seed: worker.seeds.get(&engine).copied(),
+        let record = |block: &StoredBlock| BlockRecord {
+            engine: block.engine(),
+            parent: block.parent().map(|id| worker.blocks.at(id).engine()),
+            seq: block.seq(),
+            seed: worker.seeds.get(&block.engine()).copied(),
         };
         let mut blocks = Vec::with_capacity(worker.blocks.len());
         if self.max_entries.is_some() {
@@ -119,18 +119,18 @@ impl KvIndex {
                     && block.stamp == queued.stamp
                     && listed.insert(queued.engine)
                 {
-                    blocks.push(record(queued.engine, block));
+                    blocks.push(record(block));
                 }
             }
-            let rest = worker.blocks.iter().filter(|(engine, _)| !listed.contains(*engine));
-            blocks.extend(rest.map(|(&engine, block)| record(engine, block)));
+            let rest = worker.blocks.values().filter(|block| !listed.contains(&block.engine()));
+            blocks.extend(rest.map(record));
         } else {
-            blocks.extend(worker.blocks.iter().map(|(&engine, block)| record(engine, block)));
+            blocks.extend(worker.blocks.values().map(record));
         }
         let orphaned = worker
-            .orphaned_children
-            .iter()
-            .map(|(&engine, &(_, chained_from))| OrphanRecord { engine, chained_from })
+            .blocks
+            .gone()
+            .map(|block| OrphanRecord { engine: block.engine(), chained_from: block.seq() })
             .collect();
         Some(WorkerExport { blocks, orphaned, tainted: worker.tainted })
     }
@@ -144,18 +144,19 @@ impl KvIndex {
             return Err(ImportError::UnknownWorker);
         }
         export.check()?;
-        let mut orphaned: U64Map<EngineBlockHash, (u32, SequenceHash)> =
-            export.orphaned.iter().map(|o| (o.engine, (0, o.chained_from))).collect();
+        let chained_from: U64Map<EngineBlockHash, SequenceHash> =
+            export.orphaned.iter().map(|o| (o.engine, o.chained_from)).collect();
 
         let removed = self.clear(slot).removed;
         let budget = self.max_entries.is_some();
         let Some(Some(worker)) = self.workers.get_mut(slot as usize) else { return Err(ImportError::UnknownWorker) };
         let mut rebuilt = WorkerBlocks { tainted: export.tainted, ..WorkerBlocks::default() };
         rebuilt.blocks.reserve(export.blocks.len());
+        let mut ids = Vec::with_capacity(export.blocks.len());
         for block in &export.blocks {
             let stamp = if budget { self.eviction.push_back(slot, block.engine) } else { 0 };
             // `check` proved the engine hashes distinct.
-            rebuilt.blocks.insert_new(block.engine, StoredBlock::new(block.engine, block.seq, block.parent, stamp));
+            ids.push(rebuilt.blocks.insert_new(StoredBlock::new(block.engine, block.seq, None, stamp)));
             if let Some(seed) = block.seed.filter(|s| *s != HashSeed::default()) {
                 rebuilt.seeds.insert(block.engine, seed);
             }
@@ -163,26 +164,32 @@ impl KvIndex {
                 *rebuilt.dup_refs.entry(block.seq).or_default() += 1;
             }
         }
-        // Children counts and orphans, from the parent links alone.
-        for block in &export.blocks {
+        // Parent ids, children counts and orphans, from the parent links
+        // alone. A missing parent gets a gone record (`worker_table`), with
+        // the sequence hash its orphan record gives; an orphan record no
+        // held block names describes nothing and is dropped.
+        for (block, &id) in export.blocks.iter().zip(&ids) {
             let Some(parent) = block.parent else { continue };
-            if let Some(held) = rebuilt.blocks.get_mut(&parent) {
-                held.children += 1;
-            } else {
+            let parent_id = match rebuilt.blocks.find(parent) {
+                Some(parent_id) => parent_id,
+                None => {
+                    let seq = chained_from.get(&parent).copied().unwrap_or_else(|| {
+                        // No record (an export that lost it): the chain
+                        // cannot be checked when the parent comes back,
+                        // so the worker is scanned from now on.
+                        rebuilt.tainted = true;
+                        SequenceHash(0)
+                    });
+                    rebuilt.blocks.insert_gone(parent, seq)
+                }
+            };
+            let parent_record = rebuilt.blocks.at_mut(parent_id);
+            parent_record.add_child();
+            if !parent_record.is_held() {
                 rebuilt.orphans += 1;
-                // A held block's missing parent with no record (an export
-                // that lost it): its chain cannot be checked when the
-                // parent comes back, so the worker is scanned from now on.
-                let entry = orphaned.entry(parent).or_insert_with(|| {
-                    rebuilt.tainted = true;
-                    (0, SequenceHash(0))
-                });
-                entry.0 += 1;
             }
+            rebuilt.blocks.at_mut(id).set_parent(parent_id);
         }
-        // A record with no held child describes nothing.
-        orphaned.retain(|_, (children, _)| *children > 0);
-        rebuilt.orphaned_children = orphaned;
         *worker = rebuilt;
         let stored = export.blocks.len() as u64;
         self.entries += stored;

@@ -5,10 +5,9 @@
 //! its 32-byte buckets and control bytes, at the 44-88% load a doubling
 //! hash table keeps, cost 38-75 bytes per block, 69 of the index's 87
 //! bytes per entry at the bench's 1,000,000 entries. Here a block costs its
-//! 32-byte record in a slab that grows by a quarter (80-100% full while a
+//! 28-byte record in a slab that grows by a quarter (80-100% full while a
 //! worker's cache grows; a removed record's place is reused first), plus a
-//! 5-byte bucket (id and control byte) at that load: 87 -> 63 bytes per
-//! entry at 1,000,000, 72 -> 66 on average over population sizes
+//! 5-byte bucket (id and control byte) at that load
 //! (perf/results/2026-12-05-tables-tried.md).
 //!
 //! The price is a second place in memory per lookup of a held block: the
@@ -16,70 +15,166 @@
 //! whether the engine hash is the one asked for. A new block (most stores)
 //! rarely matches a tag (1 in 128 per full bucket scanned), so its lookup
 //! rarely reads a record.
+//!
+//! A record names its parent by slab id, not engine hash: 4 bytes instead
+//! of 8, and a removal reaches the parent without a hash lookup. Ids must
+//! then stay valid while a child points at them, so a removed block that
+//! still has held children keeps its record, marked gone: found by its
+//! engine hash (a re-stored block takes its record and children back), not
+//! held (`get`, `len` and the iterators leave it out). It is freed with
+//! its last child. Rebuilding the slab renumbers the parents with it.
 
 use hashbrown::HashTable;
 
-use super::StoredBlock;
 use super::placed::{Key, Place};
 use super::shrunk_capacity;
 use crate::event::EngineBlockHash;
+use crate::hashing::SequenceHash;
 
-/// A block and the engine hash it is held under.
-type Record = (EngineBlockHash, StoredBlock);
+/// A block's place in its worker's slab.
+pub(super) type BlockId = u32;
+
+const NO_PARENT: BlockId = BlockId::MAX;
+/// In `children`: the block is not held; its record is kept for its held
+/// children (see module docs). A worker holds fewer than 2^31 blocks (a
+/// record is 28 bytes; the index's budget stops it long before).
+const GONE: u32 = 1 << 31;
+
+/// One block of a worker. 28 bytes, packed to 4-byte alignment (x86 and
+/// ARM read the unaligned 8-byte fields at full speed): the slabs hold one
+/// per (block, worker) entry, most of the index's memory, and 8-byte
+/// alignment would pad it to 32.
+#[repr(C, packed(4))]
+#[derive(Clone, Copy, Debug)]
+pub(super) struct StoredBlock {
+    engine: EngineBlockHash,
+    seq: SequenceHash,
+    /// The parent's id, or `NO_PARENT`. Read through `parent`.
+    parent: BlockId,
+    /// Held blocks whose parent is this one, and the `GONE` bit.
+    children: u32,
+    /// Its newest entry in the eviction queue (0 with no budget).
+    pub stamp: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<StoredBlock>() == 28);
+
+impl StoredBlock {
+    pub(super) fn new(engine: EngineBlockHash, seq: SequenceHash, parent: Option<BlockId>, stamp: u32) -> Self {
+        StoredBlock { engine, seq, parent: parent.unwrap_or(NO_PARENT), children: 0, stamp }
+    }
+
+    pub(super) fn engine(&self) -> EngineBlockHash {
+        self.engine
+    }
+
+    /// The sequence hash of the prefix this block ends (for a gone block:
+    /// the one its held children were chained from).
+    pub(super) fn seq(&self) -> SequenceHash {
+        self.seq
+    }
+
+    pub(super) fn parent(&self) -> Option<BlockId> {
+        let parent = self.parent;
+        (parent != NO_PARENT).then_some(parent)
+    }
+
+    pub(super) fn set_parent(&mut self, parent: BlockId) {
+        self.parent = parent;
+    }
+
+    /// This block, held, with `children` held children.
+    pub(super) fn with_children(self, children: u32) -> Self {
+        debug_assert!(children < GONE);
+        StoredBlock { children, ..self }
+    }
+
+    /// Held blocks whose parent is this one.
+    pub(super) fn children(&self) -> u32 {
+        self.children & !GONE
+    }
+
+    pub(super) fn is_held(&self) -> bool {
+        self.children & GONE == 0
+    }
+
+    pub(super) fn add_child(&mut self) {
+        debug_assert!(self.children() < GONE - 1);
+        self.children += 1;
+    }
+
+    pub(super) fn remove_child(&mut self) {
+        debug_assert!(self.children() > 0);
+        self.children -= 1;
+    }
+}
 
 #[derive(Debug, Default)]
 pub(super) struct WorkerTable {
     /// Slab ids, found by the engine hash of the record they name.
-    ids: HashTable<u32>,
-    /// Every record, live or free (`free` lists the free ones).
-    records: Vec<Record>,
+    ids: HashTable<BlockId>,
+    /// Every record, held, gone or free (`free` lists the free ones).
+    records: Vec<StoredBlock>,
     /// Records of removed blocks, reused first.
-    free: Vec<u32>,
+    free: Vec<BlockId>,
+    /// Records in `ids` marked gone.
+    gone: usize,
     /// Where `ids`' buckets were when last placed, for prefetching.
     place: Option<Place>,
 }
 
 impl WorkerTable {
+    /// Blocks held.
     pub(super) fn len(&self) -> usize {
-        self.ids.len()
+        self.ids.len() - self.gone
     }
 
     /// Heap bytes: the id table (a control byte each), records, free list.
     pub(super) fn table_bytes(&self) -> usize {
-        self.ids.num_buckets() * (std::mem::size_of::<u32>() + 1)
-            + self.records.capacity() * std::mem::size_of::<Record>()
-            + self.free.capacity() * std::mem::size_of::<u32>()
+        self.ids.num_buckets() * (std::mem::size_of::<BlockId>() + 1)
+            + self.records.capacity() * std::mem::size_of::<StoredBlock>()
+            + self.free.capacity() * std::mem::size_of::<BlockId>()
     }
 
-    fn id(&self, engine: EngineBlockHash) -> Option<u32> {
+    /// The record under `engine`, held or gone.
+    pub(super) fn find(&self, engine: EngineBlockHash) -> Option<BlockId> {
         self.ids.find(engine.hash(), names(&self.records, engine)).copied()
     }
 
-    pub(super) fn get(&self, engine: &EngineBlockHash) -> Option<&StoredBlock> {
-        self.id(*engine).map(|id| &self.records[id as usize].1)
+    /// `engine`'s block, if held.
+    pub(super) fn held_id(&self, engine: EngineBlockHash) -> Option<BlockId> {
+        self.find(engine).filter(|&id| self.records[id as usize].is_held())
     }
 
-    pub(super) fn get_mut(&mut self, engine: &EngineBlockHash) -> Option<&mut StoredBlock> {
-        self.id(*engine).map(|id| &mut self.records[id as usize].1)
+    pub(super) fn get(&self, engine: &EngineBlockHash) -> Option<&StoredBlock> {
+        self.held_id(*engine).map(|id| &self.records[id as usize])
     }
 
     pub(super) fn contains_key(&self, engine: &EngineBlockHash) -> bool {
-        self.id(*engine).is_some()
+        self.held_id(*engine).is_some()
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = (&EngineBlockHash, &StoredBlock)> {
-        self.ids.iter().map(|&id| {
-            let (engine, block) = &self.records[id as usize];
-            (engine, block)
-        })
+    /// The record behind an id this table gave (held or gone).
+    pub(super) fn at(&self, id: BlockId) -> &StoredBlock {
+        &self.records[id as usize]
     }
 
-    pub(super) fn keys(&self) -> impl Iterator<Item = &EngineBlockHash> {
-        self.iter().map(|(engine, _)| engine)
+    pub(super) fn at_mut(&mut self, id: BlockId) -> &mut StoredBlock {
+        &mut self.records[id as usize]
     }
 
+    /// Held blocks.
     pub(super) fn values(&self) -> impl Iterator<Item = &StoredBlock> {
-        self.iter().map(|(_, block)| block)
+        self.ids.iter().map(|&id| &self.records[id as usize]).filter(|block| block.is_held())
+    }
+
+    pub(super) fn keys(&self) -> impl Iterator<Item = EngineBlockHash> + '_ {
+        self.values().map(|block| block.engine)
+    }
+
+    /// Records kept only for their held children.
+    pub(super) fn gone(&self) -> impl Iterator<Item = &StoredBlock> {
+        self.ids.iter().map(|&id| &self.records[id as usize]).filter(|block| !block.is_held())
     }
 
     /// Room for `additional` more blocks.
@@ -89,22 +184,13 @@ impl WorkerTable {
         self.place = None;
     }
 
-    /// Inserts or replaces `engine`'s block.
-    pub(super) fn insert(&mut self, engine: EngineBlockHash, block: StoredBlock) {
-        match self.id(engine) {
-            Some(id) => self.records[id as usize].1 = block,
-            None => self.insert_new(engine, block),
-        }
-    }
-
-    /// Inserts a block the caller knows is not held (a store that just
-    /// looked it up, an import of distinct hashes, a rebuild): one probe
-    /// fewer than `insert`.
-    pub(super) fn insert_new(&mut self, engine: EngineBlockHash, block: StoredBlock) {
-        debug_assert!(self.id(engine).is_none(), "{engine:#x} is held already");
+    /// Stores a block whose engine hash has no record (held or gone): a
+    /// store that just looked it up, an import of distinct hashes.
+    pub(super) fn insert_new(&mut self, block: StoredBlock) -> BlockId {
+        debug_assert!(self.find(block.engine).is_none(), "{:#x} has a record already", { block.engine });
         let id = match self.free.pop() {
             Some(id) => {
-                self.records[id as usize] = (engine, block);
+                self.records[id as usize] = block;
                 id
             }
             None => {
@@ -117,45 +203,96 @@ impl WorkerTable {
                     // worker's cache grows, not at its steady size.
                     self.records.reserve_exact((self.records.len() / 4).max(16));
                 }
-                // 2^32 records are 128 GiB on one worker: the index's
+                // 2^32 records are 112 GiB on one worker: the index's
                 // budget (a quarter of the machine's memory by default)
                 // stops a worker long before, whatever its engine sends.
-                let id = u32::try_from(self.records.len()).expect("fewer than 2^32 records per worker");
-                self.records.push((engine, block));
+                let id = BlockId::try_from(self.records.len())
+                    .ok()
+                    .filter(|&id| id != NO_PARENT)
+                    .expect("fewer than 2^32 - 1 records per worker");
+                self.records.push(block);
                 id
             }
         };
-        let bucket = self.ids.insert_unique(engine.hash(), id, hash_of(&self.records)).bucket_index();
+        let bucket = self.ids.insert_unique(block.engine.hash(), id, hash_of(&self.records)).bucket_index();
         self.place = Some(Place::of(&mut self.ids, bucket).0);
+        id
     }
 
-    /// Removes `engine`'s block; its record is reused by the next insert.
-    pub(super) fn remove(&mut self, engine: &EngineBlockHash) -> Option<StoredBlock> {
-        let Ok(entry) = self.ids.find_entry(engine.hash(), names(&self.records, *engine)) else {
-            return None;
+    /// A gone record, with no children yet, for a block whose engine hash
+    /// has no record: an imported block's missing parent.
+    pub(super) fn insert_gone(&mut self, engine: EngineBlockHash, seq: SequenceHash) -> BlockId {
+        let id = self.insert_new(StoredBlock::new(engine, seq, None, 0));
+        self.records[id as usize].children = GONE;
+        self.gone += 1;
+        id
+    }
+
+    /// Holds a gone record's block again, as `block` (same engine hash).
+    pub(super) fn revive(&mut self, id: BlockId, block: StoredBlock) {
+        let record = &mut self.records[id as usize];
+        debug_assert!(!record.is_held() && { record.engine } == { block.engine });
+        debug_assert!(block.is_held());
+        *record = block;
+        self.gone -= 1;
+    }
+
+    /// Marks a held block gone: its record stays for its held children.
+    pub(super) fn retire(&mut self, id: BlockId) {
+        let record = &mut self.records[id as usize];
+        debug_assert!(record.is_held() && record.children() > 0);
+        record.children |= GONE;
+        record.parent = NO_PARENT;
+        self.gone += 1;
+    }
+
+    /// Frees a record (held or gone) for reuse; no record may name it as
+    /// parent. Call `compact_if_sparse` once the caller holds no id.
+    pub(super) fn remove(&mut self, id: BlockId) {
+        let record = self.records[id as usize];
+        let Ok(entry) = self.ids.find_entry(record.engine.hash(), |&other| other == id) else {
+            debug_assert!(false, "id {id} is not in the table");
+            return;
         };
-        let (id, _) = entry.remove();
-        let block = self.records[id as usize].1.clone();
+        entry.remove();
+        if !record.is_held() {
+            self.gone -= 1;
+        }
         self.free.push(id);
-        self.compact_if_sparse();
-        Some(block)
     }
 
     /// A table left a quarter full (see `shrunk_capacity`) is rebuilt
-    /// dense: records in a fresh slab with a quarter to spare, ids to
-    /// match, the free list gone.
-    fn compact_if_sparse(&mut self) {
+    /// dense: records in a fresh slab with a quarter to spare, renumbered
+    /// (parents with them), ids to match, the free list gone. Every id
+    /// given out before is void.
+    pub(super) fn compact_if_sparse(&mut self) {
         if shrunk_capacity(self.ids.len(), self.records.len()).is_none() {
             return;
         }
-        let live: Vec<Record> = self.ids.iter().map(|&id| self.records[id as usize].clone()).collect();
-        self.ids = HashTable::with_capacity(live.len() + live.len() / 4);
-        self.records = Vec::with_capacity(live.len() + live.len() / 4);
-        self.free = Vec::new();
-        self.place = None;
-        for (engine, block) in live {
-            self.insert_new(engine, block);
+        let live = self.ids.len();
+        let mut renumbered = vec![NO_PARENT; self.records.len()];
+        let mut records = Vec::with_capacity(live + live / 4);
+        for &id in self.ids.iter() {
+            renumbered[id as usize] = records.len() as BlockId;
+            records.push(self.records[id as usize]);
         }
+        for record in &mut records {
+            if let Some(parent) = record.parent() {
+                // A parent has a record while a child names it.
+                debug_assert_ne!(renumbered[parent as usize], NO_PARENT);
+                record.parent = renumbered[parent as usize];
+            }
+        }
+        self.records = records;
+        self.free = Vec::new();
+        self.ids = HashTable::with_capacity(live + live / 4);
+        let mut last = None;
+        for (id, record) in self.records.iter().enumerate() {
+            last = Some(
+                self.ids.insert_unique(record.engine.hash(), id as BlockId, hash_of(&self.records)).bucket_index(),
+            );
+        }
+        self.place = last.map(|bucket| Place::of(&mut self.ids, bucket).0);
     }
 
     /// See [`Place::prefetch_run`]: the id buckets a lookup of `engine`
@@ -163,83 +300,125 @@ impl WorkerTable {
     #[inline(always)]
     pub(super) fn prefetch_run(&self, engine: EngineBlockHash) {
         if let Some(place) = self.place {
-            place.prefetch_run::<u32>(engine.hash());
+            place.prefetch_run::<BlockId>(engine.hash());
         }
     }
 }
 
 /// Whether an id names `engine`'s record: the table's equality.
-fn names(records: &[Record], engine: EngineBlockHash) -> impl Fn(&u32) -> bool + '_ {
-    move |&id| records[id as usize].0 == engine
+fn names(records: &[StoredBlock], engine: EngineBlockHash) -> impl Fn(&BlockId) -> bool + '_ {
+    move |&id| records[id as usize].engine == engine
 }
 
 /// The hash of the record an id names: the table's hasher on growth.
-fn hash_of(records: &[Record]) -> impl Fn(&u32) -> u64 + '_ {
-    |&id| records[id as usize].0.hash()
+fn hash_of(records: &[StoredBlock]) -> impl Fn(&BlockId) -> u64 + '_ {
+    |&id| records[id as usize].engine.hash()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hashing::SequenceHash;
 
-    fn block(seq: u64, parent: Option<EngineBlockHash>, engine: EngineBlockHash) -> StoredBlock {
+    fn block(seq: u64, parent: Option<BlockId>, engine: EngineBlockHash) -> StoredBlock {
         StoredBlock::new(engine, SequenceHash(seq), parent, 0)
     }
 
+    fn seq_of(table: &WorkerTable, engine: EngineBlockHash) -> Option<u64> {
+        table.get(&engine).map(|b| b.seq.0)
+    }
+
     #[test]
-    fn blocks_are_found_replaced_removed_and_their_records_reused() {
+    fn blocks_are_found_removed_and_their_records_reused() {
         let mut table = WorkerTable::default();
+        let mut parent = None;
         for engine in 0..5_000u64 {
-            table.insert(engine, block(engine + 1, engine.checked_sub(1), engine));
+            parent = Some(table.insert_new(block(engine + 1, parent, engine)));
         }
         assert_eq!(table.len(), 5_000);
-        assert_eq!(table.get(&7).map(|b| b.seq), Some(SequenceHash(8)));
-        assert_eq!(table.get(&0).and_then(|b| b.parent(0)), None);
-        assert_eq!(table.get(&9).and_then(|b| b.parent(9)), Some(8));
-        table.insert(7, block(70, Some(6), 7));
-        assert_eq!((table.get(&7).map(|b| b.seq), table.len()), (Some(SequenceHash(70)), 5_000));
-        table.get_mut(&8).expect("held").children += 3;
-        assert_eq!(table.get(&8).map(|b| b.children), Some(3));
-        assert_eq!(table.remove(&9).map(|b| b.seq), Some(SequenceHash(10)));
-        assert!(table.remove(&9).is_none() && !table.contains_key(&9));
+        assert_eq!(seq_of(&table, 7), Some(8));
+        assert_eq!(table.get(&0).and_then(StoredBlock::parent), None);
+        let parent_of_9 = table.get(&9).and_then(StoredBlock::parent).expect("a parent");
+        assert_eq!(table.at(parent_of_9).engine(), 8);
+        let eight = table.held_id(8).expect("held");
+        table.at_mut(eight).add_child();
+        table.at_mut(eight).add_child();
+        assert_eq!(table.get(&8).map(StoredBlock::children), Some(2));
+        let nine = table.held_id(9).expect("held");
+        table.remove(nine);
+        assert!(table.held_id(9).is_none() && table.find(9).is_none() && !table.contains_key(&9));
         // The freed record is the next one used: the slab does not grow.
         let slab = table.records.len();
-        table.insert(1_000_000, block(1, None, 1_000_000));
+        assert_eq!(table.insert_new(block(1, None, 1_000_000)), nine);
         assert_eq!(table.records.len(), slab);
-        assert_eq!(table.get(&1_000_000).map(|b| b.seq), Some(SequenceHash(1)));
-        let mut keys: Vec<u64> = table.keys().copied().collect();
+        assert_eq!(seq_of(&table, 1_000_000), Some(1));
+        let mut keys: Vec<u64> = table.keys().collect();
         keys.sort_unstable();
         assert_eq!(keys.len(), 5_000);
         assert!(keys.binary_search(&9).is_err() && keys.binary_search(&1_000_000).is_ok());
     }
 
     #[test]
-    fn a_table_emptied_to_a_quarter_is_rebuilt_dense_and_keeps_every_block() {
+    fn a_gone_record_is_found_but_not_held_and_is_revived_in_place() {
+        let mut table = WorkerTable::default();
+        let root = table.insert_new(block(1, None, 10));
+        let child = table.insert_new(block(2, Some(root), 11));
+        table.at_mut(root).add_child();
+        table.retire(root);
+        assert_eq!((table.len(), table.find(10), table.held_id(10)), (1, Some(root), None));
+        assert!(table.get(&10).is_none() && !table.contains_key(&10));
+        assert_eq!(table.keys().collect::<Vec<_>>(), vec![11]);
+        let gone: Vec<(u64, u32)> = table.gone().map(|b| (b.seq.0, b.children())).collect();
+        assert_eq!(gone, vec![(1, 1)]);
+        assert_eq!(table.at(child).parent(), Some(root), "the child still names it");
+        table.revive(root, block(5, None, 10).with_children(1));
+        assert_eq!((table.len(), seq_of(&table, 10), table.gone().count()), (2, Some(5), 0));
+        // Gone again, then its last child goes: both records freed.
+        table.retire(root);
+        table.remove(child);
+        table.at_mut(root).remove_child();
+        table.remove(root);
+        assert_eq!((table.len(), table.gone, table.ids.len(), table.free.len()), (0, 0, 0, 2));
+    }
+
+    #[test]
+    fn a_table_emptied_to_a_quarter_is_rebuilt_dense_and_keeps_every_block_and_parent() {
         let mut table = WorkerTable::default();
         let key = |i: u64| i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        for i in 0..10_000 {
-            table.insert(key(i), block(i, None, key(i)));
+        // Chains of 10: block i's parent is block i - 1 unless i % 10 == 0.
+        let mut ids = Vec::new();
+        for i in 0..10_000u64 {
+            let parent = (i % 10 != 0).then(|| ids[i as usize - 1]);
+            ids.push(table.insert_new(block(i, parent, key(i))));
         }
+        // Block 5 of chain 0 goes while its child is held: kept, gone.
+        table.at_mut(ids[5]).add_child();
+        table.retire(ids[5]);
         let full = table.table_bytes();
-        for i in 100..10_000 {
-            assert_eq!(table.remove(&key(i)).map(|b| b.seq), Some(SequenceHash(i)));
+        for &id in &ids[100..] {
+            table.remove(id);
         }
-        assert_eq!(table.len(), 100);
-        assert!(table.records.len() <= 1_024 && table.free.len() < 1_024, "{}", table.records.len());
-        assert!((0..100).all(|i| table.get(&key(i)).map(|b| b.seq) == Some(SequenceHash(i))));
-        assert!(table.values().all(|b| b.seq.0 < 100));
+        table.compact_if_sparse();
+        assert_eq!((table.len(), table.gone().count()), (99, 1));
+        assert!(table.records.len() <= 1_024 && table.free.is_empty(), "{}", table.records.len());
+        assert!((0..100).filter(|&i| i != 5).all(|i| seq_of(&table, key(i)) == Some(i)));
+        for i in 0..100u64 {
+            let id = table.find(key(i)).expect("a record");
+            let parent = table.at(id).parent().map(|p| table.at(p).seq.0);
+            let expected = (i % 10 != 0 && i != 5).then(|| i - 1);
+            assert_eq!(parent, expected, "block {i}'s parent, renumbered");
+        }
         assert!(table.table_bytes() * 4 < full, "{} of {full} bytes", table.table_bytes());
     }
 
     /// Every id is either in the table or free, never both, and every
-    /// record is one or the other.
+    /// record is one or the other; gone records are counted.
     fn assert_ids_partition_the_slab(table: &WorkerTable) {
         let mut seen = vec![false; table.records.len()];
         for &id in table.ids.iter().chain(&table.free) {
             assert!(!std::mem::replace(&mut seen[id as usize], true), "id {id} twice");
         }
         assert!(seen.iter().all(|&s| s), "an id lost");
+        assert_eq!(table.gone, table.gone().count());
     }
 
     #[test]
@@ -262,11 +441,19 @@ mod tests {
             let storing = (round / 20_000) % 2 == 0;
             let key = next() % 3_000;
             if next() % 10 < if storing { 8 } else { 1 } {
-                table.insert(key, block(round, None, key));
+                if let Some(id) = table.held_id(key) {
+                    table.remove(id);
+                }
+                table.insert_new(block(round, None, key));
                 model.insert(key, round);
             } else {
                 let before = table.records.len();
-                assert_eq!(table.remove(&key).map(|b| b.seq.0), model.remove(&key));
+                let held = table.held_id(key);
+                assert_eq!(held.map(|id| table.at(id).seq.0), model.remove(&key));
+                if let Some(id) = held {
+                    table.remove(id);
+                    table.compact_if_sparse();
+                }
                 rebuilds += usize::from(table.records.len() < before);
             }
             if round % 4_000 == 0 {
@@ -277,9 +464,9 @@ mod tests {
         assert_ids_partition_the_slab(&table);
         assert_eq!(table.len(), model.len());
         for key in 0..3_000 {
-            assert_eq!(table.get(&key).map(|b| b.seq.0), model.get(&key).copied(), "{key}");
+            assert_eq!(seq_of(&table, key), model.get(&key).copied(), "{key}");
         }
-        let mut held: Vec<(u64, u64)> = table.iter().map(|(k, b)| (*k, b.seq.0)).collect();
+        let mut held: Vec<(u64, u64)> = table.values().map(|b| (b.engine, b.seq.0)).collect();
         held.sort_unstable();
         let mut expected: Vec<(u64, u64)> = model.into_iter().collect();
         expected.sort_unstable();
