@@ -25,6 +25,15 @@ fn store(index: &mut KvIndex, slot: Slot, parent: Option<u64>, first: u64, toks:
     index.store(slot, parent, &hashes, toks, BS, HashSeed::default()).unwrap()
 }
 
+/// Checks every worker's block links (`WorkerTable::assert_links_consistent`)
+/// and that its orphan count is what they give.
+fn assert_whole(index: &KvIndex) {
+    for (slot, worker) in index.workers.iter().enumerate() {
+        let Some(worker) = worker else { continue };
+        assert_eq!(worker.blocks.assert_links_consistent(), worker.orphans, "worker {slot}'s orphans");
+    }
+}
+
 #[test]
 fn overlap_is_the_number_of_leading_blocks_held() {
     let mut index = KvIndex::default();
@@ -127,6 +136,39 @@ fn a_leaf_removed_and_stored_again_with_other_content_answers_for_the_new_conten
     let other_seqs = prompt(&other);
     assert_eq!(seqs, vec![(1, other_seqs[0]), (2, other_seqs[1]), (3, other_seqs[2])]);
     assert_eq!(index.entries(), 3);
+}
+
+#[test]
+fn a_removed_parent_survives_a_slab_rebuild_and_takes_its_child_back() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let toks = tokens(2, 0);
+    store(&mut index, 0, None, 1, &toks);
+    // Enough one-block roots that removing them rebuilds the slab.
+    for root in 0..1_500u64 {
+        store(&mut index, 0, None, 10_000 + root, &tokens(1, 1_000 + 8 * root as u32));
+    }
+    index.remove(0, &[1]).unwrap();
+    assert!(index.needs_scan.contains(0), "block 2 is an orphan");
+    let export = index.export_worker(0).expect("worker 0");
+    assert_eq!(export.orphaned, vec![OrphanRecord { engine: 1, chained_from: prompt(&toks)[0] }]);
+    let records_before = index.workers[0].as_ref().map(|w| w.blocks.table_bytes());
+    let roots: Vec<u64> = (10_000..11_500).collect();
+    assert_eq!(index.remove(0, &roots).unwrap().removed, 1_500);
+    assert!(index.workers[0].as_ref().map(|w| w.blocks.table_bytes()) < records_before, "rebuilt");
+    assert_whole(&index);
+    // The same content again: the child is adopted, the worker whole.
+    store(&mut index, 0, None, 1, &toks[..BS as usize]);
+    let worker = index.workers[0].as_ref().expect("worker 0");
+    assert!(!worker.tainted && worker.orphans == 0 && !index.needs_scan.contains(0));
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 2)]);
+    let export = index.export_worker(0).expect("worker 0");
+    assert_eq!(export.blocks.iter().find(|b| b.engine == 2).and_then(|b| b.parent), Some(1));
+    assert!(export.orphaned.is_empty());
+    assert_whole(&index);
+    index.remove(0, &[2, 1]).unwrap();
+    assert_eq!((index.entries(), index.workers[0].as_ref().map(|w| w.blocks.gone().count())), (0, Some(0)));
+    assert_whole(&index);
 }
 
 #[test]

@@ -305,6 +305,37 @@ impl WorkerTable {
     }
 }
 
+#[cfg(test)]
+impl WorkerTable {
+    /// Checks what the index relies on, from the records alone, and
+    /// returns the held blocks whose parent is gone (the index's `orphans`):
+    /// every record in the table is counted as held or gone, names a parent
+    /// in the table, and has as many children as held records name it; a
+    /// gone record names no parent and has at least one child.
+    pub(super) fn assert_links_consistent(&self) -> u64 {
+        let in_table: std::collections::HashSet<BlockId> = self.ids.iter().copied().collect();
+        let mut named = std::collections::HashMap::<BlockId, u32>::new();
+        let mut orphans = 0;
+        for &id in self.ids.iter() {
+            let record = &self.records[id as usize];
+            assert_eq!(self.find(record.engine()), Some(id), "{:#x} found under its id", record.engine());
+            let Some(parent) = record.parent() else { continue };
+            assert!(record.is_held(), "gone record {:#x} names a parent", record.engine());
+            assert!(in_table.contains(&parent), "{:#x}'s parent is not in the table", record.engine());
+            *named.entry(parent).or_default() += 1;
+            orphans += u64::from(!self.records[parent as usize].is_held());
+        }
+        for &id in self.ids.iter() {
+            let record = &self.records[id as usize];
+            let children = named.get(&id).copied().unwrap_or_default();
+            assert_eq!(record.children(), children, "{:#x}'s children", record.engine());
+            assert!(record.is_held() || children > 0, "gone record {:#x} has no child", record.engine());
+        }
+        assert_eq!(self.gone, self.gone().count());
+        orphans
+    }
+}
+
 /// Whether an id names `engine`'s record: the table's equality.
 fn names(records: &[StoredBlock], engine: EngineBlockHash) -> impl Fn(&BlockId) -> bool + '_ {
     move |&id| records[id as usize].engine == engine
@@ -332,7 +363,11 @@ mod tests {
         let mut table = WorkerTable::default();
         let mut parent = None;
         for engine in 0..5_000u64 {
-            parent = Some(table.insert_new(block(engine + 1, parent, engine)));
+            let id = table.insert_new(block(engine + 1, parent, engine));
+            if let Some(parent) = parent {
+                table.at_mut(parent).add_child();
+            }
+            parent = Some(id);
         }
         assert_eq!(table.len(), 5_000);
         assert_eq!(seq_of(&table, 7), Some(8));
@@ -341,20 +376,25 @@ mod tests {
         assert_eq!(table.at(parent_of_9).engine(), 8);
         let eight = table.held_id(8).expect("held");
         table.at_mut(eight).add_child();
-        table.at_mut(eight).add_child();
         assert_eq!(table.get(&8).map(StoredBlock::children), Some(2));
-        let nine = table.held_id(9).expect("held");
-        table.remove(nine);
-        assert!(table.held_id(9).is_none() && table.find(9).is_none() && !table.contains_key(&9));
+        table.at_mut(eight).remove_child();
+        // The leaf goes (nothing names it); its parent loses a child.
+        let leaf = table.held_id(4_999).expect("held");
+        let parent = table.at(leaf).parent().expect("a parent");
+        table.at_mut(parent).remove_child();
+        table.remove(leaf);
+        assert!(table.held_id(4_999).is_none() && table.find(4_999).is_none() && !table.contains_key(&4_999));
         // The freed record is the next one used: the slab does not grow.
         let slab = table.records.len();
-        assert_eq!(table.insert_new(block(1, None, 1_000_000)), nine);
+        assert_eq!(table.insert_new(block(1, Some(parent), 1_000_000)), leaf);
+        table.at_mut(parent).add_child();
         assert_eq!(table.records.len(), slab);
         assert_eq!(seq_of(&table, 1_000_000), Some(1));
+        assert_eq!(table.assert_links_consistent(), 0);
         let mut keys: Vec<u64> = table.keys().collect();
         keys.sort_unstable();
         assert_eq!(keys.len(), 5_000);
-        assert!(keys.binary_search(&9).is_err() && keys.binary_search(&1_000_000).is_ok());
+        assert!(keys.binary_search(&4_999).is_err() && keys.binary_search(&1_000_000).is_ok());
     }
 
     #[test]
@@ -370,8 +410,11 @@ mod tests {
         let gone: Vec<(u64, u32)> = table.gone().map(|b| (b.seq.0, b.children())).collect();
         assert_eq!(gone, vec![(1, 1)]);
         assert_eq!(table.at(child).parent(), Some(root), "the child still names it");
+        assert_eq!(table.assert_links_consistent(), 1, "the child is an orphan");
         table.revive(root, block(5, None, 10).with_children(1));
         assert_eq!((table.len(), seq_of(&table, 10), table.gone().count()), (2, Some(5), 0));
+        assert_eq!((table.held_id(10), table.at(child).parent()), (Some(root), Some(root)), "in place");
+        assert_eq!(table.assert_links_consistent(), 0);
         // Gone again, then its last child goes: both records freed.
         table.retire(root);
         table.remove(child);
@@ -389,17 +432,26 @@ mod tests {
         for i in 0..10_000u64 {
             let parent = (i % 10 != 0).then(|| ids[i as usize - 1]);
             ids.push(table.insert_new(block(i, parent, key(i))));
+            if let Some(parent) = parent {
+                table.at_mut(parent).add_child();
+            }
         }
-        // Block 5 of chain 0 goes while its child is held: kept, gone.
-        table.at_mut(ids[5]).add_child();
+        // Block 5 of chain 0 goes while its child is held: kept, gone (as
+        // the index does it: its parent loses a child first).
+        table.at_mut(ids[4]).remove_child();
         table.retire(ids[5]);
         let full = table.table_bytes();
-        for &id in &ids[100..] {
+        // Whole chains go, leaves first.
+        for &id in ids[100..].iter().rev() {
+            if let Some(parent) = table.at(id).parent() {
+                table.at_mut(parent).remove_child();
+            }
             table.remove(id);
         }
         table.compact_if_sparse();
+        assert_eq!(table.assert_links_consistent(), 1, "block 6 hangs off the gone block 5");
         assert_eq!((table.len(), table.gone().count()), (99, 1));
-        assert!(table.records.len() <= 1_024 && table.free.is_empty(), "{}", table.records.len());
+        assert_eq!((table.records.len(), table.records.capacity(), table.free.len()), (100, 125, 0));
         assert!((0..100).filter(|&i| i != 5).all(|i| seq_of(&table, key(i)) == Some(i)));
         for i in 0..100u64 {
             let id = table.find(key(i)).expect("a record");

@@ -173,6 +173,8 @@ fn a_budgeted_index_is_an_unbudgeted_one_minus_its_evictions() {
             }
             let opened: Vec<_> = mirror.needs_scan.iter().filter(|slot| !scanned_before.contains(*slot)).collect();
             assert!(opened.is_empty(), "eviction left holes in {opened:?}");
+            assert_whole(&capped);
+            assert_whole(&mirror);
             assert!(capped.entries() <= max, "{} entries over a cap of {max}", capped.entries());
             assert_eq!(capped.entries(), mirror.entries());
             for slot in 0..WORKERS {

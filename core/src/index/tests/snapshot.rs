@@ -51,6 +51,9 @@ impl Events {
             _ => return,
         };
         assert!(results.windows(2).all(|w| w[0] == w[1]), "the indexes answered differently: {results:?}");
+        for index in to.iter() {
+            assert_whole(index);
+        }
     }
 }
 
