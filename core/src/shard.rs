@@ -6,6 +6,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
+use rustc_hash::FxBuildHasher;
 use smallvec::SmallVec;
 
 use crate::booking::{Booking, BookingEvent, ReservationId};
@@ -178,7 +179,11 @@ struct ActiveBooking {
 pub struct Shard {
     index: KvIndex,
     slots: Vec<Option<WorkerEntry>>,
-    by_id: HashMap<WorkerId, Slot>,
+    /// Looked up for every KV event, twice (window prefetch, apply). Ids
+    /// are xxh3 hashes of the pod or endpoint (`kvpick-discovery`), so a
+    /// one-multiply hasher is enough; SipHash took 5% of one-block stores
+    /// at 256 workers (perf/README, "One worker lookup per event").
+    by_id: HashMap<WorkerId, Slot, FxBuildHasher>,
     bookings: HashMap<ReservationId, ActiveBooking>,
     /// Lazily pruned: an entry whose booking is gone or renewed is skipped.
     leases: BinaryHeap<Reverse<(Millis, ReservationId)>>,
@@ -282,18 +287,21 @@ impl Shard {
     }
 
     pub fn apply_event(&mut self, worker: WorkerId, event: &KvEvent) -> Result<Applied, EventError> {
-        let result = self.apply_event_inner(worker, event);
+        let Some(&slot) = self.by_id.get(&worker) else {
+            self.stats.events_rejected += 1;
+            return Err(EventError::UnknownWorker);
+        };
+        let result = self.check_block_size(slot, event).and_then(|()| self.index.apply(slot, event));
+        let entry = self.slots[slot as usize].as_mut().expect("by_id points at live slots");
         match &result {
             Ok(applied) => {
-                if let Some(entry) = self.entry_of_mut(worker) {
-                    // A cleared cache is an empty one, not one churning.
-                    match event {
-                        KvEvent::Cleared => entry.churn = Churn::default(),
-                        _ => entry.churn.record(applied),
-                    }
-                    if matches!(event, KvEvent::Stored { .. }) {
-                        entry.engine_block_size = None;
-                    }
+                // A cleared cache is an empty one, not one churning.
+                match event {
+                    KvEvent::Cleared => entry.churn = Churn::default(),
+                    _ => entry.churn.record(applied),
+                }
+                if matches!(event, KvEvent::Stored { .. }) {
+                    entry.engine_block_size = None;
                 }
                 self.stats.events_applied += 1;
                 self.stats.blocks_stored += applied.stored;
@@ -304,9 +312,7 @@ impl Shard {
             Err(EventError::UnknownParent(_)) => self.stats.unknown_parent_events += 1,
             Err(EventError::BlockSizeMismatch { event, .. }) => {
                 self.stats.events_rejected += 1;
-                if let Some(entry) = self.entry_of_mut(worker) {
-                    entry.engine_block_size = Some(*event);
-                }
+                entry.engine_block_size = Some(*event);
             }
             Err(_) => self.stats.events_rejected += 1,
         }
@@ -342,12 +348,6 @@ impl Shard {
             self.index.prefetch(&slotted);
         }
         covered
-    }
-
-    fn apply_event_inner(&mut self, worker: WorkerId, event: &KvEvent) -> Result<Applied, EventError> {
-        let slot = *self.by_id.get(&worker).ok_or(EventError::UnknownWorker)?;
-        self.check_block_size(slot, event)?;
-        self.index.apply(slot, event)
     }
 
     /// A stored event's blocks must be the worker's size: the index hashes

@@ -44,3 +44,46 @@ fn a_prefetch_window_covers_the_head_events_that_fit_its_blocks() {
     }
     assert_eq!(shard.prefetch_head([(known, &wrong_size), (known, &stored(1))]), 2);
 }
+
+#[test]
+fn applying_an_event_counts_its_outcome_and_marks_a_worker_whose_block_size_differs() {
+    let mut shard = Shard::new();
+    let known = WorkerId(1);
+    shard.upsert_worker(WorkerSpec::new(known, "127.0.0.1:8000".parse().expect("literal address"), 4));
+    let counted = |shard: &Shard| {
+        let s = shard.stats();
+        (s.events_applied, s.events_rejected, s.unknown_parent_events, s.blocks_stored, s.blocks_removed)
+    };
+
+    assert_eq!(shard.apply_event(WorkerId(9), &stored(2)), Err(EventError::UnknownWorker));
+    assert_eq!(counted(&shard), (0, 1, 0, 0, 0));
+
+    let mut wrong_size = stored(2);
+    if let KvEvent::Stored { block_size, .. } = &mut wrong_size {
+        *block_size = 2;
+    }
+    assert_eq!(shard.apply_event(known, &wrong_size), Err(EventError::BlockSizeMismatch { event: 2, worker: 4 }));
+    assert_eq!(counted(&shard), (0, 2, 0, 0, 0));
+    assert_eq!(shard.engine_block_size(known), Some(2));
+
+    let orphan = KvEvent::Stored {
+        block_hashes: vec![5],
+        parent: Some(404),
+        token_ids: vec![7; 4],
+        block_size: 4,
+        seed: HashSeed::default(),
+    };
+    assert!(matches!(shard.apply_event(known, &orphan), Err(EventError::UnknownParent(_))));
+    assert_eq!(counted(&shard), (0, 2, 1, 0, 0));
+    assert_eq!(shard.engine_block_size(known), Some(2), "only a stored event the index takes clears the mark");
+
+    let applied = shard.apply_event(known, &stored(3)).expect("the worker's block size");
+    assert_eq!(applied.stored, 3);
+    assert_eq!(counted(&shard), (1, 2, 1, 3, 0));
+    assert_eq!(shard.engine_block_size(known), None);
+
+    let removed = shard.apply_event(known, &KvEvent::Removed { block_hashes: vec![3, 77] }).expect("known worker");
+    assert_eq!((removed.removed, removed.unknown_removed), (1, 1));
+    assert_eq!(counted(&shard), (2, 2, 1, 3, 1));
+    assert_eq!(shard.stats().unknown_removals, 1);
+}
