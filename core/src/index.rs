@@ -242,11 +242,12 @@ impl KvIndex {
         let spec_seed = seed;
         let mut on_spec = true;
         // One event never stores more than the whole budget: the tables
-        // would grow past it before eviction could run. The chain's head is
-        // kept (only a prefix can match); the rest counts as evicted.
+        // would grow past it before eviction could run. Nor more than the
+        // worker's slab has ids for (`WorkerTable::is_full`). The chain's
+        // head is kept (only a prefix can match); the rest counts as evicted.
         let most_new = self.max_entries.unwrap_or(u64::MAX);
         for (i, (&engine, tokens)) in block_hashes.iter().zip(chunks).enumerate() {
-            if applied.stored >= most_new && !worker.blocks.contains_key(&engine) {
+            if (applied.stored >= most_new || worker.blocks.is_full()) && !worker.blocks.contains_key(&engine) {
                 let mut dropped: Vec<EngineBlockHash> =
                     block_hashes[i..].iter().copied().filter(|hash| !worker.blocks.contains_key(hash)).collect();
                 dropped.sort_unstable();

@@ -14,6 +14,7 @@
 
 use std::collections::HashSet;
 
+use super::worker_table::MAX_RECORDS;
 use super::{KvIndex, StoredBlock, U64Map, WorkerBlocks};
 use crate::event::EngineBlockHash;
 use crate::hashing::{HashSeed, SequenceHash};
@@ -71,13 +72,21 @@ pub enum ImportError {
     OwnParent(EngineBlockHash),
     #[error("orphan record {0:#x} is listed twice or names a held block")]
     BadOrphan(EngineBlockHash),
+    #[error("{records} block records (blocks and the parents they name) are more than one worker holds ({most})")]
+    TooManyRecords { records: usize, most: usize },
 }
 
 impl WorkerExport {
     /// What an import refuses (a duplicate block, a block its own parent,
-    /// a bad orphan record), found without an index: a peer's export is
-    /// checked before anything is done with it.
+    /// a bad orphan record, more records than a worker's slab has ids for),
+    /// found without an index: a peer's export is checked before anything
+    /// is done with it.
     pub fn check(&self) -> Result<(), ImportError> {
+        self.check_within(MAX_RECORDS)
+    }
+
+    /// `check`, with a worker holding at most `most` records.
+    pub(super) fn check_within(&self, most: usize) -> Result<(), ImportError> {
         let mut engines: HashSet<EngineBlockHash> = HashSet::with_capacity(self.blocks.len());
         for block in &self.blocks {
             if !engines.insert(block.engine) {
@@ -94,6 +103,14 @@ impl WorkerExport {
             if engines.contains(&orphan.engine) || !orphans.insert(orphan.engine) {
                 return Err(ImportError::BadOrphan(orphan.engine));
             }
+        }
+        // An import gives each block a record, and each parent it names
+        // that is not among them a gone one.
+        let missing: HashSet<EngineBlockHash> =
+            self.blocks.iter().filter_map(|block| block.parent).filter(|parent| !engines.contains(parent)).collect();
+        let records = engines.len() + missing.len();
+        if records > most {
+            return Err(ImportError::TooManyRecords { records, most });
         }
         Ok(())
     }

@@ -172,6 +172,33 @@ fn a_removed_parent_survives_a_slab_rebuild_and_takes_its_child_back() {
 }
 
 #[test]
+fn a_worker_out_of_record_ids_keeps_its_chains_heads_and_counts_the_rest_evicted() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    index.add_worker(1);
+    if let Some(Some(worker)) = index.workers.get_mut(0) {
+        worker.blocks = worker_table::WorkerTable::with_most_records(5);
+    }
+    index.record_evictions();
+    let toks = tokens(8, 0);
+    let applied = store(&mut index, 0, None, 100, &toks);
+    assert_eq!((applied.stored, applied.evicted), (5, 3));
+    let mut evicted = index.take_evicted();
+    evicted.sort_unstable();
+    assert_eq!(evicted, vec![(0, 105), (0, 106), (0, 107)]);
+    // The other worker is not limited.
+    assert_eq!(store(&mut index, 1, None, 100, &toks).stored, 8);
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 5), (1, 8)]);
+    // A removal frees a record for the next block.
+    index.remove(0, &[104]).unwrap();
+    let applied = store(&mut index, 0, Some(103), 104, &toks[(4 * BS) as usize..(6 * BS) as usize]);
+    assert_eq!((applied.stored, applied.evicted), (1, 1));
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 5), (1, 8)]);
+    assert_eq!(index.entries(), 13);
+    assert_whole(&index);
+}
+
+#[test]
 fn engine_hash_reused_for_other_content_falls_back_to_scanning() {
     let mut index = KvIndex::default();
     index.add_worker(0);

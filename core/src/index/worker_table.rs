@@ -13,8 +13,14 @@
 //! The price is a second place in memory per lookup of a held block: the
 //! table finds candidate ids by hashbrown's 7-bit tags, and the record says
 //! whether the engine hash is the one asked for. A new block (most stores)
-//! rarely matches a tag (1 in 128 per full bucket scanned), so its lookup
-//! rarely reads a record.
+//! should not read a record at all, but a lookup scans a group of 16
+//! buckets, about 8 of them full, so 1 in 16 matched a tag by chance and
+//! read a record no prefetch had asked for: a cache miss, 55% of the
+//! store's own time in a profile of 16-block stores. Each id therefore
+//! carries 4 more bits of its engine hash (`Tagged`), checked before the
+//! record: 1 in 250 lookups reads one by chance. Ids keep 28 bits, 2^28
+//! records per worker (7.5 GB of records on one worker; a worker at the
+//! limit stores no more blocks, as when the index's budget is spent).
 //!
 //! A record names its parent by slab id, not engine hash: 4 bytes instead
 //! of 8, and a removal reaches the parent without a hash lookup. Ids must
@@ -33,6 +39,38 @@ use crate::hashing::SequenceHash;
 
 /// A block's place in its worker's slab.
 pub(super) type BlockId = u32;
+
+/// Bits of a `Tagged` entry that are the id; the rest are hash bits.
+const ID_BITS: u32 = 28;
+const ID_MASK: u32 = (1 << ID_BITS) - 1;
+/// Records one worker's slab can hold: every id fits in `ID_BITS`.
+pub(super) const MAX_RECORDS: usize = ID_MASK as usize + 1;
+
+/// An id in the table, with 4 bits of its engine hash above it (see the
+/// module docs). The bits are below hashbrown's tag (the top 7) and above
+/// the bucket index (the low bits), so they tell apart what those did not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tagged(u32);
+
+impl Tagged {
+    fn new(id: BlockId, hash: u64) -> Tagged {
+        debug_assert!(id <= ID_MASK);
+        Tagged(id | Tagged::bits(hash))
+    }
+
+    fn bits(hash: u64) -> u32 {
+        ((hash >> 49) as u32 & 0xF) << ID_BITS
+    }
+
+    fn id(self) -> BlockId {
+        self.0 & ID_MASK
+    }
+
+    /// Whether the entry may name a record of this hash.
+    fn may_be(self, hash: u64) -> bool {
+        self.0 & !ID_MASK == Tagged::bits(hash)
+    }
+}
 
 const NO_PARENT: BlockId = BlockId::MAX;
 /// In `children`: the block is not held; its record is kept for its held
@@ -109,10 +147,10 @@ impl StoredBlock {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct WorkerTable {
     /// Slab ids, found by the engine hash of the record they name.
-    ids: HashTable<BlockId>,
+    ids: HashTable<Tagged>,
     /// Every record, held, gone or free (`free` lists the free ones).
     records: Vec<StoredBlock>,
     /// Records of removed blocks, reused first.
@@ -121,6 +159,21 @@ pub(super) struct WorkerTable {
     gone: usize,
     /// Where `ids`' buckets were when last placed, for prefetching.
     place: Option<Place>,
+    /// Records the slab may hold: `MAX_RECORDS` but in tests.
+    most_records: usize,
+}
+
+impl Default for WorkerTable {
+    fn default() -> Self {
+        WorkerTable {
+            ids: HashTable::new(),
+            records: Vec::new(),
+            free: Vec::new(),
+            gone: 0,
+            place: None,
+            most_records: MAX_RECORDS,
+        }
+    }
 }
 
 impl WorkerTable {
@@ -131,14 +184,15 @@ impl WorkerTable {
 
     /// Heap bytes: the id table (a control byte each), records, free list.
     pub(super) fn table_bytes(&self) -> usize {
-        self.ids.num_buckets() * (std::mem::size_of::<BlockId>() + 1)
+        self.ids.num_buckets() * (std::mem::size_of::<Tagged>() + 1)
             + self.records.capacity() * std::mem::size_of::<StoredBlock>()
             + self.free.capacity() * std::mem::size_of::<BlockId>()
     }
 
     /// The record under `engine`, held or gone.
     pub(super) fn find(&self, engine: EngineBlockHash) -> Option<BlockId> {
-        self.ids.find(engine.hash(), names(&self.records, engine)).copied()
+        let hash = engine.hash();
+        self.ids.find(hash, names(&self.records, engine, hash)).map(|tagged| tagged.id())
     }
 
     /// `engine`'s block, if held.
@@ -165,7 +219,7 @@ impl WorkerTable {
 
     /// Held blocks.
     pub(super) fn values(&self) -> impl Iterator<Item = &StoredBlock> {
-        self.ids.iter().map(|&id| &self.records[id as usize]).filter(|block| block.is_held())
+        self.ids.iter().map(|tagged| &self.records[tagged.id() as usize]).filter(|block| block.is_held())
     }
 
     pub(super) fn keys(&self) -> impl Iterator<Item = EngineBlockHash> + '_ {
@@ -174,7 +228,7 @@ impl WorkerTable {
 
     /// Records kept only for their held children.
     pub(super) fn gone(&self) -> impl Iterator<Item = &StoredBlock> {
-        self.ids.iter().map(|&id| &self.records[id as usize]).filter(|block| !block.is_held())
+        self.ids.iter().map(|tagged| &self.records[tagged.id() as usize]).filter(|block| !block.is_held())
     }
 
     /// Room for `additional` more blocks.
@@ -182,6 +236,13 @@ impl WorkerTable {
         self.ids.reserve(additional, hash_of(&self.records));
         self.records.reserve_exact(additional.saturating_sub(self.free.len()));
         self.place = None;
+    }
+
+    /// Whether `insert_new` has no room: every id is taken (2^28 records,
+    /// 7.5 GB of them on one worker, which only a budget of tens of GB
+    /// lets a broken or hostile engine reach).
+    pub(super) fn is_full(&self) -> bool {
+        self.free.is_empty() && self.records.len() >= self.most_records
     }
 
     /// Stores a block whose engine hash has no record (held or gone): a
@@ -203,18 +264,18 @@ impl WorkerTable {
                     // worker's cache grows, not at its steady size.
                     self.records.reserve_exact((self.records.len() / 4).max(16));
                 }
-                // 2^32 records are 112 GiB on one worker: the index's
-                // budget (a quarter of the machine's memory by default)
-                // stops a worker long before, whatever its engine sends.
+                // Callers stop at `is_full` (a store drops the rest of its
+                // chain; an import refuses the export).
                 let id = BlockId::try_from(self.records.len())
                     .ok()
-                    .filter(|&id| id != NO_PARENT)
-                    .expect("fewer than 2^32 - 1 records per worker");
+                    .filter(|&id| id <= ID_MASK && (id as usize) < self.most_records)
+                    .expect("a free id: callers check is_full");
                 self.records.push(block);
                 id
             }
         };
-        let bucket = self.ids.insert_unique(block.engine.hash(), id, hash_of(&self.records)).bucket_index();
+        let hash = block.engine.hash();
+        let bucket = self.ids.insert_unique(hash, Tagged::new(id, hash), hash_of(&self.records)).bucket_index();
         self.place = Some(Place::of(&mut self.ids, bucket).0);
         id
     }
@@ -250,7 +311,8 @@ impl WorkerTable {
     /// parent. Call `compact_if_sparse` once the caller holds no id.
     pub(super) fn remove(&mut self, id: BlockId) {
         let record = self.records[id as usize];
-        let Ok(entry) = self.ids.find_entry(record.engine.hash(), |&other| other == id) else {
+        let hash = record.engine.hash();
+        let Ok(entry) = self.ids.find_entry(hash, |&other| other == Tagged::new(id, hash)) else {
             debug_assert!(false, "id {id} is not in the table");
             return;
         };
@@ -272,9 +334,9 @@ impl WorkerTable {
         let live = self.ids.len();
         let mut renumbered = vec![NO_PARENT; self.records.len()];
         let mut records = Vec::with_capacity(live + live / 4);
-        for &id in self.ids.iter() {
-            renumbered[id as usize] = records.len() as BlockId;
-            records.push(self.records[id as usize]);
+        for tagged in self.ids.iter() {
+            renumbered[tagged.id() as usize] = records.len() as BlockId;
+            records.push(self.records[tagged.id() as usize]);
         }
         for record in &mut records {
             if let Some(parent) = record.parent() {
@@ -288,8 +350,9 @@ impl WorkerTable {
         self.ids = HashTable::with_capacity(live + live / 4);
         let mut last = None;
         for (id, record) in self.records.iter().enumerate() {
+            let hash = record.engine.hash();
             last = Some(
-                self.ids.insert_unique(record.engine.hash(), id as BlockId, hash_of(&self.records)).bucket_index(),
+                self.ids.insert_unique(hash, Tagged::new(id as BlockId, hash), hash_of(&self.records)).bucket_index(),
             );
         }
         self.place = last.map(|bucket| Place::of(&mut self.ids, bucket).0);
@@ -300,24 +363,32 @@ impl WorkerTable {
     #[inline(always)]
     pub(super) fn prefetch_run(&self, engine: EngineBlockHash) {
         if let Some(place) = self.place {
-            place.prefetch_run::<BlockId>(engine.hash());
+            place.prefetch_run::<Tagged>(engine.hash());
         }
     }
 }
 
 #[cfg(test)]
 impl WorkerTable {
+    /// A table that holds at most `most` records, to reach the limit in a
+    /// test.
+    pub(super) fn with_most_records(most: usize) -> Self {
+        WorkerTable { most_records: most.min(MAX_RECORDS), ..WorkerTable::default() }
+    }
+
     /// Checks what the index relies on, from the records alone, and
     /// returns the held blocks whose parent is gone (the index's `orphans`):
     /// every record in the table is counted as held or gone, names a parent
     /// in the table, and has as many children as held records name it; a
     /// gone record names no parent and has at least one child.
     pub(super) fn assert_links_consistent(&self) -> u64 {
-        let in_table: std::collections::HashSet<BlockId> = self.ids.iter().copied().collect();
+        let in_table: std::collections::HashSet<BlockId> = self.ids.iter().map(|tagged| tagged.id()).collect();
         let mut named = std::collections::HashMap::<BlockId, u32>::new();
         let mut orphans = 0;
-        for &id in self.ids.iter() {
+        for &tagged in self.ids.iter() {
+            let id = tagged.id();
             let record = &self.records[id as usize];
+            assert_eq!(tagged, Tagged::new(id, record.engine.hash()), "{:#x}'s hash bits", record.engine());
             assert_eq!(self.find(record.engine()), Some(id), "{:#x} found under its id", record.engine());
             let Some(parent) = record.parent() else { continue };
             assert!(record.is_held(), "gone record {:#x} names a parent", record.engine());
@@ -325,7 +396,8 @@ impl WorkerTable {
             *named.entry(parent).or_default() += 1;
             orphans += u64::from(!self.records[parent as usize].is_held());
         }
-        for &id in self.ids.iter() {
+        for tagged in self.ids.iter() {
+            let id = tagged.id();
             let record = &self.records[id as usize];
             let children = named.get(&id).copied().unwrap_or_default();
             assert_eq!(record.children(), children, "{:#x}'s children", record.engine());
@@ -337,13 +409,14 @@ impl WorkerTable {
 }
 
 /// Whether an id names `engine`'s record: the table's equality.
-fn names(records: &[StoredBlock], engine: EngineBlockHash) -> impl Fn(&BlockId) -> bool + '_ {
-    move |&id| records[id as usize].engine == engine
+/// The hash bits first: only an entry that has them reads its record.
+fn names(records: &[StoredBlock], engine: EngineBlockHash, hash: u64) -> impl Fn(&Tagged) -> bool + '_ {
+    move |&tagged| tagged.may_be(hash) && records[tagged.id() as usize].engine == engine
 }
 
 /// The hash of the record an id names: the table's hasher on growth.
-fn hash_of(records: &[StoredBlock]) -> impl Fn(&BlockId) -> u64 + '_ {
-    |&id| records[id as usize].engine.hash()
+fn hash_of(records: &[StoredBlock]) -> impl Fn(&Tagged) -> u64 + '_ {
+    |tagged| records[tagged.id() as usize].engine.hash()
 }
 
 #[cfg(test)]
@@ -395,6 +468,43 @@ mod tests {
         keys.sort_unstable();
         assert_eq!(keys.len(), 5_000);
         assert!(keys.binary_search(&4_999).is_err() && keys.binary_search(&1_000_000).is_ok());
+    }
+
+    #[test]
+    fn an_entry_keeps_its_whole_id_and_hash_bits_that_tell_apart_hashes_sharing_a_bucket_and_tag() {
+        // Hashes that differ only in the 4 bits an entry carries: same
+        // bucket, same tag, told apart by the bits without a record read.
+        let base = 0x0123_4567_89ab_cdef_u64;
+        let bits = |n: u64| base.hash() & !(0xF << 49) | n << 49;
+        assert_eq!(Tagged::new(7, bits(3)).id(), 7);
+        assert!(Tagged::new(7, bits(3)).may_be(bits(3)));
+        assert!(!Tagged::new(7, bits(3)).may_be(bits(4)));
+        assert_eq!(Tagged::new(ID_MASK, u64::MAX).id(), ID_MASK);
+        let mut table = WorkerTable::default();
+        let ids: Vec<BlockId> = (0..300).map(|i| table.insert_new(block(i, None, 1_000 + i))).collect();
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(table.find(1_000 + i as u64), Some(id));
+        }
+        assert_eq!(table.find(5), None);
+        table.assert_links_consistent();
+    }
+
+    #[test]
+    fn a_full_table_takes_no_new_record_until_one_is_freed() {
+        let mut table = WorkerTable::with_most_records(3);
+        let a = table.insert_new(block(1, None, 10));
+        let b = table.insert_new(block(2, Some(a), 11));
+        assert!(!table.is_full());
+        table.at_mut(a).add_child();
+        let c = table.insert_new(block(3, Some(b), 12));
+        table.at_mut(b).add_child();
+        assert!(table.is_full());
+        table.at_mut(b).remove_child();
+        table.remove(c);
+        assert!(!table.is_full(), "a freed record is reused");
+        assert_eq!(table.insert_new(block(4, Some(b), 13)), c);
+        assert!(table.is_full());
+        assert!(WorkerTable::default().most_records == MAX_RECORDS && MAX_RECORDS == 1 << 28);
     }
 
     #[test]
@@ -466,7 +576,7 @@ mod tests {
     /// record is one or the other; gone records are counted.
     fn assert_ids_partition_the_slab(table: &WorkerTable) {
         let mut seen = vec![false; table.records.len()];
-        for &id in table.ids.iter().chain(&table.free) {
+        for id in table.ids.iter().map(|tagged| tagged.id()).chain(table.free.iter().copied()) {
             assert!(!std::mem::replace(&mut seen[id as usize], true), "id {id} twice");
         }
         assert!(seen.iter().all(|&s| s), "an id lost");
