@@ -247,7 +247,13 @@ impl KvIndex {
         // head is kept (only a prefix can match); the rest counts as evicted.
         let most_new = self.max_entries.unwrap_or(u64::MAX);
         for (i, (&engine, tokens)) in block_hashes.iter().zip(chunks).enumerate() {
-            if (applied.stored >= most_new || worker.blocks.is_full()) && !worker.blocks.contains_key(&engine) {
+            // Cheap tests first: most stores are neither over budget nor full.
+            // A gone record is revived in place and needs no new id.
+            let over = applied.stored >= most_new;
+            if (over || worker.blocks.is_full())
+                && !worker.blocks.contains_key(&engine)
+                && (over || worker.blocks.find(engine).is_none())
+            {
                 let mut dropped: Vec<EngineBlockHash> =
                     block_hashes[i..].iter().copied().filter(|hash| !worker.blocks.contains_key(hash)).collect();
                 dropped.sort_unstable();

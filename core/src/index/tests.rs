@@ -193,8 +193,33 @@ fn a_worker_out_of_record_ids_keeps_its_chains_heads_and_counts_the_rest_evicted
     index.remove(0, &[104]).unwrap();
     let applied = store(&mut index, 0, Some(103), 104, &toks[(4 * BS) as usize..(6 * BS) as usize]);
     assert_eq!((applied.stored, applied.evicted), (1, 1));
+    assert_eq!(index.take_evicted(), vec![(0, 105)]);
     assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 5), (1, 8)]);
     assert_eq!(index.entries(), 13);
+    assert_whole(&index);
+}
+
+#[test]
+fn a_full_worker_takes_back_a_gone_block_without_a_new_id() {
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    if let Some(Some(worker)) = index.workers.get_mut(0) {
+        worker.blocks = worker_table::WorkerTable::with_most_records(3);
+    }
+    index.record_evictions();
+    let toks = tokens(3, 0);
+    assert_eq!(store(&mut index, 0, None, 100, &toks).stored, 3);
+    // The middle block goes; its child keeps its record (gone): still 3.
+    index.remove(0, &[101]).unwrap();
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 1)]);
+    let applied = store(&mut index, 0, Some(100), 101, &toks[BS as usize..(2 * BS) as usize]);
+    assert_eq!((applied.stored, applied.evicted), (1, 0));
+    assert_eq!(index.take_evicted(), vec![]);
+    assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 3)]);
+    // Full, and a new block has nowhere to go.
+    let applied = store(&mut index, 0, Some(102), 103, &tokens(1, 50));
+    assert_eq!((applied.stored, applied.evicted), (0, 1));
+    assert_eq!(index.entries(), 3);
     assert_whole(&index);
 }
 

@@ -18,7 +18,7 @@
 //! read a record no prefetch had asked for: a cache miss, 55% of the
 //! store's own time in a profile of 16-block stores. Each id therefore
 //! carries 4 more bits of its engine hash (`Tagged`), checked before the
-//! record: 1 in 250 lookups reads one by chance. Ids keep 28 bits, 2^28
+//! record: 1 in 256 lookups reads one by chance. Ids keep 28 bits, 2^28
 //! records per worker (7.5 GB of records on one worker; a worker at the
 //! limit stores no more blocks, as when the index's budget is spent).
 //!
@@ -49,6 +49,9 @@ pub(super) const MAX_RECORDS: usize = ID_MASK as usize + 1;
 /// An id in the table, with 4 bits of its engine hash above it (see the
 /// module docs). The bits are below hashbrown's tag (the top 7) and above
 /// the bucket index (the low bits), so they tell apart what those did not.
+/// Fx makes them from the engine hash's low 27 bits: the engines' hashes
+/// (sha256, xxh3, Python's) are uniform there; hashes alike in those bits
+/// only lose the filter, never an answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Tagged(u32);
 
@@ -74,8 +77,8 @@ impl Tagged {
 
 const NO_PARENT: BlockId = BlockId::MAX;
 /// In `children`: the block is not held; its record is kept for its held
-/// children (see module docs). A worker holds fewer than 2^31 blocks (a
-/// record is 28 bytes; the index's budget stops it long before).
+/// children (see module docs). A record has fewer than 2^31 children: a
+/// worker has at most `MAX_RECORDS` (2^28) records.
 const GONE: u32 = 1 << 31;
 
 /// One block of a worker. 28 bytes, packed to 4-byte alignment (x86 and
@@ -262,7 +265,8 @@ impl WorkerTable {
                     // replaced (perf/results/2026-12-05-tables-tried.md).
                     // The copies (about four per record) are paid while a
                     // worker's cache grows, not at its steady size.
-                    self.records.reserve_exact((self.records.len() / 4).max(16));
+                    let room = self.most_records - self.records.len();
+                    self.records.reserve_exact((self.records.len() / 4).max(16).min(room));
                 }
                 // Callers stop at `is_full` (a store drops the rest of its
                 // chain; an import refuses the export).
@@ -503,8 +507,20 @@ mod tests {
         table.remove(c);
         assert!(!table.is_full(), "a freed record is reused");
         assert_eq!(table.insert_new(block(4, Some(b), 13)), c);
+        table.at_mut(b).add_child();
+        assert!(table.is_full());
+        // A gone record keeps its id: still full.
+        table.retire(b);
         assert!(table.is_full());
         assert!(WorkerTable::default().most_records == MAX_RECORDS && MAX_RECORDS == 1 << 28);
+    }
+
+    #[test]
+    #[should_panic(expected = "a free id")]
+    fn a_new_record_in_a_full_table_is_refused_loudly() {
+        let mut table = WorkerTable::with_most_records(1);
+        table.insert_new(block(1, None, 10));
+        table.insert_new(block(2, None, 11));
     }
 
     #[test]

@@ -77,13 +77,23 @@ fn applying_an_event_counts_its_outcome_and_marks_a_worker_whose_block_size_diff
     assert_eq!(counted(&shard), (0, 2, 1, 0, 0));
     assert_eq!(shard.engine_block_size(known), Some(2), "only a stored event the index takes clears the mark");
 
+    let short = KvEvent::Stored {
+        block_hashes: vec![6, 7],
+        parent: None,
+        token_ids: vec![7; 5],
+        block_size: 4,
+        seed: HashSeed::default(),
+    };
+    assert!(matches!(shard.apply_event(known, &short), Err(EventError::TokenCountMismatch { .. })));
+    assert_eq!(counted(&shard), (0, 3, 1, 0, 0));
+
     let applied = shard.apply_event(known, &stored(3)).expect("the worker's block size");
     assert_eq!(applied.stored, 3);
-    assert_eq!(counted(&shard), (1, 2, 1, 3, 0));
+    assert_eq!(counted(&shard), (1, 3, 1, 3, 0));
     assert_eq!(shard.engine_block_size(known), None);
 
     let removed = shard.apply_event(known, &KvEvent::Removed { block_hashes: vec![3, 77] }).expect("known worker");
     assert_eq!((removed.removed, removed.unknown_removed), (1, 1));
-    assert_eq!(counted(&shard), (2, 2, 1, 3, 1));
+    assert_eq!(counted(&shard), (2, 3, 1, 3, 1));
     assert_eq!(shard.stats().unknown_removals, 1);
 }

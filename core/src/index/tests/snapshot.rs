@@ -164,11 +164,13 @@ fn a_malformed_import_is_refused_and_changes_nothing() {
     let own_parent = WorkerExport { blocks: vec![block(1, Some(1))], ..WorkerExport::default() };
     assert_eq!(index.import_worker(0, &own_parent), Err(ImportError::OwnParent(1)));
     assert_eq!(index.import_worker(5, &WorkerExport::default()), Err(ImportError::UnknownWorker));
-    // Three blocks and the missing parent one of them names: four records.
-    let four =
-        WorkerExport { blocks: vec![block(1, None), block(2, Some(1)), block(3, Some(9))], ..WorkerExport::default() };
-    assert_eq!(four.check_within(4), Ok(()));
-    assert_eq!(four.check_within(3), Err(ImportError::TooManyRecords { records: 4, most: 3 }));
+    // Four blocks and the missing parent two of them name: five records.
+    let five = WorkerExport {
+        blocks: vec![block(1, None), block(2, Some(1)), block(3, Some(9)), block(4, Some(9))],
+        ..WorkerExport::default()
+    };
+    assert_eq!(five.check_within(5), Ok(()));
+    assert_eq!(five.check_within(4), Err(ImportError::TooManyRecords { records: 5, most: 4 }));
     assert_eq!(index.entries(), 3);
     assert_eq!(matches(&index, &prompt(&tokens(3, 0))), vec![(0, 3)]);
 }
