@@ -247,13 +247,15 @@ impl KvIndex {
         // head is kept (only a prefix can match); the rest counts as evicted.
         let most_new = self.max_entries.unwrap_or(u64::MAX);
         for (i, (&engine, tokens)) in block_hashes.iter().zip(chunks).enumerate() {
-            // Cheap tests first: most stores are neither over budget nor full.
-            // A gone record is revived in place and needs no new id.
-            let over = applied.stored >= most_new;
-            if (over || worker.blocks.is_full())
-                && !worker.blocks.contains_key(&engine)
-                && (over || worker.blocks.find(engine).is_none())
-            {
+            // Over budget, a block not held is dropped. Full, only one with no
+            // record: a gone record is revived in place and needs no new id.
+            // (Most stores are neither, and look nothing up here.)
+            let dropped_here = if applied.stored >= most_new {
+                !worker.blocks.contains_key(&engine)
+            } else {
+                worker.blocks.is_full() && worker.blocks.find(engine).is_none()
+            };
+            if dropped_here {
                 let mut dropped: Vec<EngineBlockHash> =
                     block_hashes[i..].iter().copied().filter(|hash| !worker.blocks.contains_key(hash)).collect();
                 dropped.sort_unstable();

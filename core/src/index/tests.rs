@@ -171,14 +171,20 @@ fn a_removed_parent_survives_a_slab_rebuild_and_takes_its_child_back() {
     assert_whole(&index);
 }
 
+/// Lets the worker in `slot` (holding nothing yet) have at most `most`
+/// block records, to reach the slab's limit in a test.
+fn limit_records(index: &mut KvIndex, slot: Slot, most: usize) {
+    let Some(Some(worker)) = index.workers.get_mut(slot as usize) else { panic!("no worker in slot {slot}") };
+    assert_eq!(worker.blocks.len(), 0, "a limit is set before any block");
+    worker.blocks = worker_table::WorkerTable::with_most_records(most);
+}
+
 #[test]
 fn a_worker_out_of_record_ids_keeps_its_chains_heads_and_counts_the_rest_evicted() {
     let mut index = KvIndex::default();
     index.add_worker(0);
     index.add_worker(1);
-    if let Some(Some(worker)) = index.workers.get_mut(0) {
-        worker.blocks = worker_table::WorkerTable::with_most_records(5);
-    }
+    limit_records(&mut index, 0, 5);
     index.record_evictions();
     let toks = tokens(8, 0);
     let applied = store(&mut index, 0, None, 100, &toks);
@@ -203,9 +209,7 @@ fn a_worker_out_of_record_ids_keeps_its_chains_heads_and_counts_the_rest_evicted
 fn a_full_worker_takes_back_a_gone_block_without_a_new_id() {
     let mut index = KvIndex::default();
     index.add_worker(0);
-    if let Some(Some(worker)) = index.workers.get_mut(0) {
-        worker.blocks = worker_table::WorkerTable::with_most_records(3);
-    }
+    limit_records(&mut index, 0, 3);
     index.record_evictions();
     let toks = tokens(3, 0);
     assert_eq!(store(&mut index, 0, None, 100, &toks).stored, 3);
