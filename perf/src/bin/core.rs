@@ -291,15 +291,16 @@ fn run(cfg: &Config) -> Report {
 
     kvpick_perf::progress!(BIN, "event apply throughput");
     #[cfg(feature = "dynamo")]
-    let apply = bench_apply(cfg, &population, &mut kvpick.index, Some(&mut dynamo), &mut report.problems);
+    let (apply, peak_distinct) =
+        bench_apply(cfg, &population, &mut kvpick.index, Some(&mut dynamo), &mut report.problems);
     #[cfg(not(feature = "dynamo"))]
-    let apply = bench_apply(cfg, &population, &mut kvpick.index, None, &mut report.problems);
+    let (apply, peak_distinct) = bench_apply(cfg, &population, &mut kvpick.index, None, &mut report.problems);
     let hashing = block_hashing_cost(cfg);
 
     let kvpick_find_p99 = find.first().map_or(0, |row| row.latency.p99);
     // The apply rows stored and removed as many blocks again as they held:
     // the tables' size after that churn, at the same entries.
-    let churned_bytes = kvpick.index.index().approx_bytes() as u64;
+    let churned = Churned { bytes: kvpick.index.index().approx_bytes() as u64, peak_distinct };
     let kvpick_mem = bytes_per_entry(&kvpick, size);
     report.tables.push(apply_table(&apply, hashing));
     report.tables.push(find_table(&find, &find_dynamo));
@@ -308,7 +309,7 @@ fn run(cfg: &Config) -> Report {
     let others = dynamo.memory_rows();
     #[cfg(not(feature = "dynamo"))]
     let others = Vec::new();
-    report.tables.push(memory_table(&kvpick, size, churned_bytes, &others));
+    report.tables.push(memory_table(&kvpick, size, churned, &others));
 
     let slowest_store = apply
         .iter()
@@ -827,14 +828,17 @@ fn population_index(population: &Population) -> (KvIndex, u64) {
     (index, refused)
 }
 
+/// The apply rows, and the most distinct blocks the shard held during
+/// them (its population plus the fresh turns in flight).
 fn bench_apply(
     cfg: &Config,
     population: &Population,
     shard: &mut Shard,
     mut dynamo: Option<&mut Dynamo>,
     problems: &mut Vec<String>,
-) -> Vec<ApplyRow> {
+) -> (Vec<ApplyRow>, u64) {
     let mut rows = Vec::new();
+    let mut peak_distinct = shard.index().distinct_blocks() as u64;
     let (mut direct, mut refused) = population_index(population);
     let mut fresh = FreshConversations::new(population, cfg.spec.seed ^ 0xf1e5);
     for batch in [1, 16, 64] {
@@ -844,6 +848,8 @@ fn bench_apply(
         for _ in 0..cfg.rounds {
             let (stores, removals) = fresh.round(cfg.turns_per_round, TURN_BLOCKS, batch);
             refused += apply_to_shard(shard, &stores, &mut store.kvpick);
+            // A round stores all its turns before removing any: its peak.
+            peak_distinct = peak_distinct.max(shard.index().distinct_blocks() as u64);
             refused += apply_to_index(&mut direct, &stores, &mut store.direct);
             if let Some(d) = dynamo.as_deref_mut() {
                 d.apply(&stores, &mut store);
@@ -867,6 +873,7 @@ fn bench_apply(
     for _ in 0..cfg.mix_chunks {
         let events = generator.chunk(cfg.mix_chunk_blocks);
         refused += apply_to_shard(shard, &events, &mut mix.kvpick);
+        peak_distinct = peak_distinct.max(shard.index().distinct_blocks() as u64);
         refused += apply_to_index(&mut direct, &events, &mut mix.direct);
         if let Some(d) = dynamo.as_deref_mut() {
             d.apply(&events, &mut mix);
@@ -886,7 +893,7 @@ fn bench_apply(
     if let Some(refused) = dynamo.map(|d| d.refused()).filter(|&r| r > 0) {
         problems.push(format!("Dynamo refused {refused} benchmark events"));
     }
-    rows
+    (rows, peak_distinct)
 }
 
 impl ApplyRow {
@@ -992,7 +999,14 @@ struct OtherBuild {
     right_after: Option<MemoryDelta>,
 }
 
-fn memory_table(kvpick: &Built<Shard>, size: KvpickSize, churned_bytes: u64, others: &[OtherBuild]) -> Table {
+/// kvpick's index after the event-apply rows, at the same entries.
+struct Churned {
+    bytes: u64,
+    /// The most distinct blocks it held during the rows.
+    peak_distinct: u64,
+}
+
+fn memory_table(kvpick: &Built<Shard>, size: KvpickSize, churned: Churned, others: &[OtherBuild]) -> Table {
     let mut t = Table::new(
         "4. Memory per stored (block, worker) entry (bytes)",
         &[
@@ -1030,11 +1044,11 @@ fn memory_table(kvpick: &Built<Shard>, size: KvpickSize, churned_bytes: u64, oth
         "kvpick KvIndex (Shard), after the event-apply rows".to_string(),
         thousands(entries),
         na(),
-        bytes(per(churned_bytes)),
+        bytes(per(churned.bytes)),
         na(),
         na(),
         na(),
-        at_most(per(churned_bytes), TARGET_BYTES_PER_ENTRY),
+        at_most(per(churned.bytes), TARGET_BYTES_PER_ENTRY),
     ]);
     for other in others {
         let (rss, right_after, peak) = mem(other.memory, other.right_after);
@@ -1061,8 +1075,15 @@ fn memory_table(kvpick: &Built<Shard>, size: KvpickSize, churned_bytes: u64, oth
     );
     t.note("Indexes are built one after the other before anything is freed, so each one's growth is its own. Build = replay time, event generation included.");
     t.note("After the event-apply rows: the same index, holding the same entries again once the rows' fresh turns were stored and removed");
-    t.note("(table bytes only; RSS is not comparable after the other benchmarks). Hash tables grow under churn at a constant population: a removal");
-    t.note("leaves a tombstone, and hashbrown doubles a table more than half full when tombstones use up its room (perf/README, \"Churn doubles the holder table\").");
+    t.note(format!(
+        "(table bytes only; RSS is not comparable after the other benchmarks). Its distinct blocks went from {} as built to at most {} ({:+.1}%)",
+        thousands(size.distinct),
+        thousands(churned.peak_distinct),
+        (churned.peak_distinct as f64 / size.distinct.max(1) as f64 - 1.0) * 100.0
+    ));
+    t.note("while fresh turns were in flight. A hash table grows by doubling when 7/8 full (sooner when removals have left tombstones) and keeps");
+    t.note("its size until a quarter full, so its bytes per entry follow the peak and where that falls between powers of two: run with");
+    t.note("other `--entries` to see the sawtooth (perf/README, \"The holder table follows its peak\").");
     t
 }
 
