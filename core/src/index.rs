@@ -33,6 +33,7 @@ mod holders;
 mod placed;
 mod prefetch;
 mod search;
+mod slab;
 mod snapshot;
 mod worker_table;
 

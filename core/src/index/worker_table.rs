@@ -34,6 +34,7 @@ use hashbrown::HashTable;
 
 use super::placed::{Key, Place};
 use super::shrunk_capacity;
+use super::slab::Slab;
 use crate::event::EngineBlockHash;
 use crate::hashing::SequenceHash;
 
@@ -100,6 +101,9 @@ pub(super) struct StoredBlock {
 
 const _: () = assert!(std::mem::size_of::<StoredBlock>() == 28);
 
+/// What fills a slab's room before a record takes it (no id names it).
+const UNUSED: StoredBlock = StoredBlock { engine: 0, seq: SequenceHash(0), parent: NO_PARENT, children: 0, stamp: 0 };
+
 impl StoredBlock {
     pub(super) fn new(engine: EngineBlockHash, seq: SequenceHash, parent: Option<BlockId>, stamp: u32) -> Self {
         StoredBlock { engine, seq, parent: parent.unwrap_or(NO_PARENT), children: 0, stamp }
@@ -155,7 +159,7 @@ pub(super) struct WorkerTable {
     /// Slab ids, found by the engine hash of the record they name.
     ids: HashTable<Tagged>,
     /// Every record, held, gone or free (`free` lists the free ones).
-    records: Vec<StoredBlock>,
+    records: Slab<StoredBlock>,
     /// Records of removed blocks, reused first.
     free: Vec<BlockId>,
     /// Records in `ids` marked gone.
@@ -170,7 +174,7 @@ impl Default for WorkerTable {
     fn default() -> Self {
         WorkerTable {
             ids: HashTable::new(),
-            records: Vec::new(),
+            records: Slab::default(),
             free: Vec::new(),
             gone: 0,
             place: None,
@@ -200,11 +204,11 @@ impl WorkerTable {
 
     /// `engine`'s block, if held.
     pub(super) fn held_id(&self, engine: EngineBlockHash) -> Option<BlockId> {
-        self.find(engine).filter(|&id| self.records[id as usize].is_held())
+        self.find(engine).filter(|&id| self.records[id].is_held())
     }
 
     pub(super) fn get(&self, engine: &EngineBlockHash) -> Option<&StoredBlock> {
-        self.held_id(*engine).map(|id| &self.records[id as usize])
+        self.held_id(*engine).map(|id| &self.records[id])
     }
 
     pub(super) fn contains_key(&self, engine: &EngineBlockHash) -> bool {
@@ -213,16 +217,16 @@ impl WorkerTable {
 
     /// The record behind an id this table gave (held or gone).
     pub(super) fn at(&self, id: BlockId) -> &StoredBlock {
-        &self.records[id as usize]
+        &self.records[id]
     }
 
     pub(super) fn at_mut(&mut self, id: BlockId) -> &mut StoredBlock {
-        &mut self.records[id as usize]
+        &mut self.records[id]
     }
 
     /// Held blocks.
     pub(super) fn values(&self) -> impl Iterator<Item = &StoredBlock> {
-        self.ids.iter().map(|tagged| &self.records[tagged.id() as usize]).filter(|block| block.is_held())
+        self.ids.iter().map(|tagged| &self.records[tagged.id()]).filter(|block| block.is_held())
     }
 
     pub(super) fn keys(&self) -> impl Iterator<Item = EngineBlockHash> + '_ {
@@ -231,13 +235,13 @@ impl WorkerTable {
 
     /// Records kept only for their held children.
     pub(super) fn gone(&self) -> impl Iterator<Item = &StoredBlock> {
-        self.ids.iter().map(|tagged| &self.records[tagged.id() as usize]).filter(|block| !block.is_held())
+        self.ids.iter().map(|tagged| &self.records[tagged.id()]).filter(|block| !block.is_held())
     }
 
     /// Room for `additional` more blocks.
     pub(super) fn reserve(&mut self, additional: usize) {
         self.ids.reserve(additional, hash_of(&self.records));
-        self.records.reserve_exact(additional.saturating_sub(self.free.len()));
+        self.records.reserve(additional.saturating_sub(self.free.len()), UNUSED);
         self.place = None;
     }
 
@@ -254,20 +258,10 @@ impl WorkerTable {
         debug_assert!(self.find(block.engine).is_none(), "{:#x} has a record already", { block.engine });
         let id = match self.free.pop() {
             Some(id) => {
-                self.records[id as usize] = block;
+                self.records[id] = block;
                 id
             }
             None => {
-                if self.records.len() == self.records.capacity() {
-                    // A quarter more, not double: a doubled slab just past
-                    // its doubling is half empty, and across population
-                    // sizes that cost more memory than the hash buckets it
-                    // replaced (perf/results/2026-12-05-tables-tried.md).
-                    // The copies (about four per record) are paid while a
-                    // worker's cache grows, not at its steady size.
-                    let room = self.most_records - self.records.len();
-                    self.records.reserve_exact((self.records.len() / 4).max(16).min(room));
-                }
                 // Callers stop at `is_full` (a store drops the rest of its
                 // chain; an import refuses the export).
                 let id = BlockId::try_from(self.records.len())
@@ -288,14 +282,14 @@ impl WorkerTable {
     /// has no record: an imported block's missing parent.
     pub(super) fn insert_gone(&mut self, engine: EngineBlockHash, seq: SequenceHash) -> BlockId {
         let id = self.insert_new(StoredBlock::new(engine, seq, None, 0));
-        self.records[id as usize].children = GONE;
+        self.records[id].children = GONE;
         self.gone += 1;
         id
     }
 
     /// Holds a gone record's block again, as `block` (same engine hash).
     pub(super) fn revive(&mut self, id: BlockId, block: StoredBlock) {
-        let record = &mut self.records[id as usize];
+        let record = &mut self.records[id];
         debug_assert!(!record.is_held() && { record.engine } == { block.engine });
         debug_assert!(block.is_held());
         *record = block;
@@ -304,7 +298,7 @@ impl WorkerTable {
 
     /// Marks a held block gone: its record stays for its held children.
     pub(super) fn retire(&mut self, id: BlockId) {
-        let record = &mut self.records[id as usize];
+        let record = &mut self.records[id];
         debug_assert!(record.is_held() && record.children() > 0);
         record.children |= GONE;
         record.parent = NO_PARENT;
@@ -314,7 +308,7 @@ impl WorkerTable {
     /// Frees a record (held or gone) for reuse; no record may name it as
     /// parent. Call `compact_if_sparse` once the caller holds no id.
     pub(super) fn remove(&mut self, id: BlockId) {
-        let record = self.records[id as usize];
+        let record = self.records[id];
         let hash = record.engine.hash();
         let Ok(entry) = self.ids.find_entry(hash, |&other| other == Tagged::new(id, hash)) else {
             debug_assert!(false, "id {id} is not in the table");
@@ -328,7 +322,7 @@ impl WorkerTable {
     }
 
     /// A table left a quarter full (see `shrunk_capacity`) is rebuilt
-    /// dense: records in a fresh slab with a quarter to spare, renumbered
+    /// dense: records in a fresh slab (whole chunks), renumbered
     /// (parents with them), ids to match, the free list gone. Every id
     /// given out before is void.
     pub(super) fn compact_if_sparse(&mut self) {
@@ -337,12 +331,12 @@ impl WorkerTable {
         }
         let live = self.ids.len();
         let mut renumbered = vec![NO_PARENT; self.records.len()];
-        let mut records = Vec::with_capacity(live + live / 4);
+        let mut records = Slab::with_capacity(live, UNUSED);
         for tagged in self.ids.iter() {
             renumbered[tagged.id() as usize] = records.len() as BlockId;
-            records.push(self.records[tagged.id() as usize]);
+            records.push(self.records[tagged.id()]);
         }
-        for record in &mut records {
+        for record in records.iter_mut() {
             if let Some(parent) = record.parent() {
                 // A parent has a record while a child names it.
                 debug_assert_ne!(renumbered[parent as usize], NO_PARENT);
@@ -391,18 +385,18 @@ impl WorkerTable {
         let mut orphans = 0;
         for &tagged in self.ids.iter() {
             let id = tagged.id();
-            let record = &self.records[id as usize];
+            let record = &self.records[id];
             assert_eq!(tagged, Tagged::new(id, record.engine.hash()), "{:#x}'s hash bits", record.engine());
             assert_eq!(self.find(record.engine()), Some(id), "{:#x} found under its id", record.engine());
             let Some(parent) = record.parent() else { continue };
             assert!(record.is_held(), "gone record {:#x} names a parent", record.engine());
             assert!(in_table.contains(&parent), "{:#x}'s parent is not in the table", record.engine());
             *named.entry(parent).or_default() += 1;
-            orphans += u64::from(!self.records[parent as usize].is_held());
+            orphans += u64::from(!self.records[parent].is_held());
         }
         for tagged in self.ids.iter() {
             let id = tagged.id();
-            let record = &self.records[id as usize];
+            let record = &self.records[id];
             let children = named.get(&id).copied().unwrap_or_default();
             assert_eq!(record.children(), children, "{:#x}'s children", record.engine());
             assert!(record.is_held() || children > 0, "gone record {:#x} has no child", record.engine());
@@ -414,13 +408,13 @@ impl WorkerTable {
 
 /// Whether an id names `engine`'s record: the table's equality.
 /// The hash bits first: only an entry that has them reads its record.
-fn names(records: &[StoredBlock], engine: EngineBlockHash, hash: u64) -> impl Fn(&Tagged) -> bool + '_ {
-    move |&tagged| tagged.may_be(hash) && records[tagged.id() as usize].engine == engine
+fn names(records: &Slab<StoredBlock>, engine: EngineBlockHash, hash: u64) -> impl Fn(&Tagged) -> bool + '_ {
+    move |&tagged| tagged.may_be(hash) && records[tagged.id()].engine == engine
 }
 
 /// The hash of the record an id names: the table's hasher on growth.
-fn hash_of(records: &[StoredBlock]) -> impl Fn(&Tagged) -> u64 + '_ {
-    |tagged| records[tagged.id() as usize].engine.hash()
+fn hash_of(records: &Slab<StoredBlock>) -> impl Fn(&Tagged) -> u64 + '_ {
+    |tagged| records[tagged.id()].engine.hash()
 }
 
 #[cfg(test)]
@@ -577,7 +571,7 @@ mod tests {
         table.compact_if_sparse();
         assert_eq!(table.assert_links_consistent(), 1, "block 6 hangs off the gone block 5");
         assert_eq!((table.len(), table.gone().count()), (99, 1));
-        assert_eq!((table.records.len(), table.records.capacity(), table.free.len()), (100, 125, 0));
+        assert_eq!((table.records.len(), table.records.capacity(), table.free.len()), (100, 256, 0));
         assert!((0..100).filter(|&i| i != 5).all(|i| seq_of(&table, key(i)) == Some(i)));
         for i in 0..100u64 {
             let id = table.find(key(i)).expect("a record");
