@@ -5,14 +5,15 @@
 //! to its size, and every copy hands the old buffer back to the allocator,
 //! which kept much of it resident: RSS growth ran 18 B per entry above the
 //! table bytes at 1,000,000 entries. Records here sit in fixed chunks
-//! allocated once: RSS growth 76.6 -> 70.8 B per entry (median of six
-//! pairs), one-block stores +12% (a growing worker copies nothing), other
-//! rows within noise (perf/results/2026-12-07-holder-table-peak.md).
+//! allocated once: RSS growth 76.6 -> 70.8 B per entry (six pairs),
+//! one-block stores +12.5% by median (a growing worker copies nothing),
+//! other rows within noise (perf/results/2026-12-07-holder-table-peak.md).
 //! A chunk is 7 KiB, so a worker's partly filled last chunk wastes little.
 
 use std::ops::{Index, IndexMut};
 
-use super::worker_table::BlockId;
+/// A block's place in its worker's slab.
+pub(super) type BlockId = u32;
 
 const CHUNK_BITS: u32 = 8;
 /// Records per chunk: 7 KiB of 28-byte records. (1,024 measured the
@@ -23,7 +24,6 @@ const IN_CHUNK: BlockId = (1 << CHUNK_BITS) - 1;
 /// Whole chunks of a fixed size: an index masked to the chunk needs no
 /// bounds check, so a record costs one more load than in a `Vec` (the
 /// chunk's address, from a table small enough to stay cached).
-#[derive(Debug)]
 pub(super) struct Slab<T> {
     chunks: Vec<Box<[T; CHUNK]>>,
     len: usize,
@@ -52,7 +52,8 @@ impl<T: Copy> Slab<T> {
     }
 
     /// Room for `additional` more records, in whole chunks filled with
-    /// `filler` (never read: ids stop at `len`).
+    /// `filler` (never read: an id at or past `len` is a bug, caught by a
+    /// debug assertion).
     pub(super) fn reserve(&mut self, additional: usize, filler: T) {
         let chunks = (self.len + additional).div_ceil(CHUNK);
         self.chunks.reserve_exact(chunks.saturating_sub(self.chunks.len()));
@@ -86,11 +87,19 @@ fn chunk_of<T: Copy>(value: T) -> Box<[T; CHUNK]> {
     vec![value; CHUNK].into_boxed_slice().try_into().unwrap_or_else(|_| unreachable!("CHUNK elements"))
 }
 
+/// The records, not the filler behind them.
+impl<T: Copy + std::fmt::Debug> std::fmt::Debug for Slab<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 impl<T> Index<BlockId> for Slab<T> {
     type Output = T;
 
     #[inline]
     fn index(&self, id: BlockId) -> &T {
+        debug_assert!((id as usize) < self.len, "id {id} of {}", self.len);
         &self.chunks[(id >> CHUNK_BITS) as usize][(id & IN_CHUNK) as usize]
     }
 }
@@ -98,6 +107,7 @@ impl<T> Index<BlockId> for Slab<T> {
 impl<T> IndexMut<BlockId> for Slab<T> {
     #[inline]
     fn index_mut(&mut self, id: BlockId) -> &mut T {
+        debug_assert!((id as usize) < self.len, "id {id} of {}", self.len);
         &mut self.chunks[(id >> CHUNK_BITS) as usize][(id & IN_CHUNK) as usize]
     }
 }
@@ -150,7 +160,29 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "index out of bounds")]
+    fn reserved_room_is_neither_iterated_nor_printed() {
+        let mut slab = Slab::with_capacity(2 * CHUNK, 7u8);
+        assert_eq!((slab.iter().count(), slab.iter_mut().count()), (0, 0));
+        assert_eq!(format!("{slab:?}"), "[]");
+        slab.push(1);
+        slab.push(2);
+        assert!(slab.iter().copied().eq([1, 2]));
+        assert_eq!(format!("{slab:?}"), "[1, 2]");
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "id 1 of 1")]
+    fn an_id_in_reserved_room_is_caught_in_debug_builds() {
+        let mut slab = Slab::with_capacity(CHUNK, 0u32);
+        slab.push(1);
+        let _ = slab[1];
+    }
+
+    /// Past the chunks, every build panics: the assertion in debug
+    /// builds, the chunk table's bounds check in release ones.
+    #[test]
+    #[should_panic]
     fn an_id_past_the_chunks_panics() {
         let mut slab = Slab::default();
         slab.push(1u32);

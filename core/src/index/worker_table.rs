@@ -5,9 +5,9 @@
 //! its 32-byte buckets and control bytes, at the 44-88% load a doubling
 //! hash table keeps, cost 38-75 bytes per block, 69 of the index's 87
 //! bytes per entry at the bench's 1,000,000 entries. Here a block costs its
-//! 28-byte record in a slab that grows by a quarter (80-100% full while a
-//! worker's cache grows; a removed record's place is reused first), plus a
-//! 5-byte bucket (id and control byte) at that load
+//! 28-byte record in a slab of 256-record chunks that never move (all full
+//! but a worker's last; a removed record's place is reused first; see
+//! `slab`), plus a 5-byte bucket (id and control byte) at that load
 //! (perf/results/2026-12-05-tables-tried.md).
 //!
 //! The price is a second place in memory per lookup of a held block: the
@@ -34,12 +34,9 @@ use hashbrown::HashTable;
 
 use super::placed::{Key, Place};
 use super::shrunk_capacity;
-use super::slab::Slab;
+use super::slab::{BlockId, Slab};
 use crate::event::EngineBlockHash;
 use crate::hashing::SequenceHash;
-
-/// A block's place in its worker's slab.
-pub(super) type BlockId = u32;
 
 /// Bits of a `Tagged` entry that are the id; the rest are hash bits.
 const ID_BITS: u32 = 28;
