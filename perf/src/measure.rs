@@ -235,7 +235,8 @@ pub struct CpuTimes {
     pub steal: u64,
     /// All ticks of all CPUs.
     pub total: u64,
-    /// This process's user + system ticks.
+    /// This process's user + system ticks, and its waited-for children's
+    /// (a benchmark's own child processes are not neighbours).
     pub own: u64,
 }
 
@@ -251,10 +252,11 @@ impl CpuTimes {
         // user nice system idle iowait irq softirq steal (guest time is inside user).
         let field = |i: usize| cpu.get(i).copied().unwrap_or(0);
         let own_stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        // Fields after the command name: state is field 3, utime 14, stime 15.
+        // Fields after the command name: state is field 3, utime 14, stime 15,
+        // cutime 16, cstime 17.
         let after_name = own_stat.rsplit_once(')')?.1;
         let own_fields: Vec<&str> = after_name.split_whitespace().collect();
-        let own = own_fields.get(11)?.parse::<u64>().ok()? + own_fields.get(12)?.parse::<u64>().ok()?;
+        let own = (11..=14).map(|i| own_fields.get(i)?.parse::<u64>().ok()).sum::<Option<u64>>()?;
         Some(CpuTimes {
             busy: field(0) + field(1) + field(2) + field(5) + field(6),
             steal: field(7),

@@ -2,11 +2,13 @@
 //! realistic KV population (see `kvpick_perf::workload`):
 //!
 //! 1. event apply throughput (`Shard::apply_event`), stores in batches of
-//!    1, 16 and 64 blocks and a removal-heavy steady state;
+//!    1, 16 and 64 blocks and a removal-heavy steady state, each index in a
+//!    child process of its own (`apply.rs` says why);
 //! 2. `find_matches` latency for an 8,192-token prompt, jump search against
 //!    block-by-block scans of the same holders;
 //! 3. selection latency (`select_and_reserve` + `free_reservation`), 1 and 2 shards;
-//! 4. bytes per stored (block, worker) entry, by table size and by RSS;
+//! 4. bytes per stored (block, worker) entry, by table size and by RSS
+//!    (read in the same children);
 //! 5. with `--features dynamo`, the same on Dynamo's `RadixTree` and
 //!    `PositionalIndexer`, as ratios.
 //!
@@ -16,21 +18,23 @@ use std::collections::{BTreeSet, VecDeque};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use kvpick_core::hashing::{chain, local_block_hash};
 use kvpick_core::shard::CandidateQuery;
 use kvpick_core::slot_set::Slot;
 use kvpick_core::{
-    Admission, HashSeed, KvIndex, Millis, Prompt, ReservationId, SelectRequest, SelectionService, SequenceHash, Shard,
+    Admission, HashSeed, Millis, Prompt, ReservationId, SelectRequest, SelectionService, SequenceHash, Shard,
 };
 use kvpick_perf::args::{Args, ArgsError, usage};
 use kvpick_perf::baseline::{HolderTable, HoldsScan};
 use kvpick_perf::measure::{
-    Budget, CpuTimes, Latencies, LatencySummary, Memory, MemoryDelta, Neighbours, Round, Throughput, memory_latency_ns,
-    run_queue_wait, time_each, time_each_after, timed, timer_overhead,
+    Budget, CpuTimes, Latencies, LatencySummary, Neighbours, Round, memory_latency_ns, run_queue_wait, time_each,
+    time_each_after, timer_overhead,
 };
 use kvpick_perf::report::{self, Table, at_least, at_most, bytes, millions, ns, ratio, speedup, thousands};
 use kvpick_perf::setup;
-use kvpick_perf::workload::{BLOCK_SIZE, BlockEvent, EvictionMix, FreshConversations, Population, PopulationSpec};
+
+mod apply;
+use apply::{ChildMemory, Isolated, Subject, apply_table, block_hashing_cost, stall_table};
+use kvpick_perf::workload::{BLOCK_SIZE, BlockEvent, FreshConversations, Population, PopulationSpec};
 
 const DEFAULT_ENTRIES: u64 = 1_000_000;
 const QUICK_ENTRIES: u64 = 100_000;
@@ -99,31 +103,76 @@ impl Config {
 }
 
 fn main() -> ExitCode {
-    let args = match Args::parse(std::env::args().skip(1)) {
+    let (own, rest) = match OwnFlags::take(std::env::args().skip(1)) {
+        Ok(split) => split,
+        Err(message) => return usage_error(&message),
+    };
+    let args = match Args::parse(rest) {
         Ok(args) => args,
         Err(ArgsError::Help) => {
-            print!("{}", usage("kvpick-bench-core"));
+            print!("{}{OWN_USAGE}", usage(BIN));
             return ExitCode::SUCCESS;
         }
-        Err(ArgsError::Invalid(message)) => {
-            eprintln!("{message}\n\n{}", usage("kvpick-bench-core"));
-            return ExitCode::from(2);
-        }
+        Err(ArgsError::Invalid(message)) => return usage_error(&message),
     };
     let cfg = Config::new(&args);
-    let report = run(&cfg);
+    if let Some(name) = own.child {
+        return apply::child(&name, &cfg);
+    }
+    let report = run(&cfg, own.apply_runs);
     println!("{report}");
     if report.problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
-/// One index under test, with what building it took.
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("{message}\n\n{}{OWN_USAGE}", usage(BIN));
+    ExitCode::from(2)
+}
+
+const OWN_USAGE: &str =
+    "  --apply-runs N interleaved runs of the event-apply children (default 1): medians and ranges\n";
+
+/// This benchmark's own flags, taken out before the shared ones are parsed.
+struct OwnFlags {
+    /// `--apply-runs N`: rounds of event-apply children.
+    apply_runs: usize,
+    /// `--apply-child NAME`: this process is a child measuring one index.
+    child: Option<String>,
+}
+
+impl OwnFlags {
+    fn take(words: impl Iterator<Item = String>) -> Result<(OwnFlags, Vec<String>), String> {
+        let mut own = OwnFlags { apply_runs: 1, child: None };
+        let mut rest = Vec::new();
+        let mut words = words;
+        while let Some(word) = words.next() {
+            let (name, inline) = match word.split_once('=') {
+                Some((name, value)) => (name.to_string(), Some(value.to_string())),
+                None => (word.clone(), None),
+            };
+            if name != "--apply-runs" && name != apply::CHILD_FLAG {
+                rest.push(word);
+                continue;
+            }
+            let value = inline.or_else(|| words.next()).ok_or_else(|| format!("{name} needs a value"))?;
+            if name == "--apply-runs" {
+                own.apply_runs = value
+                    .parse()
+                    .ok()
+                    .filter(|&n| n >= 1)
+                    .ok_or_else(|| format!("--apply-runs: {value:?} is not a count of at least 1"))?;
+            } else {
+                own.child = Some(value);
+            }
+        }
+        Ok((own, rest))
+    }
+}
+
+/// One index under test.
 struct Built<T> {
     index: T,
-    build: Duration,
-    /// Growth once freed pages were purged (steady state).
-    memory: Option<MemoryDelta>,
-    /// Growth read as the build ends, freed pages (old tables) included.
-    right_after: Option<MemoryDelta>,
+    /// Population events it refused.
     errors: u64,
 }
 
@@ -140,17 +189,10 @@ fn build<T>(
     new: impl FnOnce() -> T,
     mut apply: impl FnMut(&mut T, BlockEvent) -> bool,
 ) -> Built<T> {
-    let before = Memory::purged();
-    let (index, errors, build) = {
-        let start = Instant::now();
-        let mut index = new();
-        let mut errors = 0;
-        population.replay(16, |event| errors += u64::from(!apply(&mut index, event)));
-        (index, errors, start.elapsed())
-    };
-    let right_after = MemoryDelta::between(before, Memory::now());
-    let memory = MemoryDelta::between(before, Memory::purged());
-    Built { index, build, memory, right_after, errors }
+    let mut index = new();
+    let mut errors = 0;
+    population.replay(16, |event| errors += u64::from(!apply(&mut index, event)));
+    Built { index, errors }
 }
 
 fn apply_kvpick(shard: &mut Shard, event: BlockEvent) -> bool {
@@ -191,7 +233,7 @@ impl std::fmt::Display for Report {
     }
 }
 
-fn run(cfg: &Config) -> Report {
+fn run(cfg: &Config, apply_runs: usize) -> Report {
     let mut report = Report::default();
     if cfg!(debug_assertions) {
         report.problems.push("debug build: run with --release".into());
@@ -200,11 +242,14 @@ fn run(cfg: &Config) -> Report {
     let (started, waited_before, cpu_before) = (Instant::now(), run_queue_wait(), CpuTimes::now());
     let overhead = timer_overhead();
 
+    let memory_at_start = memory_latency_ns(MEMORY_PROBE_BYTES, MEMORY_PROBE_LOADS, 1);
+    // First, while this process holds nothing: each index's children.
+    let isolated = Isolated::measure(cfg, apply_runs, &mut report.problems);
+
     kvpick_perf::progress!(BIN, "planning {} entries over {} workers", thousands(cfg.spec.entries), cfg.spec.workers);
     let population = Population::plan(cfg.spec);
     let workers = population.workers();
 
-    // Built first, with nothing freed yet, so that RSS growth is its own.
     kvpick_perf::progress!(BIN, "building kvpick Shard");
     let mut kvpick = build(&population, || setup::shard(workers), apply_kvpick);
     if kvpick.errors > 0 {
@@ -272,8 +317,6 @@ fn run(cfg: &Config) -> Report {
 
     report.header = header(cfg, &population, size, &shape, &overhead);
 
-    // After the builds: the probe's 136 MiB must not count in their peak RSS.
-    let memory_at_start = memory_latency_ns(MEMORY_PROBE_BYTES, MEMORY_PROBE_LOADS, 1);
     kvpick_perf::progress!(BIN, "find_matches latency");
     let mut find = bench_find_matches(cfg, &mut kvpick.index, &holders, &probes);
     find.push(cold_find_matches(cfg, &population, &mut kvpick.index, &probes, &mut report.problems));
@@ -289,34 +332,17 @@ fn run(cfg: &Config) -> Report {
     let selection: Vec<SelectionResult> =
         [1, 2].iter().map(|&shards| bench_selection(cfg, &population, shards, &probes, &mut report.problems)).collect();
 
-    kvpick_perf::progress!(BIN, "event apply throughput");
-    #[cfg(feature = "dynamo")]
-    let (apply, peak_distinct) =
-        bench_apply(cfg, &population, &mut kvpick.index, Some(&mut dynamo), &mut report.problems);
-    #[cfg(not(feature = "dynamo"))]
-    let (apply, peak_distinct) = bench_apply(cfg, &population, &mut kvpick.index, None, &mut report.problems);
     let hashing = block_hashing_cost(cfg);
-
     let kvpick_find_p99 = find.first().map_or(0, |row| row.latency.p99);
-    // The apply rows stored and removed as many blocks again as they held:
-    // the tables' size after that churn, at the same entries.
-    let churned = Churned { bytes: kvpick.index.index().approx_bytes() as u64, peak_distinct };
-    let kvpick_mem = bytes_per_entry(&kvpick, size);
-    report.tables.push(apply_table(&apply, hashing));
+    report.tables.push(apply_table(&isolated, hashing));
+    report.tables.push(stall_table(&isolated));
     report.tables.push(find_table(&find, &find_dynamo));
     report.tables.push(selection_table(&selection, find.first().map(|r| r.latency)));
-    #[cfg(feature = "dynamo")]
-    let others = dynamo.memory_rows();
-    #[cfg(not(feature = "dynamo"))]
-    let others = Vec::new();
-    report.tables.push(memory_table(&kvpick, size, churned, &others));
+    report.tables.push(memory_table(&isolated));
 
-    let slowest_store = apply
-        .iter()
-        .filter(|row| row.kind == ApplyKind::Store)
-        .map(|row| row.kvpick.blocks_per_sec())
-        .fold(f64::MAX, f64::min);
-    let mix = apply.iter().find(|row| row.kind == ApplyKind::Mix).map_or(0.0, |row| row.kvpick.blocks_per_sec());
+    let rate = |row| isolated.median_rate(Subject::Shard, row).unwrap_or(0.0);
+    let slowest_store = (0..apply::MIX_ROW).filter(|&row| apply::is_store(row)).map(rate).fold(f64::MAX, f64::min);
+    let mix = rate(apply::MIX_ROW);
     let mut targets = Table::new("Design targets (goals, not assertions)", &["target", "measured", "status"]);
     targets
         .row([
@@ -334,7 +360,9 @@ fn run(cfg: &Config) -> Report {
             format!("{} ns", ns(kvpick_find_p99)),
             at_most(kvpick_find_p99 as f64, TARGET_FIND_P99_NS),
         ]);
-    let (approx, rss) = kvpick_mem;
+    let per_entry = |bytes: u64| bytes as f64 / size.entries.max(1) as f64;
+    let approx = per_entry(size.approx_bytes);
+    let rss = isolated.median_memory(Subject::Shard).and_then(|r| r.memory).map(|m| per_entry(m.built));
     targets.row([
         "≤ 48 bytes per stored entry (table size)".to_string(),
         bytes(approx),
@@ -751,320 +779,57 @@ fn selection_table(rows: &[SelectionResult], find: Option<LatencySummary>) -> Ta
 }
 
 // ---------------------------------------------------------------------------
-// 1. Event apply
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ApplyKind {
-    Store,
-    Remove,
-    Mix,
-}
-
-struct ApplyRow {
-    kind: ApplyKind,
-    name: String,
-    kvpick: Throughput,
-    /// The same events through `KvIndex::store`/`remove` directly.
-    direct: Throughput,
-    radix: Option<Throughput>,
-    positional: Option<Throughput>,
-}
-
-/// Events are converted to each index's type (untimed) and applied (timed)
-/// this many at a time, so that an applied event is as fresh in cache as one
-/// a decoder has just produced, and the clock is read rarely.
-const APPLY_BATCH: usize = 32;
-
-/// Applies events to kvpick, consuming them as a decoder hands them over.
-fn apply_to_shard(shard: &mut Shard, events: &[BlockEvent], throughput: &mut Throughput) -> u64 {
-    let mut refused = 0;
-    for batch in events.chunks(APPLY_BATCH) {
-        let blocks = batch.iter().map(BlockEvent::blocks).sum::<usize>() as u64;
-        let converted: Vec<_> = batch.iter().map(setup::kv_event).collect();
-        let start = Instant::now();
-        let mut rest = &converted[..];
-        while !rest.is_empty() {
-            let covered = shard.prefetch_head(rest.iter().map(|(worker, event)| (*worker, event)));
-            let (window, after) = rest.split_at(covered);
-            rest = after;
-            for (worker, event) in window {
-                refused += u64::from(shard.apply_event(*worker, event).is_err());
-            }
-        }
-        throughput.add(blocks, batch.len() as u64, start.elapsed());
-    }
-    refused
-}
-
-/// Applies events straight to a `KvIndex` whose slot `w` is worker `w`,
-/// from borrowed slices: no `Shard` bookkeeping, no event to build or free.
-fn apply_to_index(index: &mut KvIndex, events: &[BlockEvent], throughput: &mut Throughput) -> u64 {
-    let mut refused = 0;
-    for batch in events.chunks(APPLY_BATCH) {
-        let blocks = batch.iter().map(BlockEvent::blocks).sum::<usize>() as u64;
-        let start = Instant::now();
-        for event in batch {
-            let applied = match event {
-                BlockEvent::Stored { worker, parent, hashes, tokens, .. } => {
-                    index.store(*worker, *parent, hashes, tokens, BLOCK_SIZE, HashSeed::default())
-                }
-                BlockEvent::Removed { worker, hashes } => index.remove(*worker, hashes),
-            };
-            refused += u64::from(applied.is_err());
-        }
-        throughput.add(blocks, batch.len() as u64, start.elapsed());
-    }
-    refused
-}
-
-/// A bare `KvIndex` holding the population (slot `w` = worker `w`).
-fn population_index(population: &Population) -> (KvIndex, u64) {
-    let mut index = KvIndex::default();
-    for worker in 0..population.workers() {
-        index.add_worker(worker);
-    }
-    let mut refused = 0;
-    population.replay(16, |event| refused += apply_to_index(&mut index, &[event], &mut Throughput::default()));
-    (index, refused)
-}
-
-/// The apply rows, and the most distinct blocks the shard held during
-/// them (its population plus the fresh turns in flight).
-fn bench_apply(
-    cfg: &Config,
-    population: &Population,
-    shard: &mut Shard,
-    mut dynamo: Option<&mut Dynamo>,
-    problems: &mut Vec<String>,
-) -> (Vec<ApplyRow>, u64) {
-    let mut rows = Vec::new();
-    let mut peak_distinct = shard.index().distinct_blocks() as u64;
-    let (mut direct, mut refused) = population_index(population);
-    let mut fresh = FreshConversations::new(population, cfg.spec.seed ^ 0xf1e5);
-    for batch in [1, 16, 64] {
-        let mut store = ApplyRow::new(ApplyKind::Store, format!("store, {batch} block(s) per event"), dynamo.is_some());
-        let mut remove =
-            ApplyRow::new(ApplyKind::Remove, format!("remove, {batch} block(s) per event"), dynamo.is_some());
-        for _ in 0..cfg.rounds {
-            let (stores, removals) = fresh.round(cfg.turns_per_round, TURN_BLOCKS, batch);
-            refused += apply_to_shard(shard, &stores, &mut store.kvpick);
-            // A round stores all its turns before removing any: its peak.
-            peak_distinct = peak_distinct.max(shard.index().distinct_blocks() as u64);
-            refused += apply_to_index(&mut direct, &stores, &mut store.direct);
-            if let Some(d) = dynamo.as_deref_mut() {
-                d.apply(&stores, &mut store);
-            }
-            refused += apply_to_shard(shard, &removals, &mut remove.kvpick);
-            refused += apply_to_index(&mut direct, &removals, &mut remove.direct);
-            if let Some(d) = dynamo.as_deref_mut() {
-                d.apply(&removals, &mut remove);
-            }
-        }
-        rows.push(store);
-        rows.push(remove);
-    }
-    let entries = shard.index().entries();
-    let mut mix = ApplyRow::new(
-        ApplyKind::Mix,
-        "steady state: stores of 16 + evictions of 1–8 (≈80% removal events)".into(),
-        dynamo.is_some(),
-    );
-    let mut generator = EvictionMix::new(population, cfg.spec.seed ^ 0xe71c);
-    for _ in 0..cfg.mix_chunks {
-        let events = generator.chunk(cfg.mix_chunk_blocks);
-        refused += apply_to_shard(shard, &events, &mut mix.kvpick);
-        peak_distinct = peak_distinct.max(shard.index().distinct_blocks() as u64);
-        refused += apply_to_index(&mut direct, &events, &mut mix.direct);
-        if let Some(d) = dynamo.as_deref_mut() {
-            d.apply(&events, &mut mix);
-        }
-    }
-    rows.push(mix);
-    if shard.index().entries() != entries || direct.entries() != entries {
-        problems
-            .push(format!("steady-state mix changed kvpick's entries from {entries} to {}", shard.index().entries()));
-    }
-    if refused > 0 || shard.stats().unknown_removals > 0 {
-        problems.push(format!(
-            "kvpick refused {refused} benchmark events and saw {} unknown removals",
-            shard.stats().unknown_removals
-        ));
-    }
-    if let Some(refused) = dynamo.map(|d| d.refused()).filter(|&r| r > 0) {
-        problems.push(format!("Dynamo refused {refused} benchmark events"));
-    }
-    (rows, peak_distinct)
-}
-
-impl ApplyRow {
-    fn new(kind: ApplyKind, name: String, with_dynamo: bool) -> ApplyRow {
-        let measured = with_dynamo.then(Throughput::default);
-        ApplyRow {
-            kind,
-            name,
-            kvpick: Throughput::default(),
-            direct: Throughput::default(),
-            radix: measured,
-            positional: measured,
-        }
-    }
-}
-
-/// What hashing a stored block's 16 tokens (local hash, then chain) costs
-/// kvpick inside `apply_event`; Dynamo's events arrive hashed.
-fn block_hashing_cost(cfg: &Config) -> f64 {
-    let blocks = if cfg.quick { 100_000 } else { 1_000_000 };
-    let mut rng = fastrand::Rng::with_seed(1);
-    let tokens: Vec<u32> = (0..blocks * BLOCK_SIZE as usize).map(|_| rng.u32(..128_000)).collect();
-    let (last, elapsed) = timed(|| {
-        let mut parent = None;
-        for block in tokens.chunks_exact(BLOCK_SIZE as usize) {
-            parent = Some(chain(parent, local_block_hash(block, HashSeed::default())));
-        }
-        parent
-    });
-    std::hint::black_box(last);
-    elapsed.as_nanos() as f64 / blocks as f64
-}
-
-fn apply_table(rows: &[ApplyRow], hashing_ns: f64) -> Table {
-    let dynamo = rows.first().is_some_and(|r| r.radix.is_some());
-    let mut t = Table::new(
-        "1. Event apply throughput, single thread (M block events/s; ratio = kvpick ÷ Dynamo)",
-        &[
-            "workload",
-            "events",
-            "blocks",
-            "kvpick",
-            "ns/block",
-            "KvIndex direct",
-            "Dynamo RadixTree",
-            "kvpick/Radix",
-            "Dynamo Positional",
-            "kvpick/Positional",
-            "target ≥ 5 M/s",
-        ],
-    );
-    let dash = || "—".to_string();
-    for r in rows {
-        let k = r.kvpick.blocks_per_sec();
-        let cell = |t: Option<Throughput>| t.map_or_else(dash, |t| millions(t.blocks_per_sec()));
-        let vs = |t: Option<Throughput>| t.map_or_else(dash, |t| ratio(k, t.blocks_per_sec()));
-        let target = if r.kind == ApplyKind::Remove { dash() } else { at_least(k, TARGET_EVENTS_PER_SEC) };
-        t.row([
-            r.name.clone(),
-            thousands(r.kvpick.events),
-            thousands(r.kvpick.blocks),
-            millions(k),
-            format!("{:.0}", r.kvpick.ns_per_block()),
-            millions(r.direct.blocks_per_sec()),
-            cell(r.radix),
-            vs(r.radix),
-            cell(r.positional),
-            vs(r.positional),
-            target,
-        ]);
-    }
-    t.note(format!(
-        "kvpick: `Shard::apply_event` on the full population, each window of events prefetched first (`Shard::prefetch_head`) as a shard thread does; stores are new {TURN_BLOCKS}-block turns after a held system prompt, then removed leaf first."
-    ));
-    t.note("KvIndex direct: the same events on an identical bare `KvIndex` through `store`/`remove` from borrowed slices (no `Shard`, no `KvEvent`, no window prefetch).");
-    t.note(format!("Events are converted untimed and applied timed {APPLY_BATCH} at a time, so each is cache-warm, as after decoding (so a window holds at most {APPLY_BATCH} events; a shard thread's, up to 64); freeing an event is timed."));
-    t.note(format!(
-        "kvpick hashes each stored block's tokens itself (local + chain xxh3: {hashing_ns:.0} ns/block of the store cost); Dynamo's events carry precomputed hashes."
-    ));
-    if dynamo {
-        t.note("Dynamo 1.6.1's PositionalIndexer never deletes a (position, local hash) key once its last holder is removed (`remove_blocks_impl`");
-        t.note("ignores `SeqEntry::remove`'s \"now empty\"), so its map grows by every block ever stored: later rows run on a larger map.");
-    } else {
-        t.note("Dynamo columns: build with `--features dynamo`.");
-    }
-    t
-}
-
-// ---------------------------------------------------------------------------
 // 4. Memory
 
-/// kvpick's bytes per entry: by table size, and by RSS growth when known.
-fn bytes_per_entry(kvpick: &Built<Shard>, size: KvpickSize) -> (f64, Option<f64>) {
-    let entries = size.entries.max(1) as f64;
-    (size.approx_bytes as f64 / entries, kvpick.memory.map(|m| m.rss as f64 / entries))
-}
-
-/// Another index's build, for the memory table.
-struct OtherBuild {
-    name: &'static str,
-    build: Duration,
-    memory: Option<MemoryDelta>,
-    right_after: Option<MemoryDelta>,
-}
-
-/// kvpick's index after the event-apply rows, at the same entries.
-struct Churned {
-    bytes: u64,
-    /// The most distinct blocks it held during the rows.
-    peak_distinct: u64,
-}
-
-fn memory_table(kvpick: &Built<Shard>, size: KvpickSize, churned: Churned, others: &[OtherBuild]) -> Table {
+/// The memory table's rows: each index's child, the run with the median
+/// RSS growth.
+fn memory_table(isolated: &Isolated) -> Table {
     let mut t = Table::new(
-        "4. Memory per stored (block, worker) entry (bytes)",
+        "4. Memory per stored (block, worker) entry (bytes), each index in its own process",
         &[
             "index",
             "entries",
             "build",
-            "table bytes/entry",
+            "table bytes/entry, built → after the apply rows",
             "RSS growth/entry",
             "RSS right after/entry",
             "peak RSS growth/entry",
-            "target ≤ 48 B",
+            "RSS growth after the apply rows/entry",
+            "vs kvpick / target ≤ 48 B",
         ],
     );
-    let entries = size.entries;
-    let per = |bytes: u64| bytes as f64 / entries.max(1) as f64;
-    let mem = |m: Option<MemoryDelta>, right_after: Option<MemoryDelta>| {
-        let rss = |m: Option<MemoryDelta>| m.map_or("n/a".to_string(), |m| bytes(per(m.rss)));
-        (rss(m), rss(right_after), m.map_or("n/a".to_string(), |m| bytes(per(m.peak))))
-    };
-    let approx = per(size.approx_bytes);
-    let (rss, right_after, peak) = mem(kvpick.memory, kvpick.right_after);
-    let worst = kvpick.memory.map_or(approx, |m| approx.max(per(m.rss)));
-    t.row([
-        "kvpick KvIndex (Shard)".to_string(),
-        thousands(entries),
-        format!("{:.2} s", kvpick.build.as_secs_f64()),
-        bytes(approx),
-        rss,
-        right_after,
-        peak,
-        at_most(worst, TARGET_BYTES_PER_ENTRY),
-    ]);
     let na = || "n/a".to_string();
-    t.row([
-        "kvpick KvIndex (Shard), after the event-apply rows".to_string(),
-        thousands(entries),
-        na(),
-        bytes(per(churned.bytes)),
-        na(),
-        na(),
-        na(),
-        at_most(per(churned.bytes), TARGET_BYTES_PER_ENTRY),
-    ]);
-    for other in others {
-        let (rss, right_after, peak) = mem(other.memory, other.right_after);
-        let vs = match (kvpick.memory, other.memory) {
-            (Some(k), Some(o)) => format!("{} kvpick's RSS growth", ratio(o.rss as f64, k.rss as f64)),
+    let kvpick = isolated.median_memory(Subject::Shard);
+    let entries = kvpick.and_then(|r| r.entries).unwrap_or(0);
+    let per = |bytes: u64| bytes as f64 / entries.max(1) as f64;
+    let subjects = [
+        (Subject::Shard, "kvpick KvIndex (Shard)"),
+        (Subject::Radix, "Dynamo RadixTree"),
+        (Subject::Positional, "Dynamo PositionalIndexer"),
+    ];
+    for (subject, name) in subjects {
+        let Some(report) = isolated.median_memory(subject) else { continue };
+        let rss = |pick: fn(&ChildMemory) -> u64| report.memory.as_ref().map_or_else(na, |m| bytes(per(pick(m))));
+        let tables =
+            report.tables.map_or_else(na, |t| format!("{} → {}", bytes(per(t.bytes_built)), bytes(per(t.bytes_after))));
+        let verdict = match (subject, kvpick.and_then(|k| k.memory), report.memory) {
+            (Subject::Shard, _, memory) => {
+                let worst = report.tables.map_or(0.0, |t| per(t.bytes_built)).max(memory.map_or(0.0, |m| per(m.built)));
+                at_most(worst, TARGET_BYTES_PER_ENTRY)
+            }
+            (_, Some(k), Some(o)) => format!("{} kvpick's RSS growth", ratio(o.built as f64, k.built as f64)),
             _ => String::new(),
         };
         t.row([
-            other.name.to_string(),
+            name.to_string(),
             thousands(entries),
-            format!("{:.2} s", other.build.as_secs_f64()),
-            "n/a".into(),
-            rss,
-            right_after,
-            peak,
-            vs,
+            format!("{:.2} s", report.build_ns as f64 / 1e9),
+            tables,
+            rss(|m| m.built),
+            rss(|m| m.right_after),
+            rss(|m| m.peak),
+            rss(|m| m.after_rows),
+            verdict,
         ]);
     }
     t.note("Table bytes: `KvIndex::approx_bytes()` (hash-table capacity, not length). RSS growth: VmRSS after − before replaying the");
@@ -1073,17 +838,20 @@ fn memory_table(kvpick: &Built<Shard>, size: KvpickSize, churned: Churned, other
     t.note(
         "old tables freed by resizes still resident. Peak: VmHWM growth, which includes hash-table resize transients.",
     );
-    t.note("Indexes are built one after the other before anything is freed, so each one's growth is its own. Build = replay time, event generation included.");
-    t.note("After the event-apply rows: the same index, holding the same entries again once the rows' fresh turns were stored and removed");
-    t.note(format!(
-        "(table bytes only; RSS is not comparable after the other benchmarks). Its distinct blocks went from {} as built to at most {} ({:+.1}%)",
-        thousands(size.distinct),
-        thousands(churned.peak_distinct),
-        (churned.peak_distinct as f64 / size.distinct.max(1) as f64 - 1.0) * 100.0
-    ));
-    t.note("while fresh turns were in flight. A hash table grows by doubling when 7/8 full (sooner when removals have left tombstones) and keeps");
-    t.note("its size until a quarter full, so its bytes per entry follow the peak and where that falls between powers of two: run with");
-    t.note("other `--entries` to see the sawtooth (perf/README, \"The holder table follows its peak\").");
+    t.note("Each index is built in its own process (the event-apply children), so its growth is its own. Build = replay time, event generation included.");
+    t.note("After the apply rows: the same index, holding the same entries again once the rows' fresh turns were stored and removed, read the same way.");
+    t.note("Dynamo's PositionalIndexer keeps every key it ever saw (table 1's note), so its growth after the rows includes the rows' blocks.");
+    if let Some(tables) = kvpick.and_then(|r| r.tables) {
+        t.note(format!(
+            "kvpick's distinct blocks went from {} as built to at most {} ({:+.1}%) while fresh turns were in flight. A hash table grows by",
+            thousands(tables.distinct_built),
+            thousands(tables.distinct_peak),
+            (tables.distinct_peak as f64 / tables.distinct_built.max(1) as f64 - 1.0) * 100.0
+        ));
+    }
+    t.note("doubling when 7/8 full (sooner when removals have left tombstones) and keeps its size until a quarter full, so its bytes per");
+    t.note("entry follow the peak and where that falls between powers of two: run with other `--entries` to see the sawtooth");
+    t.note("(perf/README, \"The holder table follows its peak\").");
     t
 }
 
@@ -1095,28 +863,14 @@ struct Dynamo {
     radix: Built<kvpick_perf::dynamo::Radix>,
     positional: Built<kvpick_perf::dynamo::Positional>,
     next_id: u64,
-    /// Benchmark events either index refused.
+    /// Cold-probe churn events RadixTree refused.
     refused: u64,
-}
-
-/// Without the feature there is no Dynamo to measure: no value of this type exists.
-#[cfg(not(feature = "dynamo"))]
-enum Dynamo {}
-
-#[cfg(not(feature = "dynamo"))]
-impl Dynamo {
-    fn apply(&mut self, _: &[BlockEvent], _: &mut ApplyRow) {
-        match *self {}
-    }
-
-    fn refused(&self) -> u64 {
-        match *self {}
-    }
 }
 
 #[cfg(feature = "dynamo")]
 impl Dynamo {
     fn check(&self, shard: &Shard, probes: &[Probe], problems: &mut Vec<String>) {
+        use kvpick_core::hashing::local_block_hash;
         use kvpick_perf::dynamo::sorted_scores;
         if self.radix.errors + self.positional.errors > 0 {
             problems.push(format!(
@@ -1190,64 +944,13 @@ impl Dynamo {
             |i| this.borrow().radix.index.find_matches(&probes[i as usize % probes.len()].locals).scores.len(),
         );
         let this = this.into_inner();
-        if this.radix.index.entries() as u64 != population.entries() {
-            problems.push(format!("cold probes: RadixTree holds {} entries after", this.radix.index.entries()));
+        if this.refused > 0 || this.radix.index.entries() as u64 != population.entries() {
+            problems.push(format!(
+                "cold probes: RadixTree refused {} churn events and holds {} entries after",
+                this.refused,
+                this.radix.index.entries()
+            ));
         }
         FindRow { name: cold_name("Dynamo RadixTree::find_matches"), latency }
-    }
-
-    /// Applies events to both Dynamo indexes, the same way as `apply_to_shard`.
-    fn apply(&mut self, events: &[BlockEvent], row: &mut ApplyRow) {
-        use kvpick_perf::dynamo::router_event;
-        let (mut radix, mut positional) = (Throughput::default(), Throughput::default());
-        for batch in events.chunks(APPLY_BATCH) {
-            let blocks = batch.iter().map(BlockEvent::blocks).sum::<usize>() as u64;
-            let mut convert = || -> Vec<_> {
-                batch
-                    .iter()
-                    .map(|e| {
-                        self.next_id += 1;
-                        router_event(e, self.next_id)
-                    })
-                    .collect()
-            };
-            let (for_radix, for_positional) = (convert(), convert());
-            let start = Instant::now();
-            for event in for_radix {
-                self.refused += u64::from(!self.radix.index.apply(event));
-            }
-            radix.add(blocks, batch.len() as u64, start.elapsed());
-            let start = Instant::now();
-            for event in for_positional {
-                self.refused += u64::from(!self.positional.index.apply(event));
-            }
-            positional.add(blocks, batch.len() as u64, start.elapsed());
-        }
-        for (total, measured) in [(&mut row.radix, radix), (&mut row.positional, positional)] {
-            if let Some(total) = total.as_mut() {
-                total.add(measured.blocks, measured.events, measured.elapsed);
-            }
-        }
-    }
-
-    fn refused(&self) -> u64 {
-        self.refused
-    }
-
-    fn memory_rows(&self) -> Vec<OtherBuild> {
-        vec![
-            OtherBuild {
-                name: "Dynamo RadixTree",
-                build: self.radix.build,
-                memory: self.radix.memory,
-                right_after: self.radix.right_after,
-            },
-            OtherBuild {
-                name: "Dynamo PositionalIndexer",
-                build: self.positional.build,
-                memory: self.positional.memory,
-                right_after: self.positional.right_after,
-            },
-        ]
     }
 }
