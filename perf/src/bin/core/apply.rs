@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use kvpick_core::hashing::{chain, local_block_hash};
 use kvpick_core::{HashSeed, KvIndex, Shard};
-use kvpick_perf::measure::{Memory, MemoryDelta, Throughput, timed};
+use kvpick_perf::measure::{Memory, MemoryDelta, Throughput, run_queue_wait, timed};
 use kvpick_perf::report::{Table, at_least, millions, ratio, thousands};
 use kvpick_perf::setup;
 use kvpick_perf::workload::{BLOCK_SIZE, BlockEvent, EvictionMix, FreshConversations, Population};
@@ -78,6 +78,10 @@ pub struct Figures {
     /// The slowest batch of `APPLY_BATCH` events: a table resized in one
     /// go stalls the shard thread (and its picks) for that long.
     pub longest_ns: u64,
+    /// Time the child waited for a CPU during the row: a slow batch with
+    /// no wait is the index's own.
+    #[serde(default)]
+    pub waited_ns: u64,
 }
 
 impl Figures {
@@ -438,10 +442,10 @@ fn apply_rows<T: Target>(cfg: &Config, population: &Population, index: &mut T) -
         let (mut store, mut remove) = (Figures::default(), Figures::default());
         for _ in 0..cfg.rounds {
             let (stores, removals) = fresh.round(cfg.turns_per_round, TURN_BLOCKS, batch);
-            refused += index.apply(&stores, &mut store);
+            refused += apply_noting_waits(index, &stores, &mut store);
             // A round stores all its turns before removing any: its peak.
             track_peak(index);
-            refused += index.apply(&removals, &mut remove);
+            refused += apply_noting_waits(index, &removals, &mut remove);
         }
         rows.push(store);
         rows.push(remove);
@@ -450,11 +454,21 @@ fn apply_rows<T: Target>(cfg: &Config, population: &Population, index: &mut T) -
     let mut generator = EvictionMix::new(population, cfg.spec.seed ^ 0xe71c);
     for _ in 0..cfg.mix_chunks {
         let events = generator.chunk(cfg.mix_chunk_blocks);
-        refused += index.apply(&events, &mut mix);
+        refused += apply_noting_waits(index, &events, &mut mix);
         track_peak(index);
     }
     rows.push(mix);
     (rows, peak, refused)
+}
+
+/// [`Target::apply`], adding the time the thread waited for a CPU meanwhile.
+fn apply_noting_waits<T: Target>(index: &mut T, events: &[BlockEvent], figures: &mut Figures) -> u64 {
+    let before = run_queue_wait();
+    let refused = index.apply(events, figures);
+    if let Some((before, after)) = before.zip(run_queue_wait()) {
+        figures.waited_ns += after.saturating_sub(before).as_nanos() as u64;
+    }
+    refused
 }
 
 // ---------------------------------------------------------------------------
@@ -659,14 +673,17 @@ pub fn stall_table(isolated: &Isolated) -> Table {
         ),
         &["workload", "kvpick", "KvIndex direct", "Dynamo RadixTree", "Dynamo Positional"],
     );
+    // "1,234", or "1,234 (waited 50)" when the child waited for a CPU
+    // during that row: then the slow batch may be the machine's.
     let longest = |subject: Subject, row: usize| {
-        isolated
-            .reports(subject)
-            .iter()
-            .filter_map(|r| r.rows.get(row))
-            .map(|f| f.longest_ns)
-            .max()
-            .map_or_else(|| "—".to_string(), |ns| format!("{:.0}", ns as f64 / 1e3))
+        let slowest = isolated.reports(subject).iter().filter_map(|r| r.rows.get(row)).max_by_key(|f| f.longest_ns);
+        slowest.map_or_else(
+            || "—".to_string(),
+            |f| match f.waited_ns / 1_000 {
+                0 => thousands(f.longest_ns / 1_000),
+                waited => format!("{} (waited {})", thousands(f.longest_ns / 1_000), thousands(waited)),
+            },
+        )
     };
     for (row, name) in row_names().into_iter().enumerate() {
         t.row([
@@ -679,6 +696,7 @@ pub fn stall_table(isolated: &Isolated) -> Table {
     }
     t.note("A shard thread applies events and answers picks in turn: while one batch applies, its picks wait. A batch normally takes");
     t.note("tens to hundreds of µs; one that resizes a hash table in one go (copying every entry) takes as long as the copy.");
+    t.note("(waited N): the child waited N µs for a CPU during that row (all its batches): the slowest batch may include it.");
     t
 }
 
@@ -701,7 +719,16 @@ mod tests {
     fn a_report_survives_the_pipe() {
         let report = ChildReport {
             subject: "kvpick".into(),
-            rows: vec![Figures { blocks: 65_536, events: 65_536, elapsed_ns: 13_107_200, longest_ns: 20_000 }; 7],
+            rows: vec![
+                Figures {
+                    blocks: 65_536,
+                    events: 65_536,
+                    elapsed_ns: 13_107_200,
+                    longest_ns: 20_000,
+                    waited_ns: 0
+                };
+                7
+            ],
             entries: Some(1_000_000),
             build_ns: 2_500_000_000,
             memory: Some(ChildMemory {

@@ -115,6 +115,15 @@ fn main() -> ExitCode {
         }
         Err(ArgsError::Invalid(message)) => return usage_error(&message),
     };
+    // As `kvpick serve` runs by default (`--transparent-huge-pages never`):
+    // mimalloc madvises its arenas for huge pages, and on a system in THP
+    // `madvise` mode a fault may then compact memory for a 2 MiB page.
+    // That stalled single events for ~5 ms here (and a table's first
+    // touches for 35-60 ms), which is this bench's environment, not what
+    // a router sees. Inherited by the apply children.
+    if let Err(e) = kvpick_app::app::huge_pages::apply(kvpick_app::app::HugePages::Never) {
+        kvpick_perf::progress!(BIN, "could not opt out of transparent huge pages: {e}");
+    }
     let cfg = Config::new(&args);
     if let Some(name) = own.child {
         return apply::child(&name, &cfg);
@@ -478,7 +487,12 @@ fn header(
     vec![
         "## kvpick-bench-core".into(),
         String::new(),
-        format!("- date {} · {} · single thread · features: {features}", report::utc_date(), report::cpu()),
+        format!(
+            "- date {} · {} · single thread · features: {features} · transparent huge pages {}",
+            report::utc_date(),
+            report::cpu(),
+            if kvpick_app::app::huge_pages::disabled() { "off (as `kvpick serve` runs)" } else { "allowed" }
+        ),
         format!(
             "- population{}: {} workers, {} (block, worker) entries, {} distinct blocks, {} conversations over 8 system prompts",
             if cfg.quick { " (--quick)" } else { "" },
