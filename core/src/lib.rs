@@ -33,6 +33,8 @@ pub mod request;
 pub mod service;
 pub mod shard;
 pub mod slot_set;
+#[cfg(test)]
+mod test_rng;
 pub mod worker;
 
 pub use admission::AdmissionLedger;

@@ -500,13 +500,7 @@ mod tests {
     /// Every sequence of inserts and removes agrees with a sorted set.
     #[test]
     fn sets_agree_with_a_plain_set() {
-        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
+        let mut next = crate::test_rng::xorshift(0x9e37_79b9_7f4a_7c15);
         for _ in 0..200 {
             let (mut set, mut plain) = (SlotSet::default(), std::collections::BTreeSet::new());
             for _ in 0..64 {

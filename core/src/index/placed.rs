@@ -53,21 +53,22 @@ impl Key for EngineBlockHash {
 /// worth of inserts (the same size, rebuilt without tombstones, when under
 /// half full; twice the size otherwise): at 32 buckets per insert or
 /// removal the old table is empty long before then, even if every
-/// operation meanwhile left a tombstone in the new one. The step trades how long a growth
-/// lasts against what each event pays meanwhile. Lookups during a growth
-/// are slower (two tables, and the moves' writes churn the caches): with
-/// 8, a growth spanned ~2.6% of bench-core's cold probes and their p99 rose
-/// from 2.0-2.7 to 3.4 µs; 32 gave 2.2-2.4 and 64 2.0-2.3, while a batch
-/// of 32 64-block events during a growth pays up to ~3 ms at 32 (twice
-/// that at 64) at 1,000,000 entries.
+/// operation meanwhile left a tombstone in the new one. The step trades
+/// how long a growth lasts against what each event pays meanwhile.
+/// Lookups during a growth are slower (two tables, and the moves' writes
+/// churn the caches): with 8, a growth spanned ~2.6% of bench-core's cold
+/// probes and their p99 rose from 2.0-2.7 to 3.4 µs; 32 gave 2.2-2.4 and
+/// 64 2.0-2.3 in one comparison, but 32 read 2.3-4.3 against hashbrown's
+/// 1.9-2.5 in three later pairs (perf/results/2026-12-07-isolated-apply-
+/// and-growth.md). A batch of 32 64-block events during a growth pays up
+/// to ~3 ms at 32 (twice that at 64) at 1,000,000 entries.
 const MOVE_STEP: usize = 32;
 
 /// A hash table that grows a few buckets at a time. hashbrown grows a
 /// table (or rebuilds one full of tombstones) by moving every entry at
 /// once: at 1,000,000 entries that held a shard thread, and the picks
-/// queued behind it, for 11 ms with its memory already resident and
-/// 60-170 ms when the new pages were first touched (bench-core, table
-/// 1b). Here the full table is set aside as `old` and emptied into a new
+/// queued behind it, for 17-18 ms (bench-core, table 1b; 95-101 ms when
+/// huge pages were allowed and first touched). Here the full table is set aside as `old` and emptied into a new
 /// one `MOVE_STEP` buckets per insert or removal; meanwhile a key is in
 /// one of the two. Outside a growth a lookup reads one table, as before.
 /// (Splitting the table in 64 or 256 fixed parts, each growing alone,
@@ -127,7 +128,7 @@ impl<K: Key, V> Placed<K, V> {
     /// `find_matches` during a growth were 1.6x slower at p99 when every
     /// key was looked for in the new table first).
     fn get_growing<'a>(new: &'a HashTable<(K, V)>, old: &'a Old<K, V>, hash: u64, key: &K) -> Option<&'a (K, V)> {
-        let (new, old_first) = (new, (hash as usize & (old.table.num_buckets() - 1)) >= old.next);
+        let old_first = (hash as usize & (old.table.num_buckets() - 1)) >= old.next;
         let (first, then) = if old_first { (&old.table, new) } else { (new, &old.table) };
         first.find(hash, |(k, _)| k == key).or_else(|| then.find(hash, |(k, _)| k == key))
     }
@@ -183,7 +184,7 @@ impl<K: Key, V> Placed<K, V> {
         if self.old.is_some() {
             self.move_some();
         }
-        let entry = match self.table.find_entry(hash, |(k, _)| k == key) {
+        let mut entry = match self.table.find_entry(hash, |(k, _)| k == key) {
             Ok(entry) => entry,
             Err(_) => {
                 let Some(old) = self.old.as_mut() else { return };
@@ -191,7 +192,6 @@ impl<K: Key, V> Placed<K, V> {
                 entry
             }
         };
-        let mut entry = entry;
         if !change(&mut entry.get_mut().1) {
             entry.remove();
             self.shrink_if_sparse();
@@ -389,7 +389,6 @@ mod tests {
     #[test]
     fn prefetches_aim_at_the_buckets_the_table_keeps_through_growth_and_shrinking() {
         let mut holders: Placed<SequenceHash, SlotSet> = Placed::default();
-        let key = |i: u64| SequenceHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         for i in 0..10_000 {
             holders.entry_or_default(key(i)).insert((i % 300) as u32);
             if i.is_power_of_two() {
@@ -511,13 +510,7 @@ mod tests {
     fn random_operations_agree_with_a_map_through_growths() {
         let mut table: Placed<SequenceHash, u64> = Placed::default();
         let mut model = std::collections::HashMap::new();
-        let mut state = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::test_rng::xorshift(0x2545_f491_4f6c_dd1d);
         let (mut growing_steps, mut growths) = (0, 0);
         for step in 0..200_000u64 {
             // Keys from a pool that grows, then holds, so the table fills,
@@ -587,7 +580,6 @@ mod tests {
     #[test]
     fn a_value_changed_to_nothing_goes_in_the_same_probe_and_the_table_shrinks() {
         let mut counts: Placed<SequenceHash, u32> = Placed::default();
-        let key = |i: u64| SequenceHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         for i in 0..8_000 {
             *counts.entry_or_default(key(i)) = 2;
         }

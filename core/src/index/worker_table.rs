@@ -597,13 +597,7 @@ mod tests {
         // to a quarter several times.
         let mut table = WorkerTable::default();
         let mut model = std::collections::HashMap::new();
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::test_rng::xorshift(0x2545_F491_4F6C_DD1D);
         let mut rebuilds = 0;
         for round in 0..120_000u64 {
             // Phases: mostly stores, then mostly removals.
