@@ -49,6 +49,17 @@ pub struct Flag {
     inline: Option<String>,
 }
 
+impl Flag {
+    /// The word as it was written, for a parser that takes its own flags
+    /// out and hands the rest on.
+    pub fn into_word(self) -> String {
+        match self.inline {
+            Some(value) => format!("{}={value}", self.name),
+            None => self.name,
+        }
+    }
+}
+
 impl<I: Iterator<Item = String>> Flags<I> {
     pub fn new(words: impl IntoIterator<IntoIter = I>) -> Self {
         Flags { words: words.into_iter() }
@@ -176,6 +187,13 @@ mod tests {
         let args = parse(&["--quick", "--entries", "2M", "--workers=128", "--seed", "1_000"]).expect("valid flags");
         assert_eq!(args, Args { quick: true, entries: Some(2_000_000), workers: Some(128), seed: Some(1000) });
         assert_eq!(parse(&["--entries=250k"]).map(|a| a.entries), Ok(Some(250_000)));
+    }
+
+    #[test]
+    fn a_flag_passed_on_is_the_word_as_written() {
+        let mut flags = Flags::new(["--entries=2M", "--quick", "7", "a=b"].map(String::from));
+        let words: Vec<String> = std::iter::from_fn(|| flags.next_flag()).map(Flag::into_word).collect();
+        assert_eq!(words, ["--entries=2M", "--quick", "7", "a=b"]);
     }
 
     #[test]

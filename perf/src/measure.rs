@@ -225,6 +225,18 @@ pub fn run_queue_wait() -> Option<Duration> {
     Some(Duration::from_nanos(waited))
 }
 
+/// The middle value (the mean of the two middle ones for an even count);
+/// `None` for none.
+pub fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
 /// CPU time counters (clock ticks) of the whole machine and of this
 /// process, to tell whether anything else ran during a benchmark.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -381,6 +393,13 @@ impl MemoryDelta {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn medians_of_odd_even_and_no_values() {
+        assert_eq!(median(vec![]), None);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    }
 
     #[test]
     fn rounds_respect_the_budget() {

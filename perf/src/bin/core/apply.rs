@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use kvpick_core::hashing::{chain, local_block_hash};
 use kvpick_core::{HashSeed, KvIndex, Shard};
-use kvpick_perf::measure::{Memory, MemoryDelta, Throughput, run_queue_wait, timed};
+use kvpick_perf::measure::{Memory, MemoryDelta, Throughput, median, run_queue_wait, timed};
 use kvpick_perf::report::{Table, at_least, millions, ratio, thousands};
 use kvpick_perf::setup;
 use kvpick_perf::workload::{BLOCK_SIZE, BlockEvent, EvictionMix, FreshConversations, Population};
@@ -80,7 +80,6 @@ pub struct Figures {
     pub longest_ns: u64,
     /// Time the child waited for a CPU during the row: a slow batch with
     /// no wait is the index's own.
-    #[serde(default)]
     pub waited_ns: u64,
 }
 
@@ -153,11 +152,12 @@ pub fn row_names() -> Vec<String> {
     names
 }
 
-/// Which rows are removals (no events/s target) and which the steady state.
+/// Whether a row is a removal row (no events/s target).
 fn is_removal(row: usize) -> bool {
     row < 2 * BATCHES.len() && row % 2 == 1
 }
 
+/// Whether a row is a store row (the slowest of them is held to the target).
 pub fn is_store(row: usize) -> bool {
     row < 2 * BATCHES.len() && row % 2 == 0
 }
@@ -534,16 +534,6 @@ impl Isolated {
     }
 }
 
-fn median(mut values: Vec<f64>) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(values[n / 2]),
-        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
-    }
-}
-
 /// The flags that make a child plan the parent's population.
 fn child_args(cfg: &Config, subject: Subject) -> Vec<String> {
     let mut args = vec![
@@ -771,10 +761,7 @@ mod tests {
     }
 
     #[test]
-    fn medians_and_ratio_ranges() {
-        assert_eq!(median(vec![]), None);
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    fn ratio_cells_give_the_median_and_the_range() {
         assert_eq!(ratio_cell(&[]), None);
         let one = ratio_cell(&[2.0]).expect("one run");
         assert!(!one.contains('('), "{one}");

@@ -23,7 +23,7 @@ use kvpick_core::slot_set::Slot;
 use kvpick_core::{
     Admission, HashSeed, Millis, Prompt, ReservationId, SelectRequest, SelectionService, SequenceHash, Shard,
 };
-use kvpick_perf::args::{Args, ArgsError, usage};
+use kvpick_perf::args::{Args, ArgsError, Flags, usage};
 use kvpick_perf::baseline::{HolderTable, HoldsScan};
 use kvpick_perf::measure::{
     Budget, CpuTimes, Latencies, LatencySummary, Neighbours, Round, memory_latency_ns, run_queue_wait, time_each,
@@ -103,12 +103,9 @@ impl Config {
 }
 
 fn main() -> ExitCode {
-    let (own, rest) = match OwnFlags::take(std::env::args().skip(1)) {
-        Ok(split) => split,
-        Err(message) => return usage_error(&message),
-    };
-    let args = match Args::parse(rest) {
-        Ok(args) => args,
+    let parsed = OwnFlags::take(std::env::args().skip(1)).and_then(|(own, rest)| Ok((own, Args::parse(rest)?)));
+    let (own, args) = match parsed {
+        Ok(parsed) => parsed,
         Err(ArgsError::Help) => {
             print!("{}{OWN_USAGE}", usage(BIN));
             return ExitCode::SUCCESS;
@@ -150,28 +147,20 @@ struct OwnFlags {
 }
 
 impl OwnFlags {
-    fn take(words: impl Iterator<Item = String>) -> Result<(OwnFlags, Vec<String>), String> {
+    fn take(words: impl Iterator<Item = String>) -> Result<(OwnFlags, Vec<String>), ArgsError> {
         let mut own = OwnFlags { apply_runs: 1, child: None };
         let mut rest = Vec::new();
-        let mut words = words;
-        while let Some(word) = words.next() {
-            let (name, inline) = match word.split_once('=') {
-                Some((name, value)) => (name.to_string(), Some(value.to_string())),
-                None => (word.clone(), None),
-            };
-            if name != "--apply-runs" && name != apply::CHILD_FLAG {
-                rest.push(word);
-                continue;
-            }
-            let value = inline.or_else(|| words.next()).ok_or_else(|| format!("{name} needs a value"))?;
-            if name == "--apply-runs" {
-                own.apply_runs = value
-                    .parse()
-                    .ok()
-                    .filter(|&n| n >= 1)
-                    .ok_or_else(|| format!("--apply-runs: {value:?} is not a count of at least 1"))?;
-            } else {
-                own.child = Some(value);
+        let mut flags = Flags::new(words);
+        while let Some(flag) = flags.next_flag() {
+            match flag.name.as_str() {
+                "--apply-runs" => {
+                    let value = flags.value(&flag)?;
+                    own.apply_runs = value.parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                        ArgsError::Invalid(format!("--apply-runs: {value:?} is not a count of at least 1"))
+                    })?;
+                }
+                name if name == apply::CHILD_FLAG => own.child = Some(flags.value(&flag)?),
+                _ => rest.push(flag.into_word()),
             }
         }
         Ok((own, rest))
