@@ -549,6 +549,10 @@ fn child_args(cfg: &Config, subject: Subject) -> Vec<String> {
     if cfg.quick {
         args.push("--quick".into());
     }
+    // A child runs as the parent does (it would opt out by default).
+    if !kvpick_app::app::huge_pages::disabled() {
+        args.extend(["--transparent-huge-pages".into(), "allowed".into()]);
+    }
     args
 }
 

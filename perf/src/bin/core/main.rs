@@ -18,6 +18,7 @@ use std::collections::{BTreeSet, VecDeque};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use kvpick_app::app::HugePages;
 use kvpick_core::shard::CandidateQuery;
 use kvpick_core::slot_set::Slot;
 use kvpick_core::{
@@ -117,8 +118,9 @@ fn main() -> ExitCode {
     // `madvise` mode a fault may then compact memory for a 2 MiB page.
     // That stalled single events for ~5 ms here (and a table's first
     // touches for 35-60 ms), which is this bench's environment, not what
-    // a router sees. Inherited by the apply children.
-    if let Err(e) = kvpick_app::app::huge_pages::apply(kvpick_app::app::HugePages::Never) {
+    // a router sees. Inherited by the apply children. `allowed` measures
+    // what `kvpick serve --transparent-huge-pages allowed` would see.
+    if let Err(e) = kvpick_app::app::huge_pages::apply(own.huge_pages) {
         kvpick_perf::progress!(BIN, "could not opt out of transparent huge pages: {e}");
     }
     let cfg = Config::new(&args);
@@ -135,8 +137,10 @@ fn usage_error(message: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
-const OWN_USAGE: &str =
-    "  --apply-runs N interleaved runs of the event-apply children (default 1): medians and ranges\n";
+const OWN_USAGE: &str = "  --apply-runs N interleaved runs of the event-apply children (default 1): medians and ranges
+  --transparent-huge-pages never|allowed
+                 as `kvpick serve`'s flag (default never, as its default)
+";
 
 /// This benchmark's own flags, taken out before the shared ones are parsed.
 struct OwnFlags {
@@ -144,11 +148,13 @@ struct OwnFlags {
     apply_runs: usize,
     /// `--apply-child NAME`: this process is a child measuring one index.
     child: Option<String>,
+    /// `--transparent-huge-pages never|allowed`, as `kvpick serve` takes it.
+    huge_pages: HugePages,
 }
 
 impl OwnFlags {
     fn take(words: impl Iterator<Item = String>) -> Result<(OwnFlags, Vec<String>), ArgsError> {
-        let mut own = OwnFlags { apply_runs: 1, child: None };
+        let mut own = OwnFlags { apply_runs: 1, child: None, huge_pages: HugePages::Never };
         let mut rest = Vec::new();
         let mut flags = Flags::new(words);
         while let Some(flag) = flags.next_flag() {
@@ -158,6 +164,17 @@ impl OwnFlags {
                     own.apply_runs = value.parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
                         ArgsError::Invalid(format!("--apply-runs: {value:?} is not a count of at least 1"))
                     })?;
+                }
+                "--transparent-huge-pages" => {
+                    own.huge_pages = match flags.value(&flag)?.as_str() {
+                        "never" => HugePages::Never,
+                        "allowed" => HugePages::Allowed,
+                        other => {
+                            return Err(ArgsError::Invalid(format!(
+                                "--transparent-huge-pages: {other:?} is neither `never` nor `allowed`"
+                            )));
+                        }
+                    };
                 }
                 name if name == apply::CHILD_FLAG => own.child = Some(flags.value(&flag)?),
                 _ => rest.push(flag.into_word()),
@@ -955,5 +972,36 @@ impl Dynamo {
             ));
         }
         FindRow { name: cold_name("Dynamo RadixTree::find_matches"), latency }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn take(words: &[&str]) -> Result<(OwnFlags, Vec<String>), ArgsError> {
+        OwnFlags::take(words.iter().map(|w| w.to_string()))
+    }
+
+    #[test]
+    fn own_flags_come_out_and_the_rest_pass_on_as_written() {
+        let (own, rest) = take(&["--workers", "256", "--transparent-huge-pages", "allowed", "--apply-runs=3"])
+            .unwrap_or_else(|_| panic!("valid flags"));
+        assert_eq!(own.huge_pages, HugePages::Allowed);
+        assert_eq!(own.apply_runs, 3);
+        assert_eq!(rest, ["--workers", "256"]);
+        let (own, _) = take(&["--transparent-huge-pages=never"]).unwrap_or_else(|_| panic!("valid flag"));
+        assert_eq!(own.huge_pages, HugePages::Never);
+        let (own, rest) = take(&[]).unwrap_or_else(|_| panic!("no flags"));
+        assert_eq!(own.huge_pages, HugePages::Never, "as `kvpick serve`'s default");
+        assert!(rest.is_empty() && own.child.is_none());
+    }
+
+    #[test]
+    fn a_huge_pages_choice_is_never_or_allowed() {
+        match take(&["--transparent-huge-pages", "always"]) {
+            Err(ArgsError::Invalid(message)) => assert!(message.contains("\"always\""), "{message}"),
+            _ => panic!("`always` is not a choice"),
+        }
     }
 }
