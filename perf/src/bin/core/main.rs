@@ -19,6 +19,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use kvpick_app::app::HugePages;
+use kvpick_core::hashing::next_sequence_hash;
 use kvpick_core::shard::CandidateQuery;
 use kvpick_core::slot_set::Slot;
 use kvpick_core::{
@@ -575,8 +576,29 @@ fn bench_find_matches(cfg: &Config, shard: &mut Shard, holders: &HolderTable, pr
         Prompt::from_tokens(&probe(i).tokens, BLOCK_SIZE, HashSeed::default()).seq_hashes.len()
     });
     rows.push(FindRow { name: "context: Prompt::from_tokens (8,192 tokens → 512 sequence hashes)".into(), latency });
+    // Its two halves apart, to show where the floor is: the local hashes
+    // are independent (they overlap), the chain is not (each link hashes
+    // the one before).
+    let latency = time_each(&cfg.latency, |i| {
+        kvpick_core::hashing::local_block_hashes(&probe(i).tokens, BLOCK_SIZE, HashSeed::default()).len()
+    });
+    rows.push(FindRow { name: LOCAL_ONLY_ROW.into(), latency });
+    let locals: Vec<Vec<u64>> = probes
+        .iter()
+        .map(|p| kvpick_core::hashing::local_block_hashes(&p.tokens, BLOCK_SIZE, HashSeed::default()))
+        .collect();
+    let latency = time_each(&cfg.latency, |i| {
+        let locals = &locals[i as usize % locals.len()];
+        let first = SequenceHash(locals.first().copied().unwrap_or_default());
+        let last = locals.iter().skip(1).fold(first, |parent, &local| next_sequence_hash(parent, local));
+        last.0 as usize
+    });
+    rows.push(FindRow { name: CHAIN_ONLY_ROW.into(), latency });
     rows
 }
+
+const LOCAL_ONLY_ROW: &str = "context: its local hashes alone (512 xxh3 of 64 bytes)";
+const CHAIN_ONLY_ROW: &str = "context: its chain alone (511 links on those local hashes)";
 
 /// The churn before each cold probe: the same events, in the same order,
 /// for every index (one seed), leaving each as it found it.
@@ -675,6 +697,16 @@ fn find_table(rows: &[FindRow], dynamo: &[FindRow]) -> Table {
         }
     }
     t.note("kvpick is queried with the prompt's sequence hashes, hashed once per request (`context` row);");
+    let context_row = |name: &str| rows.iter().find(|r| r.name == name).map(|r| r.latency);
+    if let Some((local, chain)) = context_row(LOCAL_ONLY_ROW).zip(context_row(CHAIN_ONLY_ROW)) {
+        t.note(format!(
+            "its chain alone takes {} ns at p50 ({:.1} ns a link), its local hashes {} ns: each link is xxh3 of the one before \
+             (Dynamo's scheme), a floor no layout removes.",
+            ns(chain.p50),
+            chain.p50 as f64 / (PROMPT_BLOCKS - 1) as f64,
+            ns(local.p50)
+        ));
+    }
     t.note("Dynamo with local block hashes (its `compute_block_hash_for_seq` row). `Shard::candidates` adds the per-worker load and cost inputs.");
     if dynamo.is_empty() {
         t.note("Dynamo rows: build with `--features dynamo`.");
