@@ -112,7 +112,14 @@ impl PickPolicy {
         costs: &mut Vec<f64>,
         rng: &mut fastrand::Rng,
     ) -> Selection {
-        candidates.sort_unstable_by_key(|c| c.worker);
+        // Stable: it finds the runs the shards' lists arrive in and merges
+        // them, where the unstable sort moved these 128-byte candidates
+        // many times (2 shards: reserve + free p50 4-7% lower, perf/results/
+        // 2026-12-07-huge-pages-hash-floor-256.md). It allocates its merge
+        // buffer even for a sorted list: one shard's usually is.
+        if !candidates.is_sorted_by_key(|c| c.worker) {
+            candidates.sort_by_key(|c| c.worker);
+        }
         let prompt = &request.prompt;
         let unhashed = prompt.unhashed_blocks(self.block_size);
         costs.clear();
@@ -179,4 +186,67 @@ fn ranked_others(candidates: &[Candidate], costs: &[f64], chosen: usize, n: usiz
     let mut others: Vec<usize> = (0..candidates.len()).filter(|i| *i != chosen).collect();
     others.sort_by(|a, b| costs[*a].total_cmp(&costs[*b]).then(a.cmp(b)));
     others.into_iter().take(n).map(|i| candidates[i].endpoint).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::booking::ReservationId;
+    use crate::worker::WorkerId;
+
+    fn candidate(worker: u64, active_prefill_tokens: u64) -> Candidate {
+        Candidate {
+            worker: WorkerId(worker),
+            endpoint: SocketAddr::from(([10, 0, 0, worker as u8], 8000)),
+            block_size: 16,
+            overlap_blocks: (worker % 5) as u32,
+            active_prefill_tokens,
+            active_blocks: worker % 7,
+            new_blocks: 4,
+            active_requests: 1,
+            max_num_batched_tokens: Some(2048),
+            total_kv_blocks: None,
+            booked_prefix_blocks: 0,
+            speed: 1.0,
+            eviction_pressure: 0.0,
+        }
+    }
+
+    /// However the shards' lists arrive (one run, two runs interleaved,
+    /// reversed, shuffled), the same seed makes the same pick, ties and
+    /// sampling included: every order is sorted into worker order first.
+    #[test]
+    fn the_gathering_order_never_changes_the_pick() {
+        let request = SelectRequest {
+            id: ReservationId(1),
+            prompt: Prompt::load_only(64),
+            model: None,
+            allowed: None,
+            priority: 0,
+            sticky: None,
+        };
+        // Pairs of equal loads make ties; 64 candidates, as at 64 workers.
+        let sorted: Vec<Candidate> = (0..64).map(|w| candidate(w, 32 * (w / 2))).collect();
+        let two_runs: Vec<Candidate> =
+            sorted.iter().step_by(2).chain(sorted.iter().skip(1).step_by(2)).cloned().collect();
+        let reversed: Vec<Candidate> = sorted.iter().rev().cloned().collect();
+        let mut shuffled = sorted.clone();
+        let mut next = crate::test_rng::xorshift(0xfeed);
+        for i in (1..shuffled.len()).rev() {
+            shuffled.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        for temperature in [0.0, 0.5] {
+            let policy = PickPolicy::new(RouterConfig { temperature, ..RouterConfig::default() }, 16);
+            for seed in 0..8 {
+                let choose = |candidates: &[Candidate]| {
+                    let mut candidates = candidates.to_vec();
+                    policy.choose(&request, &mut candidates, &mut Vec::new(), &mut fastrand::Rng::with_seed(seed))
+                };
+                let expected = choose(&sorted);
+                for order in [&two_runs, &reversed, &shuffled] {
+                    assert_eq!(choose(order), expected, "temperature {temperature}, seed {seed}");
+                }
+            }
+        }
+    }
 }
