@@ -45,6 +45,20 @@ pub enum HugePages {
     Allowed,
 }
 
+impl HugePages {
+    /// The values `--transparent-huge-pages` takes, in variant order.
+    pub const NAMES: [&'static str; 2] = ["never", "allowed"];
+
+    /// The choice a flag value names (`NAMES`); `None` for anything else.
+    pub fn from_name(name: &str) -> Option<HugePages> {
+        match name {
+            "never" => Some(HugePages::Never),
+            "allowed" => Some(HugePages::Allowed),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
     pub discovery: DiscoveryMode,
@@ -363,10 +377,10 @@ impl ServeConfig {
             log_format,
             log_filter: v.get(var::LOG_LEVEL).unwrap_or("info").to_owned(),
             profile: v.get(var::PROFILE).map(PathBuf::from),
-            huge_pages: match v.one_of(var::TRANSPARENT_HUGE_PAGES, &["never", "allowed"])? {
-                Some("allowed") => HugePages::Allowed,
-                _ => HugePages::Never,
-            },
+            huge_pages: v
+                .one_of(var::TRANSPARENT_HUGE_PAGES, &HugePages::NAMES)?
+                .and_then(HugePages::from_name)
+                .unwrap_or(HugePages::Never),
             debug_endpoints: v.boolean(var::DEBUG_ENDPOINTS)?.unwrap_or(false),
             tracing: tracing(v)?,
             kv_events,
@@ -688,6 +702,20 @@ mod tests {
         assert_eq!(c.runtime.shards, 3);
         assert_eq!(c.runtime.cpus.len(), 3);
         assert_eq!(c.ext_proc.listen.port(), 9002);
+    }
+
+    #[test]
+    fn transparent_huge_pages_are_never_unless_allowed() {
+        let huge_pages = |value: Option<&str>| {
+            let mut pairs = vec![(var::WORKERS_FILE, "w.yaml")];
+            pairs.extend(value.map(|v| (var::TRANSPARENT_HUGE_PAGES, v)));
+            config(&pairs).map(|c| c.huge_pages)
+        };
+        assert_eq!(huge_pages(None).ok(), Some(HugePages::Never));
+        assert_eq!(huge_pages(Some("never")).ok(), Some(HugePages::Never));
+        assert_eq!(huge_pages(Some("allowed")).ok(), Some(HugePages::Allowed));
+        assert!(huge_pages(Some("always")).is_err(), "not a choice");
+        assert_eq!(HugePages::NAMES.map(HugePages::from_name), [Some(HugePages::Never), Some(HugePages::Allowed)]);
     }
 
     #[test]

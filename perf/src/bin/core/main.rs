@@ -167,15 +167,12 @@ impl OwnFlags {
                     })?;
                 }
                 "--transparent-huge-pages" => {
-                    own.huge_pages = match flags.value(&flag)?.as_str() {
-                        "never" => HugePages::Never,
-                        "allowed" => HugePages::Allowed,
-                        other => {
-                            return Err(ArgsError::Invalid(format!(
-                                "--transparent-huge-pages: {other:?} is neither `never` nor `allowed`"
-                            )));
-                        }
-                    };
+                    let value = flags.value(&flag)?;
+                    own.huge_pages = HugePages::from_name(&value).ok_or_else(|| {
+                        ArgsError::Invalid(format!(
+                            "--transparent-huge-pages: {value:?} is neither `never` nor `allowed`"
+                        ))
+                    })?;
                 }
                 name if name == apply::CHILD_FLAG => own.child = Some(flags.value(&flag)?),
                 _ => rest.push(flag.into_word()),
