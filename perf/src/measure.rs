@@ -237,6 +237,12 @@ pub fn median(mut values: Vec<f64>) -> Option<f64> {
     }
 }
 
+/// The smallest and the largest value; `None` for none.
+pub fn range(values: &[f64]) -> Option<(f64, f64)> {
+    let first = *values.first()?;
+    Some(values.iter().fold((first, first), |(lo, hi), &v| (lo.min(v), hi.max(v))))
+}
+
 /// CPU time counters (clock ticks) of the whole machine and of this
 /// process, to tell whether anything else ran during a benchmark.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -399,6 +405,13 @@ mod tests {
         assert_eq!(median(vec![]), None);
         assert_eq!(median(vec![3.0, 1.0, 2.0]), Some(2.0));
         assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    }
+
+    #[test]
+    fn ranges_of_some_and_no_values() {
+        assert_eq!(range(&[]), None);
+        assert_eq!(range(&[2.0]), Some((2.0, 2.0)));
+        assert_eq!(range(&[2.5, 2.0, 2.2]), Some((2.0, 2.5)));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use futures_lite::future::block_on;
 use kvpick_core::hashing::HashSeed;
 use kvpick_core::{KvEvent, Millis, Prompt, ReservationId, RouterConfig, SelectRequest, SelectionService, WorkerId};
-use kvpick_perf::measure::{Latencies, LatencySummary, median};
+use kvpick_perf::measure::{Latencies, LatencySummary, median, range};
 use kvpick_perf::report::{Table, cpu, load_average, millions, ns, thousands, utc_date};
 use kvpick_perf::setup::worker_spec;
 use kvpick_perf::workload::BLOCK_SIZE;
@@ -643,8 +643,7 @@ fn ingest_rounds(rounds: usize, kinds: &[RuntimeKind]) {
     keys.dedup();
     for (blocks, kind) in keys {
         let of: Vec<f64> = ratios.iter().filter(|(b, k, _)| *b == blocks && *k == kind).map(|r| r.2).collect();
-        let Some(mid) = median(of.clone()) else { continue };
-        let (lo, hi) = of.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        let Some(((lo, hi), mid)) = range(&of).zip(median(of)) else { continue };
         table.note(format!(
             "{kind}, {blocks}-block events: median {mid:.2}x Dynamo CRTC (range {lo:.2}–{hi:.2}x; #21 target ≥ 1.5x)"
         ));

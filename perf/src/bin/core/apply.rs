@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use kvpick_core::hashing::{chain, local_block_hash};
 use kvpick_core::{HashSeed, KvIndex, Shard};
-use kvpick_perf::measure::{Memory, MemoryDelta, Throughput, median, run_queue_wait, timed};
+use kvpick_perf::measure::{Memory, MemoryDelta, Throughput, median, range, run_queue_wait, timed};
 use kvpick_perf::report::{Table, at_least, millions, ratio, thousands};
 use kvpick_perf::setup;
 use kvpick_perf::workload::{BLOCK_SIZE, BlockEvent, EvictionMix, FreshConversations, Population};
@@ -701,7 +701,7 @@ fn ratio_cell(ratios: &[f64]) -> Option<String> {
     if ratios.len() < 2 {
         return Some(text);
     }
-    let (lo, hi) = ratios.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+    let (lo, hi) = range(ratios)?;
     Some(format!("{text} ({lo:.2}–{hi:.2})"))
 }
 
