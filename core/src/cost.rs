@@ -44,9 +44,10 @@ pub struct RouterConfig {
     /// Session affinity: a request's `sticky` worker is chosen while its
     /// cost is at most this fraction above the cheapest (0: only on a tie).
     pub session_margin: f64,
-    /// Memory budget of the KV index, shared evenly by the shards; past
-    /// it the coldest blocks are evicted. `None`: no budget (the serve
-    /// command always sets one).
+    /// Memory budget of the KV index, shared evenly by the shards; each
+    /// shard's workers take their fixed cost out of its share first
+    /// (`index::WORKER_BYTES`), and past the rest the coldest blocks are
+    /// evicted. `None`: no budget (the serve command always sets one).
     pub index_max_bytes: Option<u64>,
 }
 

@@ -53,9 +53,26 @@ pub const JUMP: usize = 32;
 /// (perf/README.md, "Index memory budget").
 pub const ENTRY_BYTES: u64 = 192;
 
-/// A shard's entry cap when `max_bytes` is shared by `shards` shards.
-pub fn max_entries_per_shard(max_bytes: Option<u64>, shards: usize) -> Option<u64> {
-    max_bytes.map(|bytes| (bytes / ENTRY_BYTES / shards.max(1) as u64).max(1))
+/// Bytes a worker may cost its shard's index beyond its entries, at most:
+/// a worker holding a few blocks keeps a whole slab chunk of records
+/// (256 of them, 7 KiB; beyond one chunk it keeps at most four times what
+/// it holds, and nothing once empty, see `worker_table`), an id table and
+/// a free list sized for that chunk (3.5 KiB), and the allocator's
+/// rounding. Left out of the budget, 256 workers on a budget of 4.8 MB
+/// took 1.35 times it; counted, RSS growth stays at 0.33-0.73 of the
+/// budget at 64 to 1,024 workers (perf/README.md, "Index memory budget").
+pub const WORKER_BYTES: u64 = 12 << 10;
+
+/// A shard's share of a memory budget of `max_bytes` shared by `shards`
+/// shards.
+pub fn max_bytes_per_shard(max_bytes: Option<u64>, shards: usize) -> Option<u64> {
+    max_bytes.map(|bytes| bytes / shards.max(1) as u64)
+}
+
+/// The entries a budget of `max_bytes` leaves room for beside `workers`
+/// workers' fixed costs; at least one.
+fn entries_within(max_bytes: u64, workers: u64) -> u64 {
+    (max_bytes.saturating_sub(workers.saturating_mul(WORKER_BYTES)) / ENTRY_BYTES).max(1)
 }
 
 // Keys are engine or xxh3 hashes, uniformly distributed already: a
@@ -119,6 +136,11 @@ pub struct KvIndex {
     entries: u64,
     /// The most entries the index keeps; `None`: no budget.
     max_entries: Option<u64>,
+    /// A budget given in bytes: `max_entries` is what it leaves beside the
+    /// workers' fixed costs, and follows them as workers come and go.
+    max_bytes: Option<u64>,
+    /// Workers added and not removed.
+    worker_count: u64,
     eviction: EvictionQueue,
     /// Evicted (slot, engine hash) pairs, when asked to keep them.
     evicted_log: Option<Vec<(Slot, EngineBlockHash)>>,
@@ -133,6 +155,17 @@ impl KvIndex {
         KvIndex { max_entries, ..KvIndex::default() }
     }
 
+    /// An index that keeps within `max_bytes` of memory: its entries, at
+    /// `ENTRY_BYTES` each, and its workers, at `WORKER_BYTES` each.
+    pub fn with_max_bytes(max_bytes: Option<u64>) -> Self {
+        KvIndex { max_entries: max_bytes.map(|bytes| entries_within(bytes, 0)), max_bytes, ..KvIndex::default() }
+    }
+
+    /// The most entries the index keeps now; `None`: no budget.
+    pub fn max_entries(&self) -> Option<u64> {
+        self.max_entries
+    }
+
     /// Keeps every eviction from now on for [`KvIndex::take_evicted`]:
     /// tests mirror them into a reference index.
     pub fn record_evictions(&mut self) {
@@ -143,20 +176,38 @@ impl KvIndex {
         self.evicted_log.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
-    pub fn add_worker(&mut self, slot: Slot) {
+    /// Adds a worker with nothing held (a known one is left as it is).
+    /// Returns the entries evicted to make room for its fixed cost, under
+    /// a budget in bytes.
+    pub fn add_worker(&mut self, slot: Slot) -> u64 {
         let slot = slot as usize;
         if self.workers.len() <= slot {
             self.workers.resize_with(slot + 1, || None);
         }
-        self.workers[slot].get_or_insert_with(WorkerBlocks::default);
+        if self.workers[slot].is_none() {
+            self.workers[slot] = Some(WorkerBlocks::default());
+            self.worker_count += 1;
+        }
         self.holders.fit(self.workers.len());
+        self.fit_budget_to_workers()
     }
 
     pub fn remove_worker(&mut self, slot: Slot) {
         self.clear(slot);
-        if let Some(entry) = self.workers.get_mut(slot as usize) {
-            *entry = None;
+        if let Some(entry) = self.workers.get_mut(slot as usize)
+            && entry.take().is_some()
+        {
+            self.worker_count -= 1;
+            self.fit_budget_to_workers();
         }
+    }
+
+    /// Sets the entry cap a budget in bytes leaves beside the workers, and
+    /// evicts down to it; returns how many went.
+    fn fit_budget_to_workers(&mut self) -> u64 {
+        let Some(bytes) = self.max_bytes else { return 0 };
+        self.max_entries = Some(entries_within(bytes, self.worker_count));
+        self.enforce_budget()
     }
 
     /// (block, worker) pairs held.

@@ -14,7 +14,7 @@ use crate::directory::Directory;
 use crate::event::EngineBlockHash;
 use crate::event::KvEvent;
 use crate::hashing::HashSeed;
-use crate::index::{Applied, EventError, ImportError, max_entries_per_shard};
+use crate::index::{Applied, EventError, ImportError, max_bytes_per_shard};
 use crate::pick::{Decision, PickPolicy};
 use crate::prompt::Prompt;
 use crate::replica::ReplicaId;
@@ -49,13 +49,13 @@ impl SelectionService {
     /// `shards` ≥ 1; `block_size` is the engines' `--block-size`, used to
     /// hash prompts.
     pub fn new(cfg: RouterConfig, block_size: u32, shards: usize) -> Self {
-        let max_index_entries = max_entries_per_shard(cfg.index_max_bytes, shards);
+        let max_index_bytes = max_bytes_per_shard(cfg.index_max_bytes, shards);
         SelectionService {
             rng: fastrand::Rng::with_seed(cfg.seed),
             ledger: AdmissionLedger::new(cfg.queue_capacity),
             calibration: Calibration::new(cfg.calibration.clone()),
             policy: PickPolicy::new(cfg, block_size),
-            shards: (0..shards.max(1)).map(|_| Shard::with_max_index_entries(max_index_entries)).collect(),
+            shards: (0..shards.max(1)).map(|_| Shard::with_max_index_bytes(max_index_bytes)).collect(),
             directory: Directory::new(shards),
             candidates: Vec::new(),
             costs: Vec::new(),

@@ -197,9 +197,10 @@ impl Shard {
         Self::default()
     }
 
-    /// A shard whose index keeps at most `max_index_entries` entries.
-    pub fn with_max_index_entries(max_index_entries: Option<u64>) -> Self {
-        Shard { index: KvIndex::with_max_entries(max_index_entries), ..Self::default() }
+    /// A shard whose index keeps within `max_index_bytes` (see
+    /// [`KvIndex::with_max_bytes`]).
+    pub fn with_max_index_bytes(max_index_bytes: Option<u64>) -> Self {
+        Shard { index: KvIndex::with_max_bytes(max_index_bytes), ..Self::default() }
     }
 
     /// Keeps the index's evictions for [`Shard::take_evictions`].
@@ -261,7 +262,7 @@ impl Shard {
             }
         } as Slot;
         self.by_id.insert(spec.id, slot);
-        self.index.add_worker(slot);
+        self.stats.blocks_evicted += self.index.add_worker(slot);
         self.slots[slot as usize] = Some(WorkerEntry {
             spec,
             load: WorkerLoad::default(),

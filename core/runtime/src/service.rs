@@ -155,7 +155,7 @@ impl ShardedService {
             admissions: Arc::new(Mutex::new(Ledger::new(cfg.queue_capacity))),
             picking: Arc::new(Picking::new(PickPolicy::new(cfg.clone(), block_size))),
             spin,
-            max_index_entries: kvpick_core::index::max_entries_per_shard(cfg.index_max_bytes, count),
+            max_index_bytes: kvpick_core::index::max_bytes_per_shard(cfg.index_max_bytes, count),
             replicas: Arc::default(),
         };
         let shards: SharedShards = (0..count).map(|_| Arc::new(ShardShared::default())).collect();

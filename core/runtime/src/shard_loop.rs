@@ -178,8 +178,8 @@ pub(crate) struct LoopShared {
     pub admissions: Admissions,
     pub picking: Arc<Picking>,
     pub spin: Duration,
-    /// Each shard's index budget, in entries.
-    pub max_index_entries: Option<u64>,
+    /// Each shard's index budget, in bytes.
+    pub max_index_bytes: Option<u64>,
     pub replicas: Arc<ReplicaHooks>,
 }
 
@@ -187,7 +187,7 @@ impl ShardLoop {
     pub(crate) fn new(shared: Arc<ShardShared>, common: &LoopShared) -> Self {
         ShardLoop {
             spin: SpinPolicy::new(common.spin),
-            shard: Shard::with_max_index_entries(common.max_index_entries),
+            shard: Shard::with_max_index_bytes(common.max_index_bytes),
             rings: Vec::new(),
             shared,
             clock: common.clock.clone(),
@@ -586,7 +586,7 @@ mod tests {
             admissions: Arc::new(Mutex::new(crate::admissions::Ledger::new(16))),
             picking: Arc::new(Picking::new(kvpick_core::PickPolicy::new(Default::default(), 16))),
             spin: Duration::ZERO,
-            max_index_entries: None,
+            max_index_bytes: None,
             replicas: Default::default(),
         };
         ShardLoop::new(Arc::default(), &common)

@@ -18,7 +18,7 @@ pub(super) type BlockId = u32;
 const CHUNK_BITS: u32 = 8;
 /// Records per chunk: 7 KiB of 28-byte records. (1,024 measured the
 /// same, but wastes four times as much in a worker's last chunk.)
-const CHUNK: usize = 1 << CHUNK_BITS;
+pub(super) const CHUNK: usize = 1 << CHUNK_BITS;
 const IN_CHUNK: BlockId = (1 << CHUNK_BITS) - 1;
 
 /// Whole chunks of a fixed size: an index masked to the chunk needs no

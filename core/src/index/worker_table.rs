@@ -33,8 +33,7 @@
 use hashbrown::HashTable;
 
 use super::placed::{Key, Place};
-use super::shrunk_capacity;
-use super::slab::{BlockId, Slab};
+use super::slab::{BlockId, CHUNK, Slab};
 use crate::event::EngineBlockHash;
 use crate::hashing::SequenceHash;
 
@@ -318,12 +317,24 @@ impl WorkerTable {
         self.free.push(id);
     }
 
-    /// A table left a quarter full (see `shrunk_capacity`) is rebuilt
-    /// dense: records in a fresh slab (whole chunks), renumbered
-    /// (parents with them), ids to match, the free list gone. Every id
-    /// given out before is void.
+    /// A table left a quarter full is rebuilt dense: records in a fresh
+    /// slab (whole chunks), renumbered (parents with them), ids to match,
+    /// the free list gone. Every id given out before is void.
+    ///
+    /// Unlike the index's other tables (`shrunk_capacity`), one past a
+    /// single chunk of records is rebuilt, not one past 1,024: a worker
+    /// whose cache once held a few hundred blocks would otherwise keep up
+    /// to 1,024 records and their ids (38 KiB) for ever, at any budget.
+    /// That bounds what a worker costs beyond its blocks (`WORKER_BYTES`);
+    /// a rebuild of a few hundred records is a few microseconds.
     pub(super) fn compact_if_sparse(&mut self) {
-        if shrunk_capacity(self.ids.len(), self.records.len()).is_none() {
+        if self.ids.is_empty() && self.records.len() > 0 {
+            // Nothing held, nothing gone: all of it goes, the last chunk too
+            // (a budget too small for its workers' chunks empties them).
+            *self = WorkerTable { most_records: self.most_records, ..WorkerTable::default() };
+            return;
+        }
+        if self.records.len() <= CHUNK || self.ids.len() * 4 >= self.records.len() {
             return;
         }
         let live = self.ids.len();
@@ -577,6 +588,38 @@ mod tests {
             assert_eq!(parent, expected, "block {i}'s parent, renumbered");
         }
         assert!(table.table_bytes() * 4 < full, "{} of {full} bytes", table.table_bytes());
+    }
+
+    #[test]
+    fn a_worker_that_held_a_few_hundred_blocks_gives_back_all_but_one_chunk() {
+        let mut table = WorkerTable::default();
+        for i in 0..600u64 {
+            table.insert_new(block(i, None, i));
+        }
+        let full = table.table_bytes();
+        // Rebuilt when 149 of the 600 records are left (under a quarter);
+        // the ids it gave before are void, so later removals look up.
+        for i in 0..460 {
+            let id = table.held_id(i).expect("held");
+            table.remove(id);
+            table.compact_if_sparse();
+        }
+        assert_eq!((table.len(), table.records.len(), table.records.capacity()), (140, 149, CHUNK));
+        assert!(table.table_bytes() * 3 < full, "{} of {full} bytes", table.table_bytes());
+        assert!((460..600).all(|i| seq_of(&table, i) == Some(i)));
+        // Within one chunk, nothing is rebuilt however empty.
+        for i in 460..599 {
+            let id = table.held_id(i).expect("held");
+            table.remove(id);
+            table.compact_if_sparse();
+        }
+        assert_eq!((table.len(), table.records.len(), table.records.capacity()), (1, 149, CHUNK));
+        // Emptied, it keeps nothing.
+        table.remove(table.held_id(599).expect("held"));
+        table.compact_if_sparse();
+        assert_eq!((table.len(), table.ids.capacity(), table.records.capacity(), table.free.capacity()), (0, 0, 0, 0));
+        assert_eq!(table.insert_new(block(7, None, 7)), 0, "and starts again from id 0");
+        assert_eq!(seq_of(&table, 7), Some(7));
     }
 
     /// Every id is either in the table or free, never both, and every

@@ -97,3 +97,31 @@ fn applying_an_event_counts_its_outcome_and_marks_a_worker_whose_block_size_diff
     assert_eq!(counted(&shard), (2, 3, 1, 3, 1));
     assert_eq!(shard.stats().unknown_removals, 1);
 }
+
+#[test]
+fn a_joining_worker_under_a_byte_budget_counts_what_its_fixed_cost_evicted() {
+    use crate::index::{ENTRY_BYTES, WORKER_BYTES};
+    let spec = |id: u64| WorkerSpec::new(WorkerId(id), "127.0.0.1:8000".parse().expect("literal address"), 4);
+    let mut shard = Shard::with_max_index_bytes(Some(200 * ENTRY_BYTES + WORKER_BYTES));
+    shard.record_evictions();
+    shard.upsert_worker(spec(1));
+    assert_eq!(shard.index().max_entries(), Some(200));
+    let chain = KvEvent::Stored {
+        block_hashes: (1..=200).collect(),
+        parent: None,
+        token_ids: (0..800).collect(),
+        block_size: 4,
+        seed: HashSeed::default(),
+    };
+    assert_eq!(shard.apply_event(WorkerId(1), &chain).map(|a| a.stored), Ok(200));
+    shard.upsert_worker(spec(2));
+    let evicted = 200 - (200 * ENTRY_BYTES - WORKER_BYTES) / ENTRY_BYTES;
+    let stats = shard.stats();
+    assert_eq!((stats.blocks_evicted, stats.index_entries), (evicted, 200 - evicted));
+    let gone = shard.take_evictions();
+    assert_eq!(gone.len() as u64, evicted);
+    assert!(gone.iter().all(|&(worker, hash)| worker == WorkerId(1) && hash > 200 - evicted), "the chain's tail");
+    // An update of a known worker changes nothing.
+    shard.upsert_worker(spec(2));
+    assert_eq!(shard.stats().blocks_evicted, evicted);
+}

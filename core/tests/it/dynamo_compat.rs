@@ -26,7 +26,7 @@ use dynamo_kv_router::protocols::{
 use kvpick_core::hashing::{
     HashSeed, SequenceHash, XXH3_SEED, local_block_hashes, next_sequence_hash, sequence_hashes,
 };
-use kvpick_core::index::{Applied, ENTRY_BYTES, JUMP};
+use kvpick_core::index::{Applied, ENTRY_BYTES, JUMP, WORKER_BYTES};
 use kvpick_core::{EventError, KvEvent, Millis, Prompt, RouterConfig, SelectionService, WorkerId, WorkerSpec};
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -176,10 +176,13 @@ impl Routers {
         Routers { block_size, lora, services, tree: RadixTree::new(), event_id: 0, mirror_evictions: false }
     }
 
-    /// One service of `shards` shards, each keeping at most `per_shard`
-    /// entries.
+    /// One service of `shards` shards, each keeping about `per_shard`
+    /// entries: the budget covers the workers' fixed cost too, which each
+    /// shard takes for its own workers out of an even share (one shard
+    /// keeps exactly `per_shard`; see `run_budgeted`).
     fn budgeted(workers: u64, block_size: u32, lora: Option<&'static str>, shards: usize, per_shard: u64) -> Self {
-        let cfg = RouterConfig { index_max_bytes: Some(per_shard * ENTRY_BYTES * shards as u64), ..Default::default() };
+        let max_bytes = per_shard * ENTRY_BYTES * shards as u64 + workers * WORKER_BYTES;
+        let cfg = RouterConfig { index_max_bytes: Some(max_bytes), ..Default::default() };
         let mut routers = Routers::new(workers, block_size, lora, &[]);
         let mut service = SelectionService::new(cfg, block_size, shards);
         service.record_evictions();
@@ -934,8 +937,11 @@ fn run_budgeted(s: &Scenario, shards: usize, per_shard: u64) -> u64 {
             }
         }
         for shard in routers.services[0].shards() {
-            let entries = shard.index().entries();
-            assert!(entries <= per_shard, "step {step}: a shard holds {entries} entries over {per_shard}");
+            let (entries, cap) = (shard.index().entries(), shard.index().max_entries());
+            assert!(cap.is_some_and(|cap| entries <= cap), "step {step}: a shard holds {entries} entries over {cap:?}");
+            if shards == 1 {
+                assert_eq!(cap, Some(per_shard), "one shard: the budget less its workers' cost");
+            }
         }
     }
     routers.services[0].shard_stats().blocks_evicted

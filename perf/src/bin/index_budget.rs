@@ -5,7 +5,8 @@
 //! population needs, so three quarters of the entries are evicted on the
 //! way. It reports, in the same run:
 //! - the budgeted build's resident-memory growth against its budget (the
-//!   budget is what `--index-max-bytes` promises);
+//!   budget is what `--index-max-bytes` promises; the workers' fixed cost,
+//!   `WORKER_BYTES` each, comes out of it before the entries');
 //! - the apply rate of both builds, and of one whose budget never binds,
 //!   as ratios (what the evictions cost, and what the queue alone costs),
 //!   over rotating rounds;
@@ -20,7 +21,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use kvpick_app::app::{HugePages, huge_pages};
-use kvpick_core::index::{ENTRY_BYTES, max_entries_per_shard};
+use kvpick_core::index::{ENTRY_BYTES, WORKER_BYTES};
 use kvpick_core::shard::CandidateQuery;
 use kvpick_core::{HashSeed, Prompt, Shard};
 use kvpick_perf::args::{Args, ArgsError, usage};
@@ -41,10 +42,10 @@ struct Build {
     refused: u64,
 }
 
-fn build(population: &Population, workers: u32, max_entries: Option<u64>) -> Build {
+fn build(population: &Population, workers: u32, max_bytes: Option<u64>) -> Build {
     let before = Memory::settled();
     let start = Instant::now();
-    let mut shard = Shard::with_max_index_entries(max_entries);
+    let mut shard = Shard::with_max_index_bytes(max_bytes);
     for worker in 0..workers {
         shard.upsert_worker(setup::worker_spec(worker));
     }
@@ -100,17 +101,16 @@ fn main() -> ExitCode {
     let population = Population::plan(spec);
     let workers = population.workers();
     let max_bytes = population.entries() * ENTRY_BYTES / BUDGET_SHARE;
-    let max_entries = max_entries_per_shard(Some(max_bytes), 1);
 
     // Budgeted first, into a fresh heap, so its growth is its own.
     kvpick_perf::progress!(BIN, "building under a budget of {} bytes", thousands(max_bytes));
-    let mut capped = build(&population, workers, max_entries);
+    let mut capped = build(&population, workers, Some(max_bytes));
     kvpick_perf::progress!(BIN, "building with no budget");
     let mut free = build(&population, workers, None);
     // Twice the population's need: the queue is kept but never pops.
-    let roomy = max_entries_per_shard(Some(population.entries() * ENTRY_BYTES * 2), 1);
+    let roomy = Some(population.entries() * ENTRY_BYTES * 2 + u64::from(workers) * WORKER_BYTES);
     let mut times = [vec![capped.elapsed], vec![free.elapsed], vec![]];
-    let budgets = [max_entries, None, roomy];
+    let budgets = [Some(max_bytes), None, roomy];
     for round in 0..ROUNDS {
         kvpick_perf::progress!(BIN, "rate round {}", round + 1);
         // Rotate which goes first: the machine is shared.
@@ -142,7 +142,9 @@ fn main() -> ExitCode {
     if fs.index_entries != population.entries() {
         problems.push(format!("the unbudgeted shard holds {} entries of {}", fs.index_entries, population.entries()));
     }
-    if max_entries.is_some_and(|max| cs.index_entries > max) {
+    // The cap the budget leaves beside the workers' fixed costs.
+    let max_entries = capped.shard.index().max_entries();
+    if max_entries.is_none_or(|max| cs.index_entries > max) {
         problems.push(format!("the budgeted shard holds {} entries over its cap {max_entries:?}", cs.index_entries));
     }
     if free.refused > 0 {
@@ -202,6 +204,11 @@ fn main() -> ExitCode {
     if let Some(m) = capped.memory {
         t.note(format!("Target: RSS growth at most the budget: {}.", at_most(m.rss as f64, max_bytes as f64)));
     }
+    t.note(format!(
+        "The workers' fixed cost comes out of the budget first ({workers} × {WORKER_BYTES} B = {} B): the entries' cap is {}.",
+        thousands(u64::from(workers) * WORKER_BYTES),
+        max_entries.map_or("n/a".to_string(), thousands),
+    ));
     t.note("Events refused under the budget: stores whose parent block was evicted (the engine still had it); they are counted as unknown-parent events, as a lost store is.");
     println!("{t}");
     if problems.is_empty() {

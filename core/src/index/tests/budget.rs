@@ -56,6 +56,49 @@ fn the_budget_is_shared_by_the_workers_of_a_shard() {
 }
 
 #[test]
+fn a_budget_in_bytes_leaves_each_workers_fixed_cost_out_and_a_new_worker_evicts_for_its_own() {
+    // Room for 200 entries beside two workers.
+    let mut index = KvIndex::with_max_bytes(Some(200 * ENTRY_BYTES + 2 * WORKER_BYTES));
+    index.record_evictions();
+    assert_eq!(index.max_entries(), Some(200 + 2 * WORKER_BYTES / ENTRY_BYTES), "no worker yet");
+    assert_eq!((index.add_worker(0), index.add_worker(1)), (0, 0));
+    assert_eq!(index.max_entries(), Some(200));
+    assert_eq!(index.add_worker(1), 0, "a known worker is not counted twice");
+    assert_eq!(index.max_entries(), Some(200));
+    store(&mut index, 0, None, 1_000, &tokens(100, 0));
+    store(&mut index, 1, None, 2_000, &tokens(100, 100_000));
+    assert_eq!(index.entries(), 200);
+    assert!(index.take_evicted().is_empty());
+    // A third worker's fixed cost comes out of the entries' room: the
+    // blocks stored longest ago go at once, tail first, as any eviction.
+    let room = (200 * ENTRY_BYTES - WORKER_BYTES) / ENTRY_BYTES;
+    let evicted = index.add_worker(2);
+    assert_eq!(index.max_entries(), Some(room));
+    assert_eq!((evicted, index.entries()), (200 - room, room));
+    let gone = index.take_evicted();
+    assert_eq!(gone.len() as u64, evicted);
+    assert!(gone.iter().enumerate().all(|(i, &(slot, hash))| slot == 0 && hash == 1_099 - i as u64), "{gone:?}");
+    assert_eq!(matches(&index, &prompt(&tokens(100, 0))), vec![(0, 100 - evicted as u32)]);
+    assert_eq!(matches(&index, &prompt(&tokens(100, 100_000))), vec![(1, 100)]);
+    // It leaves, and its room comes back; nothing evicted returns.
+    index.remove_worker(2);
+    assert_eq!((index.max_entries(), index.entries()), (Some(200), room));
+    index.remove_worker(2);
+    assert_eq!(index.max_entries(), Some(200), "an unknown worker is not counted off twice");
+    // A budget the workers' fixed costs alone exceed keeps one entry.
+    let mut tiny = KvIndex::with_max_bytes(Some(WORKER_BYTES));
+    tiny.add_worker(0);
+    tiny.add_worker(1);
+    assert_eq!(tiny.max_entries(), Some(1));
+    store(&mut tiny, 0, None, 100, &tokens(3, 0));
+    assert_eq!(tiny.entries(), 1);
+    // An entry cap is a cap in entries: workers do not change it.
+    let mut capped = KvIndex::with_max_entries(Some(20));
+    (0..5).for_each(|slot| assert_eq!(capped.add_worker(slot), 0));
+    assert_eq!(capped.max_entries(), Some(20));
+}
+
+#[test]
 fn stale_queue_entries_do_not_pile_up_without_pressure() {
     let mut index = budgeted(1_000_000, 1);
     for round in 0..2_000u64 {
@@ -120,7 +163,9 @@ fn a_budgeted_index_is_an_unbudgeted_one_minus_its_evictions() {
     for max in [1, 5, 40, 300] {
         let mut capped = budgeted(max, WORKERS);
         let mut mirror = KvIndex::default();
-        (0..WORKERS).for_each(|slot| mirror.add_worker(slot));
+        (0..WORKERS).for_each(|slot| {
+            mirror.add_worker(slot);
+        });
         // Conversations: a few shared system prompts, then turns.
         let mut held: Vec<Vec<u64>> = vec![Vec::new(); WORKERS as usize];
         let mut gone: Vec<u64> = Vec::new();

@@ -484,7 +484,7 @@ pub const SETTINGS: &[Setting] = &[
         INDEX_MAX_BYTES,
         "index-max-bytes",
         None,
-        "Memory budget of the KV index, in bytes or with a suffix (`512Mi`, `2Gi`, `1G`); past it the blocks stored longest ago are evicted, leaves first, and stop matching, as do blocks the engine later stores after them. With disaggregation the prefill workers' index has a budget of its own (default: a quarter of the memory kvpick may use: its cgroup's limit, else the machine's)",
+        "Memory budget of the KV index, in bytes or with a suffix (`512Mi`, `2Gi`, `1G`); past it the blocks stored longest ago are evicted, leaves first, and stop matching, as do blocks the engine later stores after them. Each worker's fixed cost (12 KiB) comes out of it first. With disaggregation the prefill workers' index has a budget of its own (default: a quarter of the memory kvpick may use: its cgroup's limit, else the machine's)",
     ),
     s(
         SHARDS,
