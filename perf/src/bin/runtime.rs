@@ -6,7 +6,7 @@
 //! 1.6.1) with the same thread count, fed the same events and queried with
 //! the same prompts.
 //!
-//! `cargo run --release -p kvpick-perf --bin kvpick-bench-runtime [--features dynamo] [-- --quick | --ingest-rounds N]`
+//! `cargo run --release -p kvpick-perf --bin kvpick-bench-runtime [--features dynamo] [-- --quick | --ingest-rounds N [--in-process]]`
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -591,50 +591,161 @@ mod dynamo {
     }
 }
 
+/// Blocks of each `--ingest-rounds` run, in events of 1 and of 16 blocks.
+const ROUND_BLOCKS: usize = 640_000;
+
+/// The child mode of `--ingest-rounds`: one indexer, one event size, one
+/// round's events, in a process of its own.
+const INGEST_CHILD: &str = "--ingest-child";
+
+/// An indexer `--ingest-rounds` measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ingester {
+    Kvpick(RuntimeKind),
+    DynamoCrtc,
+}
+
+impl Ingester {
+    const NAMES: [(&'static str, Ingester); 3] = [
+        ("glommio", Ingester::Kvpick(RuntimeKind::Glommio)),
+        ("std-threads", Ingester::Kvpick(RuntimeKind::StdThreads)),
+        ("dynamo-crtc", Ingester::DynamoCrtc),
+    ];
+
+    fn name(self) -> &'static str {
+        Ingester::NAMES.iter().find(|(_, i)| *i == self).map_or("?", |(name, _)| name)
+    }
+
+    fn from_name(name: &str) -> Option<Ingester> {
+        Ingester::NAMES.iter().find(|(n, _)| *n == name).map(|(_, i)| *i)
+    }
+
+    fn label(self) -> String {
+        match self {
+            Ingester::Kvpick(kind) => format!("kvpick {kind:?}"),
+            Ingester::DynamoCrtc => "Dynamo CRTC".to_owned(),
+        }
+    }
+
+    /// Blocks per second over `source`, in this process; `None` for
+    /// Dynamo without the `dynamo` feature.
+    fn ingest(self, source: &[(WorkerId, KvEvent)]) -> Option<f64> {
+        match self {
+            Ingester::Kvpick(kind) => {
+                let service = start(2, kind, SPIN);
+                let rate = threaded_ingest(&service, source.to_vec());
+                service.shutdown();
+                Some(rate)
+            }
+            Ingester::DynamoCrtc => crtc_ingest(source),
+        }
+    }
+
+    /// The same, in a child process of this binary: each indexer starts
+    /// from a fresh heap, as bench-core's apply rows do (in one process,
+    /// the indexer measured after another ran on a heap the first had
+    /// grown and freed; perf/README, 2026-12-07).
+    fn ingest_alone(self, blocks: usize, round: usize) -> Result<Option<f64>, String> {
+        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+        let output = std::process::Command::new(&exe)
+            .args([INGEST_CHILD, self.name(), &blocks.to_string(), &round.to_string()])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        if !output.status.success() {
+            return Err(format!("{} child exited with {}", self.name(), output.status));
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        match stdout.lines().rev().find(|l| !l.trim().is_empty()).map(str::trim) {
+            Some("none") => Ok(None),
+            Some(line) => line.parse().map(Some).map_err(|e| format!("{} child printed {line:?}: {e}", self.name())),
+            None => Err(format!("{} child printed nothing", self.name())),
+        }
+    }
+}
+
+/// One round's events of `blocks` blocks each.
+fn round_source(blocks: usize, round: usize) -> Vec<(WorkerId, KvEvent)> {
+    events_of(blocks, ROUND_BLOCKS / blocks, round as u64)
+}
+
+/// `INGESTER BLOCKS ROUND`, the arguments of `--ingest-child`.
+fn child_args(args: &[String]) -> Option<(Ingester, usize, usize)> {
+    let [name, blocks, round] = args else { return None };
+    let blocks = blocks.parse().ok().filter(|&b| b > 0)?;
+    Some((Ingester::from_name(name)?, blocks, round.parse().ok()?))
+}
+
+/// `--ingest-child INGESTER BLOCKS ROUND`: prints the rate, or `none`.
+fn ingest_child(args: &[String]) -> std::process::ExitCode {
+    let Some((ingester, blocks, round)) = child_args(args) else {
+        eprintln!("{INGEST_CHILD} takes an indexer (glommio, std-threads, dynamo-crtc), blocks per event and a round");
+        return std::process::ExitCode::from(2);
+    };
+    match ingester.ingest(&round_source(blocks, round)) {
+        Some(rate) => println!("{rate}"),
+        None => println!("none"),
+    }
+    std::process::ExitCode::SUCCESS
+}
+
 /// `--ingest-rounds N`: only the threaded ingest at two threads, N
 /// interleaved rounds of kvpick's runtimes and (with `dynamo`) Dynamo's
 /// compressed radix tree, with 1- and 16-block events of the same total
 /// blocks: the one-off table above moves 1.5× between runs on this host.
-fn ingest_rounds(rounds: usize, kinds: &[RuntimeKind]) {
-    const BLOCKS: usize = 640_000;
+/// Each measurement runs in a process of its own unless `in_process`.
+fn ingest_rounds(rounds: usize, kinds: &[RuntimeKind], in_process: bool) -> std::process::ExitCode {
     let mut table = Table::new(
-        format!("Threaded ingest, 2 threads, {BLOCKS} blocks over {WORKERS} workers, {rounds} interleaved rounds"),
+        format!(
+            "Threaded ingest, 2 threads, {ROUND_BLOCKS} blocks over {WORKERS} workers, {rounds} interleaved rounds, {}",
+            if in_process { "all in this process" } else { "each indexer in a process of its own" }
+        ),
         &["blocks per event", "round", "indexer", "M blocks/s", "÷ Dynamo CRTC"],
     );
     let mut ratios: Vec<(usize, String, f64)> = Vec::new();
     for round in 1..=rounds {
         for blocks in [1, BLOCKS_PER_EVENT] {
-            let source = events_of(blocks, BLOCKS / blocks, round as u64);
+            let source = if in_process { round_source(blocks, round) } else { Vec::new() };
             // Dynamo runs first in odd rounds and last in even ones, so an
             // order effect (a warmer or cooler machine) shows as spread.
-            let dynamo_first = round % 2 == 1;
-            let mut theirs = if dynamo_first { crtc_ingest(&source) } else { None };
-            let mut ours = Vec::new();
-            for &kind in kinds {
-                let service = start(2, kind, SPIN);
-                ours.push((kind, threaded_ingest(&service, source.clone())));
-                service.shutdown();
+            let mut order: Vec<Ingester> = kinds.iter().map(|&kind| Ingester::Kvpick(kind)).collect();
+            if round % 2 == 1 {
+                order.insert(0, Ingester::DynamoCrtc);
+            } else {
+                order.push(Ingester::DynamoCrtc);
             }
-            if !dynamo_first {
-                theirs = crtc_ingest(&source);
+            let mut rates = Vec::new();
+            for ingester in order {
+                let rate = if in_process {
+                    Ok(ingester.ingest(&source))
+                } else {
+                    kvpick_perf::progress!(
+                        "kvpick-bench-runtime",
+                        "round {round}, {blocks}-block events: {}",
+                        ingester.name()
+                    );
+                    ingester.ingest_alone(blocks, round)
+                };
+                match rate {
+                    Ok(Some(rate)) => rates.push((ingester, rate)),
+                    Ok(None) => {}
+                    Err(why) => {
+                        eprintln!("kvpick-bench-runtime: {why}");
+                        return std::process::ExitCode::FAILURE;
+                    }
+                }
             }
-            for (kind, rate) in ours {
+            let theirs = rates.iter().find(|(i, _)| *i == Ingester::DynamoCrtc).map(|&(_, rate)| rate);
+            rates.sort_by_key(|&(i, _)| i == Ingester::DynamoCrtc);
+            for (ingester, rate) in rates {
                 let versus = theirs.map_or(String::new(), |theirs| {
-                    ratios.push((blocks, format!("kvpick {kind:?}"), rate / theirs));
+                    if ingester != Ingester::DynamoCrtc {
+                        ratios.push((blocks, ingester.label(), rate / theirs));
+                    }
                     format!("{:.2}x", rate / theirs)
                 });
-                let row = [blocks.to_string(), round.to_string(), format!("kvpick {kind:?}"), millions(rate), versus];
-                table.row(row);
-            }
-            if let Some(theirs) = theirs {
-                let row = [
-                    blocks.to_string(),
-                    round.to_string(),
-                    "Dynamo CRTC".to_owned(),
-                    millions(theirs),
-                    "1.00x".to_owned(),
-                ];
-                table.row(row);
+                table.row([blocks.to_string(), round.to_string(), ingester.label(), millions(rate), versus]);
             }
         }
     }
@@ -649,6 +760,7 @@ fn ingest_rounds(rounds: usize, kinds: &[RuntimeKind]) {
         ));
     }
     println!("{table}");
+    std::process::ExitCode::SUCCESS
 }
 
 /// Dynamo's `ThreadPool(ConcurrentRadixTreeCompressed)` at 2 threads on
@@ -667,8 +779,12 @@ fn crtc_ingest(source: &[(WorkerId, KvEvent)]) -> Option<f64> {
     }
 }
 
-fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == INGEST_CHILD) {
+        return ingest_child(&args[at + 1..]);
+    }
+    let quick = args.iter().any(|a| a == "--quick");
     let (ingest_events, select_iters, ring_messages) =
         if quick { (4_000, 2_000, 1_000_000) } else { (40_000, 20_000, 20_000_000) };
     println!("kvpick-bench-runtime — {} — {} — load {}\n", utc_date(), cpu(), load_average());
@@ -679,10 +795,9 @@ fn main() {
             vec![RuntimeKind::StdThreads]
         }
     };
-    let args: Vec<String> = std::env::args().collect();
     if let Some(at) = args.iter().position(|a| a == "--ingest-rounds") {
         let rounds = args.get(at + 1).and_then(|n| n.parse().ok()).expect("--ingest-rounds takes a count");
-        return ingest_rounds(rounds, &kinds);
+        return ingest_rounds(rounds, &kinds, args.iter().any(|a| a == "--in-process"));
     }
 
     let mut table = Table::new(
@@ -996,4 +1111,31 @@ fn main() {
         table.row([name.to_owned(), millions(rate), format!("{:.2}x", rate / rtrb)]);
     }
     println!("{table}");
+    std::process::ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(args: &[&str]) -> Vec<String> {
+        args.iter().map(|a| a.to_string()).collect()
+    }
+
+    #[test]
+    fn a_child_is_told_its_indexer_by_a_name_that_reads_back() {
+        for (name, ingester) in Ingester::NAMES {
+            assert_eq!(ingester.name(), name);
+            assert_eq!(child_args(&strings(&[name, "16", "2"])), Some((ingester, 16, 2)));
+        }
+        assert_eq!(Ingester::DynamoCrtc.label(), "Dynamo CRTC");
+        assert_eq!(Ingester::Kvpick(RuntimeKind::StdThreads).label(), "kvpick StdThreads");
+    }
+
+    #[test]
+    fn a_child_refuses_what_it_cannot_run() {
+        for args in [&["radix", "16", "1"][..], &["glommio", "0", "1"], &["glommio", "16"], &["glommio", "x", "1"]] {
+            assert_eq!(child_args(&strings(args)), None, "{args:?}");
+        }
+    }
 }
