@@ -94,6 +94,9 @@ pub struct ShardStats {
     pub index_entries: u64,
     /// Approximate heap bytes of the index now (a gauge).
     pub index_bytes: u64,
+    /// The most entries the index keeps now: its budget less its workers'
+    /// fixed cost (a gauge; 0 with no budget).
+    pub index_max_entries: u64,
     /// Blocks taken from a peer replica's export (warm start).
     pub blocks_imported: u64,
 }
@@ -112,6 +115,7 @@ impl ShardStats {
             leases_expired: self.leases_expired + other.leases_expired,
             index_entries: self.index_entries + other.index_entries,
             index_bytes: self.index_bytes + other.index_bytes,
+            index_max_entries: self.index_max_entries + other.index_max_entries,
             blocks_imported: self.blocks_imported + other.blocks_imported,
         }
     }
@@ -222,6 +226,7 @@ impl Shard {
         ShardStats {
             index_entries: self.index.entries(),
             index_bytes: u64::try_from(self.index.approx_bytes()).unwrap_or(u64::MAX),
+            index_max_entries: self.index.max_entries().unwrap_or(0),
             ..self.stats
         }
     }

@@ -67,6 +67,7 @@ impl EvictionLog {
             evicted_since_last = since,
             evicted_total = stats.blocks_evicted,
             index_entries = stats.index_entries,
+            index_max_entries = stats.index_max_entries,
             index_bytes = stats.index_bytes,
             index_max_bytes = max_bytes,
             "the KV index is at its memory budget: blocks stored longest ago are forgotten (they stop matching); \

@@ -661,6 +661,12 @@ async fn shard_families(
     e.gauge("kvpick_shards", "Shard threads.", &[], service.shard_count() as f64);
     e.gauge("kvpick_index_entries", "(block, worker) entries in the KV index.", &[], stats.index_entries as f64);
     e.gauge("kvpick_index_bytes", "Approximate heap bytes of the KV index.", &[], stats.index_bytes as f64);
+    e.gauge(
+        "kvpick_index_max_entries",
+        "Entries the KV index keeps at most: --index-max-bytes less each worker's fixed cost (0: no budget).",
+        &[],
+        stats.index_max_entries as f64,
+    );
     e.counter("kvpick_index_blocks_stored_total", "Blocks stored into the index.", &[], stats.blocks_stored);
     e.counter("kvpick_index_blocks_removed_total", "Blocks removed from the index.", &[], stats.blocks_removed);
     // Each selector's index has its own budget; a prefill selector's
