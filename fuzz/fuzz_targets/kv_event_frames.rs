@@ -6,6 +6,7 @@
 //! hostile chains drive its eviction too.
 #![no_main]
 
+use kvpick_core::index::{ENTRY_BYTES, WORKER_BYTES};
 use kvpick_core::{KvEvent, Shard, WorkerId, WorkerSpec};
 use kvpick_kv_events::wire::frames::{ReplayReply, parse_live, parse_replay};
 use kvpick_kv_events::wire::sequencer::{ReplayEnd, Sequencer, Step};
@@ -15,7 +16,10 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| run(data));
 
 /// The index budget, in entries: small enough for short frames to pass it.
+/// Given in bytes, as `kvpick serve` gives it: the one worker's fixed cost
+/// comes out first.
 const INDEX_CAP: u64 = 8;
+const INDEX_BYTES: u64 = INDEX_CAP * ENTRY_BYTES + WORKER_BYTES;
 
 /// Splits `data` into messages: byte 0 of each picks live / replay / replay
 /// end-failure / replay gone quiet (asked again) / subscribing (catch-up) /
@@ -23,7 +27,7 @@ const INDEX_CAP: u64 = 8;
 /// bytes`. Panics only if an invariant of the ingest path breaks.
 fn run(data: &[u8]) {
     let worker = WorkerId(1);
-    let mut shard = Shard::with_max_index_entries(Some(INDEX_CAP));
+    let mut shard = Shard::with_max_index_bytes(Some(INDEX_BYTES));
     shard.upsert_worker(WorkerSpec::new(worker, std::net::SocketAddr::from(([127, 0, 0, 1], 8000)), 16));
     let mut sequencer: Sequencer<Vec<u8>> = Sequencer::new(true, 8).with_stamps(|payload| batch_ts(payload));
     let mut steps = Vec::new();
