@@ -59,7 +59,7 @@ pub const ENTRY_BYTES: u64 = 192;
 /// it holds, and nothing once empty, see `worker_table`), an id table and
 /// a free list sized for that chunk (3.5 KiB), and the allocator's
 /// rounding. Left out of the budget, 256 workers on a budget of 4.8 MB
-/// took 1.35 times it; counted, RSS growth stays at 0.33-0.73 of the
+/// took 1.35 times it; counted, RSS growth stays at most 0.73 of the
 /// budget at 64 to 1,024 workers (perf/README.md, "Index memory budget").
 pub const WORKER_BYTES: u64 = 12 << 10;
 
@@ -445,6 +445,12 @@ impl KvIndex {
                 }
             }
             None => self.holders.release(block.seq(), slot),
+        }
+        if worker.blocks.len() == 0 {
+            // Empty now, as its table is: so are the maps of held blocks,
+            // which keep their size otherwise (`WORKER_BYTES` counts none).
+            worker.seeds = U64Map::default();
+            worker.dup_refs = U64Map::default();
         }
         self.entries -= 1;
         true

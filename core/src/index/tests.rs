@@ -424,6 +424,28 @@ fn continuations_inherit_their_chains_seed() {
     assert_eq!(matches(&index, &prompt(&toks)), vec![(0, 1)]);
 }
 
+#[test]
+fn a_worker_emptied_by_removals_keeps_no_map_of_its_blocks() {
+    let salted = HashSeed::new(None, Some("tenant-a"));
+    let mut index = KvIndex::default();
+    index.add_worker(0);
+    let hashes: Vec<u64> = (1..=300).collect();
+    index.store(0, None, &hashes, &tokens(300, 0), BS, salted).unwrap();
+    // Two engine hashes for one prefix: the second is a duplicate reference.
+    index.store(0, None, &[1_000], &tokens(1, 7), BS, HashSeed::default()).unwrap();
+    index.store(0, None, &[1_001], &tokens(1, 7), BS, HashSeed::default()).unwrap();
+    let worker = index.worker(0).expect("added");
+    assert_eq!((worker.seeds.len(), worker.dup_refs.len()), (300, 1));
+    index.remove(0, &hashes).unwrap();
+    index.remove(0, &[1_000]).unwrap();
+    let worker = index.worker(0).expect("added");
+    assert!(worker.seeds.capacity() > 0 && worker.dup_refs.capacity() > 0, "one block left: the maps keep their room");
+    index.remove(0, &[1_001]).unwrap();
+    let worker = index.worker(0).expect("added");
+    assert_eq!((worker.blocks.len(), worker.seeds.capacity(), worker.dup_refs.capacity()), (0, 0, 0));
+    assert_eq!(index.entries(), 0);
+}
+
 mod budget;
 mod snapshot;
 

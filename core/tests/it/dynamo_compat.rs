@@ -176,12 +176,15 @@ impl Routers {
         Routers { block_size, lora, services, tree: RadixTree::new(), event_id: 0, mirror_evictions: false }
     }
 
-    /// One service of `shards` shards, each keeping about `per_shard`
-    /// entries: the budget covers the workers' fixed cost too, which each
-    /// shard takes for its own workers out of an even share (one shard
-    /// keeps exactly `per_shard`; see `run_budgeted`).
+    /// One service of `shards` shards, the fullest keeping at most
+    /// `per_shard` entries: each shard's share of the budget covers that
+    /// many entries and the fixed cost of as many workers as the fullest
+    /// shard has (workers go to the shard with the fewest), so a shard
+    /// with one worker fewer keeps `WORKER_BYTES / ENTRY_BYTES` more (see
+    /// `run_budgeted`).
     fn budgeted(workers: u64, block_size: u32, lora: Option<&'static str>, shards: usize, per_shard: u64) -> Self {
-        let max_bytes = per_shard * ENTRY_BYTES * shards as u64 + workers * WORKER_BYTES;
+        let fullest = workers.div_ceil(shards as u64);
+        let max_bytes = shards as u64 * (per_shard * ENTRY_BYTES + fullest * WORKER_BYTES);
         let cfg = RouterConfig { index_max_bytes: Some(max_bytes), ..Default::default() };
         let mut routers = Routers::new(workers, block_size, lora, &[]);
         let mut service = SelectionService::new(cfg, block_size, shards);
@@ -936,12 +939,19 @@ fn run_budgeted(s: &Scenario, shards: usize, per_shard: u64) -> u64 {
                 assert_eq!(ours, routers.dynamo_scores(&prompt), "step {step}: {shards} shards, {op:?}");
             }
         }
+        let fullest = (s.workers as u64).div_ceil(shards as u64);
         for shard in routers.services[0].shards() {
             let (entries, cap) = (shard.index().entries(), shard.index().max_entries());
-            assert!(cap.is_some_and(|cap| entries <= cap), "step {step}: a shard holds {entries} entries over {cap:?}");
-            if shards == 1 {
-                assert_eq!(cap, Some(per_shard), "one shard: the budget less its workers' cost");
-            }
+            let fewer = fullest - shard.worker_count() as u64;
+            assert_eq!(
+                cap,
+                Some(per_shard + fewer * WORKER_BYTES / ENTRY_BYTES),
+                "step {step}: the budget less its workers' cost"
+            );
+            assert!(
+                entries <= per_shard + fewer * WORKER_BYTES / ENTRY_BYTES,
+                "step {step}: a shard holds {entries} entries over {cap:?}"
+            );
         }
     }
     routers.services[0].shard_stats().blocks_evicted

@@ -142,8 +142,15 @@ fn main() -> ExitCode {
     if fs.index_entries != population.entries() {
         problems.push(format!("the unbudgeted shard holds {} entries of {}", fs.index_entries, population.entries()));
     }
-    // The cap the budget leaves beside the workers' fixed costs.
+    // The cap the budget leaves beside the workers' fixed costs, worked
+    // out here too: the index's own figure is checked, not trusted.
+    let expected = max_bytes.saturating_sub(u64::from(workers) * WORKER_BYTES) / ENTRY_BYTES;
     let max_entries = capped.shard.index().max_entries();
+    if max_entries != Some(expected.max(1)) {
+        problems.push(format!(
+            "the budgeted shard's cap is {max_entries:?}, not {expected} (the budget less the workers' cost)"
+        ));
+    }
     if max_entries.is_none_or(|max| cs.index_entries > max) {
         problems.push(format!("the budgeted shard holds {} entries over its cap {max_entries:?}", cs.index_entries));
     }

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use kvpick_core::index::ENTRY_BYTES;
 use kvpick_core::shard::ShardStats;
 
 /// The index may take this share of the memory kvpick may use: the rest
@@ -58,11 +59,20 @@ pub struct EvictionLog {
 impl EvictionLog {
     /// Logs when blocks were evicted since the last line and a minute has
     /// passed (or none was logged yet); returns whether it logged.
-    pub fn observe(&mut self, stats: &ShardStats, max_bytes: Option<u64>, now: Instant) -> bool {
+    /// `stats` are those of `indexes` indexes (a prefill selector's has a
+    /// budget of its own), each with a budget of `max_bytes`.
+    pub fn observe(&mut self, stats: &ShardStats, max_bytes: Option<u64>, indexes: u64, now: Instant) -> bool {
         let since = stats.blocks_evicted - self.logged_total.min(stats.blocks_evicted);
         if since == 0 || self.logged_at.is_some_and(|at| now.duration_since(at) < LOG_EVERY) {
             return false;
         }
+        let message = if workers_take_most(stats, max_bytes.map(|b| b.saturating_mul(indexes))) {
+            "the KV index is at its memory budget, and its workers' fixed cost (worker_bytes each) takes most of \
+             the budget: blocks stored longest ago are forgotten (they stop matching); raise --index-max-bytes"
+        } else {
+            "the KV index is at its memory budget: blocks stored longest ago are forgotten (they stop matching); \
+             raise --index-max-bytes if the workers' caches are larger"
+        };
         tracing::warn!(
             evicted_since_last = since,
             evicted_total = stats.blocks_evicted,
@@ -70,13 +80,19 @@ impl EvictionLog {
             index_max_entries = stats.index_max_entries,
             index_bytes = stats.index_bytes,
             index_max_bytes = max_bytes,
-            "the KV index is at its memory budget: blocks stored longest ago are forgotten (they stop matching); \
-             raise --index-max-bytes if the workers' caches are larger"
+            worker_bytes = kvpick_core::index::WORKER_BYTES,
+            "{message}"
         );
         self.logged_total = stats.blocks_evicted;
         self.logged_at = Some(now);
         true
     }
+}
+
+/// Whether the entries' room is under half of `total_bytes`: the rest goes
+/// to the workers' fixed cost (`kvpick_core::index::WORKER_BYTES` each).
+fn workers_take_most(stats: &ShardStats, total_bytes: Option<u64>) -> bool {
+    total_bytes.is_some_and(|total| stats.index_max_entries.saturating_mul(ENTRY_BYTES) < total / 2)
 }
 
 #[cfg(test)]
@@ -102,10 +118,31 @@ mod tests {
         let mut log = EvictionLog::default();
         let t0 = Instant::now();
         let stats = |evicted| ShardStats { blocks_evicted: evicted, ..ShardStats::default() };
-        assert!(!log.observe(&stats(0), Some(1 << 20), t0), "nothing evicted yet");
-        assert!(log.observe(&stats(5), Some(1 << 20), t0));
-        assert!(!log.observe(&stats(9), Some(1 << 20), t0 + Duration::from_secs(30)));
-        assert!(log.observe(&stats(9), Some(1 << 20), t0 + Duration::from_secs(61)));
-        assert!(!log.observe(&stats(9), Some(1 << 20), t0 + Duration::from_secs(200)), "none since");
+        assert!(!log.observe(&stats(0), Some(1 << 20), 1, t0), "nothing evicted yet");
+        assert!(log.observe(&stats(5), Some(1 << 20), 1, t0));
+        assert!(!log.observe(&stats(9), Some(1 << 20), 1, t0 + Duration::from_secs(30)));
+        assert!(log.observe(&stats(9), Some(1 << 20), 1, t0 + Duration::from_secs(61)));
+        assert!(!log.observe(&stats(9), Some(1 << 20), 1, t0 + Duration::from_secs(200)), "none since");
+    }
+
+    #[test]
+    fn the_warning_says_so_when_the_workers_fixed_cost_takes_most_of_the_budget() {
+        use kvpick_core::index::{KvIndex, WORKER_BYTES};
+        let budget = 1 << 20;
+        let with_workers = |workers: u32| {
+            let mut index = KvIndex::with_max_bytes(Some(budget));
+            (0..workers).for_each(|slot| {
+                index.add_worker(slot);
+            });
+            ShardStats { index_max_entries: index.max_entries().unwrap_or(0), ..ShardStats::default() }
+        };
+        // 1 MiB: 41 workers take 504 KiB, 43 take 516 KiB.
+        assert_eq!(budget / 2 / WORKER_BYTES, 42);
+        assert!(!workers_take_most(&with_workers(41), Some(budget)));
+        assert!(workers_take_most(&with_workers(43), Some(budget)));
+        // Two indexes (a prefill selector's beside), each with the budget.
+        let two = with_workers(43).merge(with_workers(0));
+        assert!(!workers_take_most(&two, Some(2 * budget)), "one index of two is half spent");
+        assert!(!workers_take_most(&with_workers(500), None), "no budget");
     }
 }

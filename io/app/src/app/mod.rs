@@ -322,7 +322,7 @@ impl App {
                     for ticker in &tickers {
                         stats = stats.merge(ticker.service().shard_stats(ticker).await);
                     }
-                    evictions.observe(&stats, index_max_bytes, std::time::Instant::now());
+                    evictions.observe(&stats, index_max_bytes, tickers.len() as u64, std::time::Instant::now());
                 }
                 // Readiness weighs it against the schedulable workers of
                 // whole or decode requests, so it counts those alone.

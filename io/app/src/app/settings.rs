@@ -484,7 +484,7 @@ pub const SETTINGS: &[Setting] = &[
         INDEX_MAX_BYTES,
         "index-max-bytes",
         None,
-        "Memory budget of the KV index, in bytes or with a suffix (`512Mi`, `2Gi`, `1G`); past it the blocks stored longest ago are evicted, leaves first, and stop matching, as do blocks the engine later stores after them. Each worker's fixed cost (12 KiB) comes out of it first. With disaggregation the prefill workers' index has a budget of its own (default: a quarter of the memory kvpick may use: its cgroup's limit, else the machine's)",
+        "Memory budget of the KV index, in bytes or with a suffix (`512Mi`, `2Gi`, `1G`); past it the blocks stored longest ago are evicted, leaves first, and stop matching, as do blocks the engine later stores after them. Each worker's fixed cost (12 KiB) comes out of it first: a budget under its shard's workers' cost keeps one entry per shard. With disaggregation the prefill workers' index has a budget of its own (default: a quarter of the memory kvpick may use: its cgroup's limit, else the machine's)",
     ),
     s(
         SHARDS,
@@ -802,6 +802,10 @@ mod tests {
         for bad in ["", "Mi", "-1", "1.5Gi", "2GB", "1 Gi", "99999999999999999999", "20000000Ti"] {
             assert_eq!(parse_bytes(bad), None, "{bad:?}");
         }
+        // The budget's help names the workers' fixed cost the index uses.
+        let help = SETTINGS.iter().find(|s| s.var == INDEX_MAX_BYTES).map(|s| s.help).unwrap_or_default();
+        let kib = kvpick_core::index::WORKER_BYTES >> 10;
+        assert!(help.contains(&format!("fixed cost ({kib} KiB)")), "{help}");
         let values = Values::from_pairs([(INDEX_MAX_BYTES, "1Ki")]);
         let error = values.bytes(INDEX_MAX_BYTES, 1 << 20).err().map(|e| e.to_string());
         assert_eq!(
