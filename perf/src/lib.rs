@@ -19,6 +19,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub mod args;
 pub mod baseline;
+pub mod child;
 #[cfg(feature = "dynamo")]
 pub mod dynamo;
 pub mod hf_model;

@@ -641,26 +641,15 @@ impl Ingester {
         }
     }
 
-    /// The same, in a child process of this binary: each indexer starts
-    /// from a fresh heap, as bench-core's apply rows do (in one process,
-    /// the indexer measured after another ran on a heap the first had
-    /// grown and freed; perf/README, 2026-12-07).
+    /// The same, in a child process of this binary (`kvpick_perf::child`):
+    /// each indexer starts from a fresh heap, as bench-core's apply rows do.
     fn ingest_alone(self, blocks: usize, round: usize) -> Result<Option<f64>, String> {
-        let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-        let output = std::process::Command::new(&exe)
-            .args([INGEST_CHILD, self.name(), &blocks.to_string(), &round.to_string()])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
-        if !output.status.success() {
-            return Err(format!("{} child exited with {}", self.name(), output.status));
-        }
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        match stdout.lines().rev().find(|l| !l.trim().is_empty()).map(str::trim) {
-            Some("none") => Ok(None),
-            Some(line) => line.parse().map(Some).map_err(|e| format!("{} child printed {line:?}: {e}", self.name())),
-            None => Err(format!("{} child printed nothing", self.name())),
+        let args = [INGEST_CHILD, self.name(), &blocks.to_string(), &round.to_string()];
+        let line =
+            kvpick_perf::child::report_of_this_binary(&args).map_err(|e| format!("{} child: {e}", self.name()))?;
+        match line.as_str() {
+            "none" => Ok(None),
+            rate => rate.parse().map(Some).map_err(|e| format!("{} child printed {rate:?}: {e}", self.name())),
         }
     }
 }

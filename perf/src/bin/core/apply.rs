@@ -10,7 +10,7 @@
 //! figures as one JSON line on stdout. A child also reads its index's RSS
 //! growth, as built and after the rows, in a process holding nothing else.
 
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use kvpick_core::hashing::{chain, local_block_hash};
@@ -557,19 +557,8 @@ fn child_args(cfg: &Config, subject: Subject) -> Vec<String> {
 }
 
 fn run_child(cfg: &Config, subject: Subject) -> Result<ChildReport, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-    let output = Command::new(&exe)
-        .args(child_args(cfg, subject))
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
-    if !output.status.success() {
-        return Err(format!("exited with {}", output.status));
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let line = stdout.lines().rev().find(|l| !l.trim().is_empty()).ok_or("printed no report")?;
-    let report: ChildReport = serde_json::from_str(line).map_err(|e| format!("unreadable report {line:?}: {e}"))?;
+    let line = kvpick_perf::child::report_of_this_binary(&child_args(cfg, subject))?;
+    let report: ChildReport = serde_json::from_str(&line).map_err(|e| format!("unreadable report {line:?}: {e}"))?;
     if report.rows.len() != row_names().len() {
         return Err(format!("reported {} rows, expected {}", report.rows.len(), row_names().len()));
     }
