@@ -139,8 +139,6 @@ pub struct KvIndex {
     /// A budget given in bytes: `max_entries` is what it leaves beside the
     /// workers' fixed costs, and follows them as workers come and go.
     max_bytes: Option<u64>,
-    /// Workers added and not removed.
-    worker_count: u64,
     eviction: EvictionQueue,
     /// Evicted (slot, engine hash) pairs, when asked to keep them.
     evicted_log: Option<Vec<(Slot, EngineBlockHash)>>,
@@ -184,29 +182,26 @@ impl KvIndex {
         if self.workers.len() <= slot {
             self.workers.resize_with(slot + 1, || None);
         }
-        if self.workers[slot].is_none() {
-            self.workers[slot] = Some(WorkerBlocks::default());
-            self.worker_count += 1;
-        }
+        self.workers[slot].get_or_insert_with(WorkerBlocks::default);
         self.holders.fit(self.workers.len());
         self.fit_budget_to_workers()
     }
 
     pub fn remove_worker(&mut self, slot: Slot) {
         self.clear(slot);
-        if let Some(entry) = self.workers.get_mut(slot as usize)
-            && entry.take().is_some()
-        {
-            self.worker_count -= 1;
-            self.fit_budget_to_workers();
+        if let Some(entry) = self.workers.get_mut(slot as usize) {
+            *entry = None;
         }
+        self.fit_budget_to_workers();
     }
 
     /// Sets the entry cap a budget in bytes leaves beside the workers, and
-    /// evicts down to it; returns how many went.
+    /// evicts down to it; returns how many went. (Counting the workers
+    /// walks the slots: workers come and go rarely.)
     fn fit_budget_to_workers(&mut self) -> u64 {
         let Some(bytes) = self.max_bytes else { return 0 };
-        self.max_entries = Some(entries_within(bytes, self.worker_count));
+        let workers = self.workers.iter().flatten().count() as u64;
+        self.max_entries = Some(entries_within(bytes, workers));
         self.enforce_budget()
     }
 
