@@ -138,6 +138,9 @@ async fn a_booking_on_one_replica_holds_load_on_the_other_until_freed() {
     let picked_a = pick(&mut on_a, &body(&text("alpha"))).await;
     assert!(prefill_on(&a, &picked_a).await > 0, "booked on A");
     wait_for("A's booking held on B", || async { b.service().peer_bookings() == 1 }).await;
+    // B lists a peer's booking before its shard has applied it (the
+    // shard's answer comes after): wait for the load, not the list.
+    wait_for("B counts A's booking on the worker A picked", || async { prefill_on(&b, &picked_a).await > 0 }).await;
     assert!(prefill_on(&b, &picked_a).await > 0, "B counts A's booking on the worker A picked");
 
     // B, asked for a cold prompt, goes where A's booking is not: the
